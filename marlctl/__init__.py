@@ -1,0 +1,3 @@
+"""marlctl: declarative experiments for multi-agent reinforcement learning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from marlctl.cli import main
+
+main()

@@ -1,0 +1,66 @@
+"""Algorithm registry: each algorithm's typed config and its declared capabilities.
+
+The configs live here, apart from the torch code in `marlctl.train`, because `validate`,
+`list` and `--dry-run` must not import torch. Registering an algorithm is a decorator on
+its config class; `marlctl.train.<family>` holds the implementation named by `trainer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+
+class AlgoConfig(BaseModel):
+    """Base of every algorithm's hyperparameters; `name` selects the algorithm."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+
+
+@dataclass(frozen=True)
+class AlgoInfo:
+    name: str
+    config: type[AlgoConfig]
+    trainer: str  # "module:Class" of the implementation
+    summary: str
+    discrete_actions: bool
+    continuous_actions: bool
+    centralised_critic: bool
+    on_policy: bool
+
+    @property
+    def action_kinds(self) -> list[str]:
+        return [k for k, ok in (("discrete", self.discrete_actions),
+                                ("continuous", self.continuous_actions)) if ok]
+
+
+ALGOS: dict[str, AlgoInfo] = {}
+
+
+def register_algo(
+    name: str,
+    *,
+    trainer: str,
+    summary: str,
+    discrete_actions: bool,
+    continuous_actions: bool,
+    centralised_critic: bool,
+    on_policy: bool,
+):
+    def decorate(config: type[AlgoConfig]) -> type[AlgoConfig]:
+        ALGOS[name] = AlgoInfo(name, config, trainer, summary, discrete_actions,
+                               continuous_actions, centralised_critic, on_policy)
+        return config
+
+    return decorate
+
+
+def registered_algos() -> dict[str, AlgoInfo]:
+    """Import every module of this package once so its decorators run."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return ALGOS

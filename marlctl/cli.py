@@ -1,0 +1,257 @@
+"""The `marlctl` command line. Thin: parses arguments, prints, and maps errors to exit codes.
+
+torch and mlflow are imported only inside commands that train (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from marlctl.errors import MarlctlError, SpecError
+
+app = typer.Typer(
+    name="marlctl",
+    help="Declarative experiments for multi-agent reinforcement learning.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+Overrides = Annotated[list[str] | None, typer.Argument(
+    help="Hydra overrides, e.g. algo.lr=3e-4 seeds=[0,1] +env.params.N=4", show_default=False)]
+
+
+def _emit_json(document: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def _fail(error: MarlctlError, as_json: bool) -> None:
+    if as_json:
+        problems = [str(p) for p in getattr(error, "problems", [])] or [str(error)]
+        _emit_json({"ok": False, "exit_code": error.exit_code, "errors": problems})
+    elif isinstance(error, SpecError):
+        for problem in error.problems:
+            err.print(str(problem), markup=False, highlight=False)
+        count = len(error.problems)
+        err.print(f"[red]{count} problem{'s' if count != 1 else ''}; nothing was run.[/red]")
+    else:
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+    raise typer.Exit(error.exit_code)
+
+
+def _load(spec_path: str, overrides: list[str] | None):
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+
+    loaded = load_spec(spec_path, overrides or [])
+    return loaded, compile_plan(loaded)
+
+
+# ---------------------------------------------------------------- validate
+
+
+@app.command()
+def validate(spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml).")],
+             overrides: Overrides = None, as_json: JsonOpt = False) -> None:
+    """Check a spec and its overrides; print every problem (exit 2) or nothing wrong (exit 0)."""
+    try:
+        loaded, plan = _load(spec, overrides)
+    except MarlctlError as error:
+        _fail(error, as_json)
+    if as_json:
+        _emit_json({"ok": True, "spec": loaded.resolved, "runs": len(plan.runs)})
+    else:
+        err.print(f"[green]ok[/green] {spec}: {plan.algo} on {plan.env.id}, "
+                  f"{len(plan.runs)} run(s)", highlight=False)
+
+
+# ---------------------------------------------------------------- run
+
+
+@app.command()
+def run(
+    spec: Annotated[str | None, typer.Argument(help="Spec file (.yaml or .toml).")] = None,
+    overrides: Overrides = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the compiled plan and exit.")] = False,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", metavar="RUN_ID", help="Continue an interrupted run from its checkpoint.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", help="MLflow store holding the run to resume (default: ./mlflow.db).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate, compile and train every seed; log to MLflow; print a summary."""
+    try:
+        if resume is not None:
+            if spec is not None:
+                raise SpecError([_arg_problem("--resume takes a run id, not a spec file")])
+            from marlctl.launch import resume as resume_run
+
+            summary = _with_progress(lambda make: resume_run(resume, tracking_uri, make), as_json)
+        else:
+            if spec is None:
+                raise SpecError([_arg_problem("a spec file is required (or --resume RUN_ID)")])
+            loaded, plan = _load(spec, overrides)
+            if dry_run:
+                _print_plan(plan, loaded, as_json)
+                return
+            from marlctl.launch import run_plan
+
+            summary = _with_progress(lambda make: run_plan(loaded, plan, make(plan)), as_json)
+    except MarlctlError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
+    if as_json:
+        _emit_json(summary.to_dict())
+    else:
+        _print_summary(summary)
+    if summary.interrupted:
+        raise typer.Exit(130)
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+def _arg_problem(message: str):
+    from marlctl.errors import Problem
+
+    return Problem("<arguments>", None, "", message)
+
+
+def _with_progress(work, as_json: bool):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn)
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]:>9} steps/s"), TextColumn("return {task.fields[ret]}"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=False, disable=as_json) as bar:
+        tasks: dict[int, Any] = {}
+        marks: dict[int, tuple[float, int]] = {}
+
+        def make(plan):
+            for r in plan.runs:
+                tasks[r.seed] = bar.add_task(f"seed {r.seed}", total=r.total_env_steps,
+                                             rate="-", ret="-")
+
+            def update(event: dict[str, Any]) -> None:
+                import time
+
+                now = time.perf_counter()
+                seed, step = event["seed"], event["step"]
+                last = marks.get(seed)
+                marks[seed] = (now, step)
+                fields: dict[str, Any] = {}
+                if last is not None and now > last[0]:
+                    fields["rate"] = f"{(step - last[1]) / (now - last[0]):,.0f}"
+                if event.get("return") is not None:
+                    fields["ret"] = f"{event['return']:.2f}"
+                bar.update(tasks[seed], completed=min(step, event["total"]), **fields)
+
+            return update
+
+        return work(make)
+
+
+def _print_plan(plan, loaded, as_json: bool) -> None:
+    if as_json:
+        _emit_json({"ok": True, "plan": plan.to_dict(), "spec": loaded.resolved})
+        return
+    env = plan.env
+    groups = ", ".join(f"{g.name}×{g.n_agents} (obs {list(g.obs_shape)}, "
+                       f"{'discrete ' + str(g.n_actions) if g.discrete else 'continuous ' + str(g.n_actions)})"
+                       for g in env.groups)
+    out.print(f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
+              f"state dim {env.state_dim}", highlight=False)
+    out.print(f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
+              f"{plan.steps_per_iteration:,} env steps per iteration", highlight=False)
+    table = Table("run", "seed", "device", "threads", "num_envs", "env steps", "iterations",
+                  "est. memory")
+    for r in plan.runs:
+        table.add_row(str(r.index), str(r.seed), r.device, str(r.threads), str(r.num_envs),
+                      f"{r.total_env_steps:,}", f"{r.iterations:,}", f"{r.est_memory_mb:.1f} MiB")
+    out.print(table)
+
+
+def _print_summary(summary) -> None:
+    table = Table(title=f"{summary.experiment}", caption=f"MLflow: {summary.tracking_uri} "
+                  f"· parent run {summary.parent_run_id}")
+    for column in ("seed", "status", "eval return", "env steps/s", "MLflow run"):
+        table.add_column(column)
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    for r in summary.runs:
+        status = r.status if r.error is None else f"{r.status}: {r.error}"
+        table.add_row(str(r.seed), status, fmt(r.final_return, ".2f"), fmt(r.steps_per_s, ",.0f"),
+                      r.run_id)
+    agg = summary.aggregate()
+    spread = f" ± {agg['eval/return_std']:.2f}" if agg["eval/return_std"] is not None else ""
+    table.add_row("all", "ok" if summary.ok else "failed",
+                  fmt(agg["eval/return_mean"], ".2f") + spread,
+                  fmt(agg["perf/env_steps_per_s"], ",.0f"), summary.parent_run_id, style="bold")
+    out.print(table)
+
+
+# ---------------------------------------------------------------- list
+
+
+class ListWhat(str, Enum):
+    algos = "algos"
+    envs = "envs"
+
+
+@app.command("list")
+def list_(what: Annotated[ListWhat, typer.Argument(help="algos or envs")] = ListWhat.algos,
+          as_json: JsonOpt = False) -> None:
+    """Show registered algorithms or environments with their capabilities."""
+    if what is ListWhat.algos:
+        from marlctl.algos import registered_algos
+
+        rows = [{"name": a.name, "actions": a.action_kinds, "on_policy": a.on_policy,
+                 "centralised_critic": a.centralised_critic, "summary": a.summary,
+                 "params": {k: {"default": f.default, "description": f.description}
+                            for k, f in a.config.model_fields.items() if k != "name"}}
+                for a in registered_algos().values()]
+        if as_json:
+            _emit_json({"algos": rows})
+            return
+        table = Table("algo", "actions", "policy", "critic", "summary")
+        for row in rows:
+            table.add_row(row["name"], ", ".join(row["actions"]),
+                          "on" if row["on_policy"] else "off",
+                          "centralised" if row["centralised_critic"] else "decentralised",
+                          row["summary"])
+        out.print(table)
+        return
+    from marlctl.envs.registry import ENVS
+
+    rows = [{"id": e.id, "suite": e.suite, "backends": ["pettingzoo"], "factory": e.factory,
+             "installed": e.installed, "summary": e.summary} for e in ENVS.values()]
+    if as_json:
+        _emit_json({"envs": rows})
+        return
+    table = Table("env", "backends", "installed", "summary")
+    for row in rows:
+        table.add_row(row["id"], ", ".join(row["backends"]), "yes" if row["installed"] else "no",
+                      row["summary"])
+    out.print(table)
+    out.print("Any PettingZoo ParallelEnv also works as env.id: package.module:factory")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

@@ -1,0 +1,1 @@
+"""Environments: the registry of ids (pure) and the batched backends (torch)."""

@@ -1,0 +1,39 @@
+"""The batched multi-agent interface every algorithm sees (DESIGN.md §3).
+
+Tensors are shaped `[num_envs, n_agents, ...]` per agent group, on the run's device.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from marlctl.envs.registry import EnvInfo
+
+
+class Observation(NamedTuple):
+    obs: dict[str, torch.Tensor]  # group -> [E, n, *obs_shape] float32
+    state: torch.Tensor  # [E, state_dim] global state for centralised critics
+    masks: dict[str, torch.Tensor | None]  # group -> [E, n, n_actions] bool, or None
+    active: dict[str, torch.Tensor]  # group -> [E, n] bool: agent acts this step
+
+
+class Transition(NamedTuple):
+    next: Observation  # after auto-reset where an episode ended
+    rewards: dict[str, torch.Tensor]  # group -> [E, n]
+    terminated: torch.Tensor  # [E] bool: episode ended for good
+    truncated: torch.Tensor  # [E] bool: episode cut by a time limit
+    final: Observation  # the last observation of an ended episode (rows where done)
+
+
+class BatchedEnv(Protocol):
+    info: EnvInfo
+    num_envs: int
+    device: torch.device
+
+    def reset(self, seed: int) -> Observation: ...
+
+    def step(self, actions: dict[str, torch.Tensor]) -> Transition: ...
+
+    def close(self) -> None: ...

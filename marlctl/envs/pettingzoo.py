@@ -1,0 +1,194 @@
+"""The `pettingzoo` backend: `num_envs` copies of a ParallelEnv, in-process or in workers.
+
+Copies are stepped in a Python loop (that is what a PettingZoo env is); agents that leave an
+episode early get zero observations and rewards and `active=False` until the episode ends.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import numpy as np
+import torch
+
+from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.registry import EnvInfo, make_env
+
+Arrays = dict[str, np.ndarray]
+
+
+class EnvSlice:
+    """k env copies stepped in a loop, returning numpy arrays (used in-process and in workers)."""
+
+    def __init__(self, env_id: str, params: dict[str, Any], info: EnvInfo, count: int):
+        self.info = info
+        self.envs = [make_env(env_id, params) for _ in range(count)]
+        self.k = count
+        self.index = {a: (gi, g.agents.index(a)) for gi, g in enumerate(info.groups) for a in g.agents}
+
+    def _blank(self) -> Arrays:
+        out: Arrays = {"state": np.zeros((self.k, self.info.state_dim), np.float32)}
+        for g in self.info.groups:
+            out[f"obs/{g.name}"] = np.zeros((self.k, g.n_agents, *g.obs_shape), np.float32)
+            out[f"active/{g.name}"] = np.zeros((self.k, g.n_agents), bool)
+            if g.mask_source:
+                out[f"mask/{g.name}"] = np.ones((self.k, g.n_agents, g.n_actions), bool)
+        return out
+
+    def _write(self, out: Arrays, i: int, env: Any, obs: dict, infos: dict) -> None:
+        groups = self.info.groups
+        for agent, value in obs.items():
+            gi, j = self.index[agent]
+            g = groups[gi]
+            if g.mask_source == "obs":
+                out[f"mask/{g.name}"][i, j] = np.asarray(value["action_mask"], bool)
+                value = value["observation"]
+            elif g.mask_source == "info" and "action_mask" in infos.get(agent, {}):
+                out[f"mask/{g.name}"][i, j] = np.asarray(infos[agent]["action_mask"], bool)
+            out[f"obs/{g.name}"][i, j] = value
+            out[f"active/{g.name}"][i, j] = agent in env.agents
+        if self.info.state_from_env:
+            out["state"][i] = np.asarray(env.state(), np.float32).ravel()
+        else:
+            out["state"][i] = np.concatenate([out[f"obs/{g.name}"][i].ravel() for g in groups])
+
+    def reset(self, seed: int) -> Arrays:
+        out = self._blank()
+        for i, env in enumerate(self.envs):
+            obs, infos = env.reset(seed=seed + i)
+            self._write(out, i, env, obs, infos)
+        return out
+
+    def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays]:
+        nxt, final = self._blank(), self._blank()
+        rew: Arrays = {f"rew/{g.name}": np.zeros((self.k, g.n_agents), np.float32)
+                       for g in self.info.groups}
+        rew["terminated"] = np.zeros(self.k, bool)
+        rew["truncated"] = np.zeros(self.k, bool)
+        groups = self.info.groups
+        for i, env in enumerate(self.envs):
+            joint = {}
+            for agent in env.agents:
+                gi, j = self.index[agent]
+                joint[agent] = actions[groups[gi].name][i, j]
+            obs, rewards, terms, truncs, infos = env.step(joint)
+            for agent, r in rewards.items():
+                gi, j = self.index[agent]
+                rew[f"rew/{groups[gi].name}"][i, j] = r
+            if env.agents:
+                self._write(nxt, i, env, obs, infos)
+                continue
+            self._write(final, i, env, obs, infos)
+            if any(truncs.values()):
+                rew["truncated"][i] = True
+            else:
+                rew["terminated"][i] = True
+            obs, infos = env.reset()
+            self._write(nxt, i, env, obs, infos)
+        return nxt, rew, final
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _worker(remote, env_id: str, params: dict, info: EnvInfo, count: int) -> None:
+    torch.set_num_threads(1)
+    envs = EnvSlice(env_id, params, info, count)
+    try:
+        while True:
+            command, payload = remote.recv()
+            if command == "step":
+                remote.send(envs.step(payload))
+            elif command == "reset":
+                remote.send(envs.reset(payload))
+            else:
+                break
+    except (EOFError, KeyboardInterrupt):
+        pass
+    finally:
+        envs.close()
+
+
+class PettingZooEnv:
+    """BatchedEnv over PettingZoo copies; `workers` > 0 steps them in that many processes."""
+
+    def __init__(self, env_id: str, params: dict[str, Any], info: EnvInfo, num_envs: int,
+                 device: torch.device, workers: int = 0):
+        self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
+        self._local: EnvSlice | None = None
+        self._remotes: list = []
+        self._procs: list = []
+        if workers <= 0:
+            self._local = EnvSlice(env_id, params, info, num_envs)
+            self._offsets = [0]
+        else:
+            ctx = mp.get_context("forkserver")
+            sizes = [len(c) for c in np.array_split(np.arange(num_envs), workers)]
+            self._offsets = list(np.cumsum([0, *sizes[:-1]]))
+            for size in sizes:
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker, args=(child, env_id, params, info, size),
+                                   daemon=True)
+                proc.start()
+                child.close()
+                self._remotes.append(parent)
+                self._procs.append(proc)
+
+    def _gather(self, command: str, payloads: list) -> list:
+        if self._local is not None:
+            method = getattr(self._local, command)
+            return [method(payloads[0])]
+        for remote, payload in zip(self._remotes, payloads):
+            remote.send((command, payload))
+        return [remote.recv() for remote in self._remotes]
+
+    def _observation(self, parts: list[Arrays]) -> Observation:
+        def cat(key: str) -> torch.Tensor:
+            array = parts[0][key] if len(parts) == 1 else np.concatenate([p[key] for p in parts])
+            return torch.from_numpy(array).to(self.device)
+
+        groups = self.info.groups
+        return Observation(
+            obs={g.name: cat(f"obs/{g.name}") for g in groups},
+            state=cat("state"),
+            masks={g.name: cat(f"mask/{g.name}") if g.mask_source else None for g in groups},
+            active={g.name: cat(f"active/{g.name}") for g in groups},
+        )
+
+    def reset(self, seed: int) -> Observation:
+        return self._observation(self._gather("reset", [seed + o for o in self._offsets]))
+
+    def step(self, actions: dict[str, torch.Tensor]) -> Transition:
+        host = {}
+        for g in self.info.groups:
+            a = actions[g.name].detach().cpu().numpy()
+            if not g.discrete:
+                a = np.clip(a, g.action_low, g.action_high).astype(np.float32)
+            host[g.name] = a
+        bounds = [*self._offsets[1:], self.num_envs]
+        payloads = [{k: v[s:e] for k, v in host.items()} for s, e in zip(self._offsets, bounds)]
+        results = self._gather("step", payloads)
+        nxt = self._observation([r[0] for r in results])
+        final = self._observation([r[2] for r in results])
+        rew = [r[1] for r in results]
+
+        def cat(key: str) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([r[key] for r in rew])).to(self.device)
+
+        return Transition(nxt, {g.name: cat(f"rew/{g.name}") for g in self.info.groups},
+                          cat("terminated"), cat("truncated"), final)
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+        for remote in self._remotes:
+            try:
+                remote.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()

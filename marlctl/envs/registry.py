@@ -1,0 +1,223 @@
+"""Environment ids, factories, and what an environment looks like (spaces, agent groups).
+
+Pure: imports numpy, gymnasium and PettingZoo, never torch, so `validate` can probe an env.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    id: str
+    factory: str  # "module:callable" returning a PettingZoo ParallelEnv
+    suite: str
+    summary: str
+    requires: tuple[str, ...] = ()
+
+    @property
+    def installed(self) -> bool:
+        modules = (self.factory.split(":")[0].split(".")[0], *self.requires)
+        return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _mpe(name: str, version: int, summary: str) -> EnvEntry:
+    return EnvEntry(f"mpe/{name}", f"mpe2.{name}_v{version}:parallel_env", "mpe", summary)
+
+
+def _pz(suite: str, name: str, version: int, summary: str, requires: tuple[str, ...]) -> EnvEntry:
+    return EnvEntry(f"{suite}/{name}", f"pettingzoo.{suite}.{name}_v{version}:parallel_env",
+                    suite, summary, requires)
+
+
+ENVS: dict[str, EnvEntry] = {
+    e.id: e
+    for e in [
+        _mpe("simple", 3, "one agent reaches a landmark"),
+        _mpe("simple_spread", 3, "N agents cover N landmarks, cooperative"),
+        _mpe("simple_adversary", 3, "good agents hide the target from an adversary"),
+        _mpe("simple_tag", 3, "predators chase faster prey"),
+        _mpe("simple_push", 3, "adversary pushes an agent away from its landmark"),
+        _mpe("simple_reference", 3, "two agents communicate each other's goal"),
+        _mpe("simple_speaker_listener", 4, "a speaker guides a listener (heterogeneous)"),
+        _mpe("simple_crypto", 3, "two agents talk privately past an eavesdropper"),
+        _mpe("simple_world_comm", 3, "leader-led adversaries, forests, food"),
+        _mpe("simple_line", 1, "agents form a line"),
+        _mpe("simple_formation", 1, "agents form a shape around a landmark"),
+        _mpe("collect_treasure", 1, "hunters collect and deposit treasure"),
+        _pz("sisl", "pursuit", 4, "pursuers surround evaders on a grid", ("pygame",)),
+        _pz("sisl", "waterworld", 4, "archea eat food and avoid poison", ("pymunk", "pygame")),
+        _pz("sisl", "multiwalker", 9, "walkers carry a package", ("Box2D", "pygame")),
+        _pz("butterfly", "knights_archers_zombies", 10, "knights and archers hold off zombies",
+            ("pygame",)),
+        _pz("butterfly", "pistonball", 6, "pistons move a ball left (image obs)",
+            ("pymunk", "pygame")),
+        _pz("butterfly", "cooperative_pong", 5, "two paddles keep a ball in play (image obs)",
+            ("pygame",)),
+    ]
+}
+
+_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_VERSIONED = re.compile(r"^(?P<base>.+)_v\d+$")
+
+
+class EnvLookupError(ValueError):
+    """An env id that is neither registered nor an importable `package.module:factory`."""
+
+
+def lookup(env_id: str) -> EnvEntry:
+    """The registry entry for an id; `mpe/simple_spread_v3` finds `mpe/simple_spread`."""
+    if env_id in ENVS:
+        return ENVS[env_id]
+    versioned = _VERSIONED.match(env_id)
+    if versioned and versioned.group("base") in ENVS:
+        return ENVS[versioned.group("base")]
+    if _FACTORY_RE.match(env_id):
+        return EnvEntry(env_id, env_id, "user", "user factory")
+    import difflib
+
+    close = difflib.get_close_matches(env_id, list(ENVS), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see `marlctl list envs`"
+    raise EnvLookupError(f"unknown env '{env_id}' (not registered and not package.module:factory){hint}")
+
+
+def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
+    module_name, _, attr = entry.factory.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvLookupError(f"cannot import '{module_name}' for env '{entry.id}': {err}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise EnvLookupError(f"'{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise EnvLookupError(f"'{entry.factory}' is not callable")
+    return obj
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Agents that share observation and action spaces."""
+
+    name: str
+    agents: tuple[str, ...]
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    discrete: bool
+    n_actions: int  # discrete: number of actions; continuous: action dimension
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    mask_source: str | None = None  # "obs" (dict observation) | "info" | None
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    id: str
+    factory: str
+    groups: tuple[GroupInfo, ...]
+    state_dim: int
+    state_from_env: bool  # env.state() exists; otherwise observations are concatenated
+    agents: tuple[str, ...] = field(default=())
+
+    @property
+    def n_agents(self) -> int:
+        return sum(g.n_agents for g in self.groups)
+
+    @property
+    def action_kinds(self) -> set[str]:
+        return {"discrete" if g.discrete else "continuous" for g in self.groups}
+
+
+def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None) -> Any:
+    factory = resolve_factory(lookup(env_id))
+    kwargs = dict(params)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    return factory(**kwargs)
+
+
+def _group_name(agents: list[str]) -> str:
+    prefixes = {re.sub(r"_?\d+$", "", a) for a in agents}
+    return prefixes.pop() if len(prefixes) == 1 else "agents"
+
+
+def _space_key(space: Any) -> str:
+    return repr(space)
+
+
+def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
+    """Group a ParallelEnv's agents by space and read shapes, masks and global state."""
+    import gymnasium.spaces as spaces
+
+    _, infos = env.reset(seed=0)
+    agents = list(env.possible_agents)
+    by_key: dict[tuple[str, str], list[str]] = {}
+    for agent in agents:
+        key = (_space_key(env.observation_space(agent)), _space_key(env.action_space(agent)))
+        by_key.setdefault(key, []).append(agent)
+    groups: list[GroupInfo] = []
+    names: set[str] = set()
+    for members in by_key.values():
+        obs_space, act_space = env.observation_space(members[0]), env.action_space(members[0])
+        mask_source = None
+        if isinstance(obs_space, spaces.Dict) and "observation" in obs_space.spaces:
+            mask_source = "obs" if "action_mask" in obs_space.spaces else None
+            obs_space = obs_space["observation"]
+        elif isinstance((infos or {}).get(members[0]), dict) and "action_mask" in infos[members[0]]:
+            mask_source = "info"
+        if not isinstance(obs_space, spaces.Box):
+            raise TypeError(f"agent '{members[0]}' has an unsupported observation space {obs_space}")
+        if isinstance(act_space, spaces.Discrete):
+            discrete, n, low, high = True, int(act_space.n), (), ()
+        elif isinstance(act_space, spaces.Box):
+            discrete, n = False, int(np.prod(act_space.shape))
+            low = tuple(float(x) for x in np.broadcast_to(act_space.low, act_space.shape).ravel())
+            high = tuple(float(x) for x in np.broadcast_to(act_space.high, act_space.shape).ravel())
+        else:
+            raise TypeError(f"agent '{members[0]}' has an unsupported action space {act_space}")
+        name = _group_name(members)
+        while name in names:
+            name += "_"
+        names.add(name)
+        groups.append(GroupInfo(name, tuple(members), tuple(obs_space.shape), str(obs_space.dtype),
+                                discrete, n, low, high, mask_source))
+    state_from_env = hasattr(env, "state_space") and _has_state(env)
+    if state_from_env:
+        state_dim = int(np.prod(env.state_space.shape))
+    else:
+        state_dim = sum(g.obs_dim * g.n_agents for g in groups)
+    return EnvInfo(env_id, factory, tuple(groups), state_dim, state_from_env, tuple(agents))
+
+
+def _has_state(env: Any) -> bool:
+    try:
+        env.state()
+    except (NotImplementedError, AttributeError):
+        return False
+    return True
+
+
+def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
+    """Build the env once and describe it; raises EnvLookupError or the factory's own error."""
+    entry = lookup(env_id)
+    env = resolve_factory(entry)(**params)
+    try:
+        return describe(env, entry.id, entry.factory)
+    finally:
+        env.close()

@@ -1,0 +1,47 @@
+"""The project's error types. The CLI maps each to one exit code; nothing else exits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec, located as `FILE:LINE: key.path: message`."""
+
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class MarlctlError(Exception):
+    """Base class; `exit_code` is what the CLI returns for it."""
+
+    exit_code = 1
+
+
+class SpecError(MarlctlError):
+    """The spec, an override or an argument is invalid (exit 2). Carries every problem found."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class RunFailed(MarlctlError):
+    """At least one training run failed (exit 1)."""
+
+    exit_code = 1
+
+
+class Interrupted(MarlctlError):
+    """The user interrupted the command (exit 130)."""
+
+    exit_code = 130

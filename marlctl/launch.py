@@ -1,0 +1,188 @@
+"""Launch a compiled plan: MLflow parent and child runs, seeds in-process or in processes."""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import multiprocessing as mp
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from marlctl import tracking
+from marlctl.errors import SpecError
+from marlctl.plan import Plan, compile_plan
+from marlctl.spec import LoadedSpec, load_spec
+from marlctl.train.runner import RunRequest, RunResult, execute
+
+SPEC_ARTIFACT = "spec.yaml"
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Summary:
+    experiment: str
+    tracking_uri: str
+    parent_run_id: str
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "FINISHED" for r in self.runs)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(r.status == "KILLED" for r in self.runs)
+
+    def aggregate(self) -> dict[str, float | None]:
+        import statistics
+
+        returns = [r.final_return for r in self.runs if r.final_return is not None]
+        rates = [r.steps_per_s for r in self.runs if r.steps_per_s is not None]
+        return {
+            "eval/return_mean": statistics.fmean(returns) if returns else None,
+            "eval/return_std": statistics.pstdev(returns) if len(returns) > 1 else None,
+            "perf/env_steps_per_s": statistics.fmean(rates) if rates else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "tracking_uri": self.tracking_uri,
+                "parent_run_id": self.parent_run_id, "ok": self.ok,
+                "aggregate": self.aggregate(), "runs": [asdict(r) for r in self.runs]}
+
+
+def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -> Summary:
+    """Create the MLflow runs for a validated plan and train every seed."""
+    spec = loaded.spec
+    uri = spec.tracking.uri
+    client = tracking.client_for(uri)
+    experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
+    common = {"marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
+              "marlctl.versions": tracking.package_versions(),
+              "marlctl.algo": plan.algo, "marlctl.env": plan.env.id}
+    commit = tracking.git_commit()
+    if commit:
+        common["mlflow.source.git.commit"] = commit
+    params = tracking.flatten(loaded.resolved)
+    parent = client.create_run(experiment_id, run_name=f"{plan.experiment}",
+                               tags={**common, "marlctl.role": "experiment"})
+    parent_id = parent.info.run_id
+    tracking.log_params(client, parent_id, params)
+    _log_spec(client, parent_id, loaded.resolved)
+    requests = []
+    for run in plan.runs:
+        child = client.create_run(experiment_id, run_name=f"seed-{run.seed}", tags={
+            **common, tracking.PARENT_TAG: parent_id, "marlctl.role": "seed",
+            "marlctl.seed": str(run.seed), "marlctl.device": run.device})
+        tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
+        _log_spec(client, child.info.run_id, {**loaded.resolved, "seeds": [run.seed]})
+        requests.append(RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id))
+    summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
+    summary.runs = _execute_all(requests, plan.parallel_runs, progress)
+    _finish_parent(client, parent_id, summary)
+    return summary
+
+
+def resume(run_id: str, tracking_uri: str | None,
+           progress_factory: Callable[[Plan], Progress | None] | None = None) -> Summary:
+    """Continue an interrupted run (a seed's child run, or every unfinished child of a parent)."""
+    from mlflow.exceptions import MlflowException
+
+    from marlctl.errors import Problem
+
+    client = tracking.client_for(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise SpecError([Problem("--resume", None, "", f"no run '{run_id}' in "
+                                 f"{tracking.resolve_uri(tracking_uri)}")]) from None
+    parent_id = run.data.tags.get(tracking.PARENT_TAG)
+    if parent_id is None:
+        parent_id = run_id
+        children = client.search_runs(
+            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'")
+    else:
+        children = [run]
+    pending = [c for c in children if c.info.status != "FINISHED"]
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)
+        loaded = load_spec(spec_path)
+    plan = compile_plan(loaded)
+    by_seed = {r.seed: r for r in plan.runs}
+    requests = []
+    for child in pending:
+        seed = int(child.data.tags["marlctl.seed"])
+        requests.append(RunRequest(loaded.resolved, plan.env, by_seed[seed], loaded.spec.tracking.uri
+                                   or tracking_uri, child.info.run_id, resume=True))
+    summary = Summary(plan.experiment, tracking.resolve_uri(tracking_uri), parent_id)
+    if requests:
+        client.update_run(parent_id, status="RUNNING")
+        progress = progress_factory(plan) if progress_factory else None
+        summary.runs = _execute_all(requests, plan.parallel_runs, progress)
+    done = {r.run_id for r in summary.runs}
+    for child in children:
+        if child.info.run_id not in done and child.info.status == "FINISHED":
+            metrics = child.data.metrics
+            summary.runs.append(RunResult(0, int(child.data.tags["marlctl.seed"]), child.info.run_id,
+                                          "FINISHED", final_return=metrics.get("eval/return_mean"),
+                                          steps_per_s=metrics.get("perf/env_steps_per_s_mean")))
+    summary.runs.sort(key=lambda r: r.seed)
+    _finish_parent(client, parent_id, summary)
+    return summary
+
+
+def _log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / SPEC_ARTIFACT
+        path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        client.log_artifact(run_id, str(path))
+
+
+def _finish_parent(client, parent_id: str, summary: Summary) -> None:
+    aggregate = {k: v for k, v in summary.aggregate().items() if v is not None}
+    for key, value in aggregate.items():
+        client.log_metric(parent_id, key, value)
+    status = "FINISHED" if summary.ok else "KILLED" if summary.interrupted else "FAILED"
+    client.set_terminated(parent_id, status)
+
+
+def _execute_all(requests: list[RunRequest], parallel: int,
+                 progress: Progress | None) -> list[RunResult]:
+    if parallel <= 1 or len(requests) <= 1:
+        results = []
+        for request in requests:
+            results.append(execute(request, progress))
+            if results[-1].status == "KILLED":
+                break
+        return results
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        events = manager.Queue()
+        pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
+        pump.start()
+        with futures.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
+            jobs = [pool.submit(_execute_in_worker, request, events) for request in requests]
+            try:
+                results = [job.result() for job in jobs]
+            except KeyboardInterrupt:
+                # Workers got the same SIGINT; each checkpoints and returns KILLED.
+                results = [job.result() for job in jobs]
+        events.put(None)
+        pump.join()
+    return results
+
+
+def _execute_in_worker(request: RunRequest, events) -> RunResult:
+    return execute(request, events.put)
+
+
+def _pump(events, progress: Progress | None) -> None:
+    while True:
+        event = events.get()
+        if event is None:
+            return
+        if progress is not None:
+            progress(event)

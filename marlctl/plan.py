@@ -1,0 +1,183 @@
+"""Compile a validated spec into runs placed on devices: what `run --dry-run` prints.
+
+Pure: probes the environment through PettingZoo (numpy only) and never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from marlctl.algos import registered_algos
+from marlctl.envs.registry import EnvInfo, EnvLookupError, probe
+from marlctl.errors import SpecError
+from marlctl.spec import LoadedSpec
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    index: int
+    seed: int
+    device: str
+    threads: int
+    num_envs: int
+    total_env_steps: int
+    iterations: int
+    est_memory_mb: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    experiment: str
+    algo: str
+    env: EnvInfo
+    runs: tuple[RunPlan, ...]
+    parallel_runs: int
+    cores: int
+    steps_per_iteration: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "algo": self.algo,
+            "env": {"id": self.env.id, "agents": self.env.n_agents, "state_dim": self.env.state_dim,
+                    "groups": [{"name": g.name, "agents": list(g.agents), "obs_shape": list(g.obs_shape),
+                                "actions": ("discrete" if g.discrete else "continuous"),
+                                "n_actions": g.n_actions, "action_mask": g.mask_source is not None}
+                               for g in self.env.groups]},
+            "parallel_runs": self.parallel_runs,
+            "cores": self.cores,
+            "steps_per_iteration": self.steps_per_iteration,
+            "runs": [asdict(r) for r in self.runs],
+        }
+
+
+def visible_cuda_devices() -> int:
+    """GPUs this process may use, read from the driver without importing torch."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    count = len(list(gpus.iterdir())) if gpus.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+    return count
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
+                 cuda_devices: int | None = None) -> Plan:
+    """Check what needs the environment and the machine, then place every seed."""
+    spec, prov = loaded.spec, loaded.provenance
+    problems = []
+    if env_info is None:
+        env_info, env_problem = _probe(loaded)
+        if env_problem:
+            raise SpecError([env_problem])
+    algo = registered_algos()[spec.algo.name]
+    if spec.env.backend == "native":
+        problems.append(prov.problem(
+            "env.backend", f"env '{spec.env.id}' has no native implementation; use backend: pettingzoo"))
+    for group in env_info.groups:
+        kind = "discrete" if group.discrete else "continuous"
+        if kind not in algo.action_kinds:
+            problems.append(prov.problem(
+                "algo.name", f"algorithm '{algo.name}' does not support {kind} actions, which env "
+                f"'{spec.env.id}' group '{group.name}' has (env.id)"))
+    share = spec.algo.share_params if hasattr(spec.algo, "share_params") else None
+    if isinstance(share, dict):
+        names = {g.name for g in env_info.groups}
+        for key in share:
+            if key not in names:
+                problems.append(prov.problem(
+                    f"algo.share_params.{key}",
+                    f"no agent group '{key}' in env '{spec.env.id}'; groups: {', '.join(sorted(names))}"))
+
+    hw, train = spec.hardware, spec.train
+    gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices
+    pool = list(hw.devices) if hw.devices else [_resolve_device(hw.device, gpus)]
+    for index, device in enumerate(pool):
+        if device.startswith("cuda"):
+            ordinal = int(device.split(":")[1]) if ":" in device else 0
+            key = f"hardware.devices.{index}" if hw.devices else "hardware.device"
+            if ordinal >= gpus:
+                problems.append(prov.problem(
+                    key, f"{device} requested but this machine has {gpus} visible CUDA device(s)"))
+    if hw.devices and hw.device not in ("auto", *hw.devices):
+        problems.append(prov.problem(
+            "hardware.device", f"'{hw.device}' conflicts with hardware.devices {hw.devices}; "
+            "set device: auto or list it in hardware.devices"))
+    if hw.env_workers > hw.num_envs:
+        problems.append(prov.problem(
+            "hardware.env_workers",
+            f"{hw.env_workers} workers for hardware.num_envs={hw.num_envs} environments; "
+            "use at most one worker per environment"))
+    if train.eval_every > train.total_env_steps:
+        problems.append(prov.problem(
+            "train.eval_every", f"{train.eval_every} exceeds train.total_env_steps="
+            f"{train.total_env_steps}; no evaluation would run before the end"))
+    if problems:
+        from marlctl.spec import sort_problems
+
+        raise SpecError(sort_problems(problems))
+
+    cores = available_cores()
+    concurrent = min(hw.parallel_runs, len(spec.seeds))
+    threads = hw.threads_per_run or max(1, cores // concurrent)
+    rollout = getattr(spec.algo, "rollout_steps", 1)
+    per_iter = rollout * hw.num_envs
+    iterations = -(-train.total_env_steps // per_iter)
+    memory = _estimate_memory_mb(loaded, env_info, rollout)
+    runs = tuple(
+        RunPlan(i, seed, pool[i % len(pool)], threads, hw.num_envs, train.total_env_steps,
+                iterations, memory)
+        for i, seed in enumerate(spec.seeds)
+    )
+    return Plan(loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter)
+
+
+def _resolve_device(device: str, gpus: int) -> str:
+    if device == "auto":
+        return "cuda:0" if gpus > 0 else "cpu"
+    return "cuda:0" if device == "cuda" else device
+
+
+def _probe(loaded: LoadedSpec):
+    spec, prov = loaded.spec, loaded.provenance
+    try:
+        return probe(spec.env.id, dict(spec.env.params)), None
+    except EnvLookupError as err:
+        return None, prov.problem("env.id", str(err))
+    except TypeError as err:
+        return None, prov.problem("env.params", f"env '{spec.env.id}' rejected its params: {err}")
+    except Exception as err:  # the user's factory may raise anything
+        return None, prov.problem("env", f"building env '{spec.env.id}' failed: "
+                                          f"{type(err).__name__}: {err}")
+
+
+def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float:
+    """Networks with Adam state plus rollout buffers, in MiB (envs themselves excluded)."""
+    spec = loaded.spec
+    hidden = list(spec.model.hidden)
+
+    def mlp(n_in: int, n_out: int) -> int:
+        sizes = [n_in, *hidden, n_out]
+        return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+    params, floats = 0, 0
+    for g in env.groups:
+        copies = 1
+        share = getattr(spec.algo, "share_params", True)
+        shared = share.get(g.name, True) if isinstance(share, dict) else share
+        copies = 1 if shared else g.n_agents
+        extra = g.n_agents if shared and g.n_agents > 1 else 0
+        critic_in = env.state_dim if registered_algos()[spec.algo.name].centralised_critic else g.obs_dim
+        params += copies * (mlp(g.obs_dim + extra, g.n_actions) + mlp(critic_in + extra, 1))
+        floats += rollout * spec.hardware.num_envs * g.n_agents * (g.obs_dim + critic_in + g.n_actions + 8)
+    return round((params * 4 + floats) * 4 / 2**20, 2)

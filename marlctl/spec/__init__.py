@@ -1,0 +1,248 @@
+"""Spec file + Hydra overrides → validated `Spec`, with every problem located in its source.
+
+Composition uses Hydra's compose API: the spec (YAML or TOML) is the primary config, its
+`defaults:` list pulls presets from `algos/`, `envs/`, `sweeps/` (a preset file places itself
+with `# @package algo`), and overrides use Hydra's grammar. Pure: no torch, no mlflow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marlctl.errors import Problem, SpecError
+from marlctl.spec.models import Spec, model_fields_at
+from marlctl.spec.source import SourceFile, load_source
+
+PRESET_GROUPS = ("algos", "envs", "sweeps")
+OVERRIDES = "<overrides>"
+
+
+@dataclass
+class Provenance:
+    """Where each value came from, to place an error on the right file and line."""
+
+    spec: SourceFile
+    presets: list[SourceFile] = field(default_factory=list)
+    overrides: list[tuple[str, str]] = field(default_factory=list)  # (key, text)
+
+    def locate(self, dotted: str) -> tuple[str, int | None]:
+        for index in range(len(self.overrides) - 1, -1, -1):
+            key = self.overrides[index][0]
+            if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+                return OVERRIDES, index + 1
+        if self.spec.defines(dotted):
+            return str(self.spec.path), self.spec.line_of(dotted)
+        for preset in self.presets:
+            if preset.defines(dotted):
+                return str(preset.path), preset.line_of(dotted)
+        return str(self.spec.path), self.spec.line_of(dotted) or 1
+
+    def problem(self, dotted: str, message: str) -> Problem:
+        file, line = self.locate(dotted)
+        return Problem(file, line, dotted, message)
+
+
+@dataclass
+class LoadedSpec:
+    spec: Spec
+    resolved: dict[str, Any]  # the composed, validated spec as plain data (defaults filled in)
+    provenance: Provenance
+
+    @property
+    def experiment(self) -> str:
+        return self.spec.name or self.provenance.spec.path.stem
+
+
+def preset_roots() -> list[Path]:
+    """Folders holding `algos/`, `envs/`, `sweeps/`: the working dir and the installed presets."""
+    here = Path(__file__).resolve().parent.parent
+    candidates = [Path.cwd(), here / "presets", here.parent]
+    roots: list[Path] = []
+    for root in candidates:
+        if any((root / g).is_dir() for g in PRESET_GROUPS) and root.resolve() not in roots:
+            roots.append(root.resolve())
+    return roots
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
+    """Load, compose and validate; raise SpecError listing every problem found."""
+    spec_path = Path(path)
+    source = load_source(spec_path)
+    provenance = Provenance(source)
+    composed, provenance = _compose(source, list(overrides), provenance)
+    spec = _validate(composed, provenance)
+    return LoadedSpec(spec, spec.model_dump(mode="json"), provenance)
+
+
+def validate_data(data: dict[str, Any], provenance: Provenance) -> Spec:
+    return _validate(data, provenance)
+
+
+_store_counter = itertools.count()
+
+
+def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    shown = str(source.path)
+    problems: list[Problem] = []
+    parser = OverridesParser.create()
+    for index, text in enumerate(overrides, start=1):
+        try:
+            parsed = parser.parse_override(text)
+        except HydraException as err:
+            problems.append(Problem(OVERRIDES, index, text, f"bad override: {_first_line(err)}"))
+            continue
+        provenance.overrides.append((parsed.key_or_group, text))
+    if problems:
+        raise SpecError(problems)
+
+    data = dict(source.data)
+    defaults = data.get("defaults", [])
+    if not isinstance(defaults, list):
+        raise SpecError([Problem(shown, source.line_of("defaults"), "defaults",
+                                 "must be a list such as [{algos: mappo}, _self_]")])
+    store = ConfigStore.instance()
+    roots = [source.path.resolve().parent, *preset_roots()]
+    search = ",".join(f"'file://{r}'" for r in roots[1:])
+    group_overrides = [text for key, text in provenance.overrides
+                       if key.lstrip("+~").split("@")[0] in PRESET_GROUPS]
+
+    def run_compose(node: dict, chosen: list[str]):
+        name = f"marlctl_spec_{next(_store_counter)}"
+        store.store(name=name, node=node)
+        with initialize_config_dir(version_base=None, config_dir=str(roots[0])):
+            return compose(name, overrides=[f"hydra.searchpath=[{search}]", *chosen],
+                           return_hydra_config=True)
+
+    try:
+        # Pass 1 finds the algorithm; pass 2 composes over a base of the spec's defaults so
+        # that plain overrides such as `algo.lr=3e-4` reach keys the file leaves out.
+        first = run_compose(data, group_overrides)
+        algo_name = OmegaConf.select(first, "algo.name", default=None)
+        for key, text in provenance.overrides:
+            if key.lstrip("+") == "algo.name":
+                algo_name = text.split("=", 1)[1]
+        base = f"marlctl_base_{next(_store_counter)}"
+        store.store(name=base, node=_defaults_skeleton(algo_name))
+        cfg = run_compose({**data, "defaults": [base, *defaults]}, overrides)
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+        OmegaConf.set_struct(cfg, False)
+        del cfg["hydra"]
+        composed = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise SpecError([_composition_problem(err, source, provenance)]) from None
+    for group, choice in (choices or {}).items():
+        if group.startswith("hydra") or choice is None:
+            continue
+        for root in roots:
+            for suffix in (".yaml", ".yml"):
+                candidate = root / group / f"{choice}{suffix}"
+                if candidate.is_file():
+                    provenance.presets.append(load_source(candidate))
+                    break
+            else:
+                continue
+            break
+    assert isinstance(composed, dict)
+    composed.pop("defaults", None)
+    return composed, provenance
+
+
+def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
+    from marlctl.algos import registered_algos
+    from marlctl.spec.models import HardwareSpec, ModelSpec, TrackingSpec, TrainSpec
+
+    skeleton: dict[str, Any] = {
+        "seeds": [0],
+        "model": ModelSpec().model_dump(),
+        "train": TrainSpec().model_dump(),
+        "hardware": HardwareSpec().model_dump(),
+        "tracking": TrackingSpec().model_dump(),
+        "env": {"backend": "pettingzoo", "params": {}},
+    }
+    info = registered_algos().get(str(algo_name))
+    if info is not None:
+        skeleton["algo"] = info.config().model_dump()
+    return skeleton
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _composition_problem(err: Exception, source: SourceFile, provenance: Provenance) -> Problem:
+    message = _first_line(err)
+    message = message.replace(f"In '{message.split(chr(39))[1]}': ", "") if message.startswith("In '") else message
+    for index, (key, text) in enumerate(provenance.overrides, start=1):
+        if text in str(err) or f"'{key}'" in str(err):
+            bare = key.lstrip("+~")
+            if "not in struct" in str(err) or "Could not override" in message:
+                parent, _, leaf = bare.rpartition(".")
+                options = model_fields_at(parent.split(".") if parent else [])
+                close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.6)
+                message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
+                                           "; to add a new key write +" + bare + "=...")
+            return Problem(OVERRIDES, index, bare, message)
+    full_key = getattr(err, "full_key", None)
+    if full_key:
+        return provenance.problem(str(full_key), message)
+    if "Could not find" in message or "defaults" in message.lower():
+        return Problem(str(source.path), source.line_of("defaults") or 1, "defaults", message)
+    return Problem(str(source.path), 1, "", message)
+
+
+def _validate(data: dict[str, Any], provenance: Provenance) -> Spec:
+    from pydantic import ValidationError
+
+    from marlctl.algos import registered_algos
+
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        algos = registered_algos()
+        for item in err.errors(include_url=False):
+            loc = [str(p) for p in item["loc"]]
+            # A discriminated union puts the tag in the path: algo.mappo.lr -> algo.lr
+            if len(loc) >= 2 and loc[0] == "algo" and loc[1] in algos:
+                tag = loc.pop(1)
+            else:
+                tag = None
+            dotted = ".".join(loc)
+            kind = item["type"]
+            if kind == "extra_forbidden":
+                parent = loc[:-1] + ([tag] if tag else [])
+                options = model_fields_at(parent)
+                close = difflib.get_close_matches(loc[-1], options, n=1, cutoff=0.6)
+                message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
+                                           f"; valid keys: {', '.join(options)}" if options else "")
+            elif kind in ("union_tag_invalid", "union_tag_not_found"):
+                given = data.get("algo", {}).get("name") if isinstance(data.get("algo"), dict) else None
+                dotted = "algo.name"
+                close = difflib.get_close_matches(str(given), list(algos), n=1, cutoff=0.5)
+                message = (f"unknown algorithm '{given}'" if given is not None else "required") + (
+                    f"; did you mean '{close[0]}'?" if close else
+                    f"; choose from {', '.join(algos)}")
+            elif kind == "missing":
+                message = "required"
+            else:
+                message = item["msg"].removeprefix("Value error, ")
+                if "input" in item and kind not in ("model_type", "dict_type"):
+                    message += f" (got {item['input']!r})"
+            problems.append(provenance.problem(dotted, message))
+        raise SpecError(sort_problems(problems)) from None
+
+
+def sort_problems(problems: list[Problem]) -> list[Problem]:
+    """The spec file's problems first, by line; then presets; command-line overrides last."""
+    return sorted(problems, key=lambda p: (p.file == OVERRIDES, p.file, p.line or 0))

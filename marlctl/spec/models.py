@@ -1,0 +1,166 @@
+"""The typed spec (DESIGN.md §1). Every field is typed, bounded and described."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from marlctl.algos import AlgoConfig, registered_algos
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSpec(Strict):
+    id: str = Field(description="Registered id (`marlctl list envs`) or `package.module:factory`.")
+    backend: Literal["pettingzoo", "native"] = Field(
+        "pettingzoo", description="pettingzoo = the real PettingZoo env; native = batched torch.")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="Keyword arguments of the env factory.")
+
+
+class ModelSpec(Strict):
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [64, 64], min_length=1, max_length=16,
+        description="Hidden layer widths of actors and critics.")
+    activation: Literal["tanh", "relu", "elu", "gelu", "silu"] = Field(
+        "tanh", description="Hidden activation.")
+    layer_norm: bool = Field(True, description="LayerNorm on network inputs (MAPPO's feature norm).")
+
+
+class TrainSpec(Strict):
+    total_env_steps: int = Field(
+        1_000_000, ge=1, description="Joint env steps per run (one step moves every agent).")
+    eval_every: int = Field(100_000, ge=0, description="Env steps between evaluations; 0 = end only.")
+    eval_episodes: int = Field(32, ge=1, le=100_000, description="Episodes per evaluation.")
+    checkpoint_every: int = Field(
+        250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one.")
+    log_every: int = Field(10_000, ge=1, description="Env steps between training metric points.")
+
+
+class HardwareSpec(Strict):
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    num_envs: int = Field(16, ge=1, le=1_000_000, description="Parallel environments per run.")
+    env_workers: int = Field(
+        0, ge=0, le=256,
+        description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.")
+    parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
+    threads_per_run: int | None = Field(
+        None, ge=1, le=1024, description="torch threads per run; null = cores / parallel runs.")
+    devices: list[str] | None = Field(
+        None, min_length=1, description="Placement pool; runs are spread over it round-robin.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            if not _DEVICE.match(item) or item == "auto":
+                raise ValueError(f"'{item}' must be cpu, cuda or cuda:N")
+        return value
+
+
+class TrackingSpec(Strict):
+    uri: str | None = Field(
+        None, description="MLflow tracking URI; null = local SQLite `mlflow.db` in the working dir.")
+    flush_every_s: float = Field(
+        5.0, gt=0, le=3600, description="Seconds between batched metric uploads.")
+
+
+class FloatRange(Strict):
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> FloatRange:
+        if self.low >= self.high:
+            raise ValueError("low must be below high")
+        if self.log and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
+        return self
+
+
+class Choices(Strict):
+    choices: list[Any] = Field(min_length=1)
+
+
+class SweepSpec(Strict):
+    metric: str = Field("eval/return_mean", description="Metric the objective reads.")
+    direction: Literal["maximize", "minimize"] = "maximize"
+    trials: int = Field(20, ge=1, description="Trials in the whole study, over all workers.")
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    storage: str | None = Field(None, description="null = local file; or postgresql://...")
+    space: dict[str, FloatRange | Choices] = Field(default_factory=dict)
+
+
+def _algo_union() -> Any:
+    configs = tuple(info.config for info in registered_algos().values())
+    return Annotated[Union[configs], Field(discriminator="name")]  # noqa: UP007
+
+
+AlgoUnion = _algo_union()
+
+
+class Spec(Strict):
+    name: str | None = Field(None, description="MLflow experiment name; default: the file stem.")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
+                             description="One run per seed.")
+    env: EnvSpec
+    algo: AlgoUnion  # type: ignore[valid-type]
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    sweep: SweepSpec | None = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("seeds must be distinct")
+        return value
+
+
+def model_fields_at(path: list[str]) -> list[str]:
+    """Field names valid at a dotted location (for did-you-mean); [] if unknown."""
+    model: Any = Spec
+    for part in path:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            if part in registered_algos():
+                model = registered_algos()[part].config
+                continue
+            return []
+        annotation = fields[part].annotation
+        model = _model_in(annotation)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+__all__ = ["AlgoConfig", "Spec", "EnvSpec", "ModelSpec", "TrainSpec", "HardwareSpec",
+           "TrackingSpec", "SweepSpec", "model_fields_at"]

@@ -1,0 +1,142 @@
+"""MLflow layout (DESIGN.md §4): one parent run per invocation, one child run per seed.
+
+Metrics are queued and sent by a background thread in batches, so logging never waits on
+the store inside the training loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import subprocess
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+ERROR_TAG = "marlctl.error"
+
+
+def default_uri() -> str:
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def resolve_uri(uri: str | None) -> str:
+    return uri or default_uri()
+
+
+def client_for(uri: str | None) -> MlflowClient:
+    import logging
+
+    # A new SQLite store prints its schema migrations; they are not the user's business.
+    for name in ("alembic", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=resolve_uri(uri))
+
+
+def ensure_experiment(client: MlflowClient, name: str, uri: str | None) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if uri is None:
+        location = (Path.cwd() / "mlruns").as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(data, dict):
+        out: dict[str, str] = {}
+        for key, value in data.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: json.dumps(data) if isinstance(data, (list, type(None))) else str(data)}
+
+
+def spec_hash(resolved: dict[str, Any]) -> str:
+    payload = {k: v for k, v in resolved.items() if k != "seeds"}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def package_versions() -> str:
+    names = ("marlctl", "torch", "mlflow", "pettingzoo", "mpe2", "gymnasium", "numpy")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return " ".join(found)
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    items = [Param(k, v[:6000]) for k, v in params.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start:start + 100], synchronous=True)
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+
+
+class MetricSink:
+    """Queues metrics and flushes them to one run in batches from a daemon thread."""
+
+    def __init__(self, client: MlflowClient, run_id: str, flush_every_s: float = 5.0):
+        self.client, self.run_id, self.every = client, run_id, flush_every_s
+        self._queue: queue.Queue[Metric | None] = queue.Queue()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="metric-sink")
+        self._thread.start()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        stamp = int(time.time() * 1000)
+        for key, value in metrics.items():
+            self._queue.put(Metric(key, float(value), stamp, int(step)))
+
+    def _loop(self) -> None:
+        pending: list[Metric] = []
+        deadline = time.monotonic() + self.every
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                item = "tick"  # type: ignore[assignment]
+            if item is None:
+                self._send(pending)
+                return
+            if item != "tick":
+                pending.append(item)  # type: ignore[arg-type]
+            if item == "tick" or time.monotonic() >= deadline:
+                self._send(pending)
+                pending = []
+                deadline = time.monotonic() + self.every
+
+    def _send(self, metrics: list[Metric]) -> None:
+        for start in range(0, len(metrics), 1000):
+            try:
+                self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000],
+                                      synchronous=True)
+            except Exception as err:  # keep training; report at close
+                self._error = err
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"logging metrics to MLflow failed: {self._error}")

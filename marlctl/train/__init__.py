@@ -1,0 +1,1 @@
+"""Training: algorithm implementations (torch) and the loop that runs one seed."""
