@@ -71,14 +71,15 @@ def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -
                                tags={**common, "marlctl.role": "experiment"})
     parent_id = parent.info.run_id
     tracking.log_params(client, parent_id, params)
-    _log_spec(client, parent_id, loaded.resolved)
+    named = {**loaded.resolved, "name": plan.experiment}
+    _log_spec(client, parent_id, named)
     requests = []
     for run in plan.runs:
         child = client.create_run(experiment_id, run_name=f"seed-{run.seed}", tags={
             **common, tracking.PARENT_TAG: parent_id, "marlctl.role": "seed",
             "marlctl.seed": str(run.seed), "marlctl.device": run.device})
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
-        _log_spec(client, child.info.run_id, {**loaded.resolved, "seeds": [run.seed]})
+        _log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
         requests.append(RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id))
     summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
     summary.runs = _execute_all(requests, plan.parallel_runs, progress)

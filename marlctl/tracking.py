@@ -33,7 +33,9 @@ def resolve_uri(uri: str | None) -> str:
 
 def client_for(uri: str | None) -> MlflowClient:
     import logging
+    import os
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # A new SQLite store prints its schema migrations; they are not the user's business.
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)

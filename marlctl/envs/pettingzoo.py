@@ -109,6 +109,7 @@ def _worker(remote, env_id: str, params: dict, info: EnvInfo, count: int) -> Non
         pass
     finally:
         envs.close()
+        remote.close()
 
 
 class PettingZooEnv:
@@ -126,7 +127,7 @@ class PettingZooEnv:
         else:
             ctx = mp.get_context("forkserver")
             sizes = [len(c) for c in np.array_split(np.arange(num_envs), workers)]
-            self._offsets = list(np.cumsum([0, *sizes[:-1]]))
+            self._offsets = [int(o) for o in np.cumsum([0, *sizes[:-1]])]
             for size in sizes:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker, args=(child, env_id, params, info, size),
@@ -140,9 +141,13 @@ class PettingZooEnv:
         if self._local is not None:
             method = getattr(self._local, command)
             return [method(payloads[0])]
-        for remote, payload in zip(self._remotes, payloads):
-            remote.send((command, payload))
-        return [remote.recv() for remote in self._remotes]
+        try:
+            for remote, payload in zip(self._remotes, payloads):
+                remote.send((command, payload))
+            return [remote.recv() for remote in self._remotes]
+        except (EOFError, OSError) as err:
+            codes = [p.exitcode for p in self._procs]
+            raise RuntimeError(f"an env worker process died (exit codes {codes}): {err!r}") from None
 
     def _observation(self, parts: list[Arrays]) -> Observation:
         def cat(key: str) -> torch.Tensor:

@@ -111,6 +111,9 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     if not isinstance(defaults, list):
         raise SpecError([Problem(shown, source.line_of("defaults"), "defaults",
                                  "must be a list such as [{algos: mappo}, _self_]")])
+    if "_self_" not in defaults:
+        defaults = [*defaults, "_self_"]  # the file's own values win over its presets
+    data["defaults"] = defaults
     store = ConfigStore.instance()
     roots = [source.path.resolve().parent, *preset_roots()]
     search = ",".join(f"'file://{r}'" for r in roots[1:])

@@ -1,0 +1,38 @@
+"""Shared fixtures.
+
+Every test runs from its own empty temporary working directory (the `tmp_path` of the
+test), so nothing a command writes — `mlflow.db`, `mlruns/`, checkpoints — can land in the
+repository. Presets (`algos/`, `envs/`, `sweeps/`) are still found: marlctl looks next to
+the spec and next to the installed package as well as in the working directory. Tests that
+need the repository's files use the `repo_root` fixture (absolute paths); a test that
+really needs the repository as its working directory is marked `@pytest.mark.repo_cwd`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "repo_cwd: run the test from the repository root instead of a temporary dir")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository checkout (the folder holding `marlctl/`, `specs/`, `algos/`...)."""
+    assert (REPO_ROOT / "marlctl").is_dir(), REPO_ROOT
+    return REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def _working_dir(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                 tmp_path: Path) -> Path:
+    """Run each test from its `tmp_path` (or from the repository with `repo_cwd`)."""
+    where = REPO_ROOT if request.node.get_closest_marker("repo_cwd") else tmp_path
+    monkeypatch.chdir(where)
+    return where

@@ -1,0 +1,112 @@
+"""Small PettingZoo ParallelEnvs for tests, named in specs as `toy_envs:factory`."""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+
+def crashing_spread(crash_at: int = 50, **params):
+    """MPE simple_spread that raises after `crash_at` steps (a broken env mid-training)."""
+    from mpe2 import simple_spread_v3
+
+    env = simple_spread_v3.parallel_env(**params)
+    step, count = env.step, {"n": 0}
+
+    def crashing_step(actions):
+        count["n"] += 1
+        if count["n"] > crash_at:
+            raise RuntimeError(f"simulated env failure at step {count['n']}")
+        return step(actions)
+
+    env.step = crashing_step
+    return env
+
+
+class MaskedRelay(ParallelEnv):
+    """Heterogeneous agents with action masks.
+
+    Two `scout`s (obs 4, Discrete(4), dict obs with an action mask) and one `carrier`
+    (obs 6, Box(-1, 1, (2,))). A scout's mask forbids one action per step; taking a forbidden
+    action is counted in `MaskedRelay.violations`. Scouts are rewarded for matching the
+    allowed action named by their observation; the carrier for pushing its action towards
+    a target in its observation. Episodes last `max_cycles` steps.
+    """
+
+    metadata = {"name": "masked_relay_v0"}
+    violations = 0
+
+    def __init__(self, max_cycles: int = 8):
+        self.possible_agents = ["scout_0", "scout_1", "carrier_0"]
+        self.max_cycles = max_cycles
+        self._obs = {a: spaces.Dict({"observation": spaces.Box(-1, 1, (4,), np.float32),
+                                     "action_mask": spaces.MultiBinary(4)})
+                     for a in self.possible_agents[:2]}
+        self._obs["carrier_0"] = spaces.Box(-1, 1, (6,), np.float32)
+        self._act = {a: spaces.Discrete(4) for a in self.possible_agents[:2]}
+        self._act["carrier_0"] = spaces.Box(-1, 1, (2,), np.float32)
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return self._obs[agent]
+
+    def action_space(self, agent):
+        return self._act[agent]
+
+    def _observe(self):
+        out = {}
+        for i, agent in enumerate(self.possible_agents[:2]):
+            obs = np.zeros(4, np.float32)
+            obs[self.targets[i]] = 1.0
+            mask = np.ones(4, np.int8)
+            mask[self.forbidden[i]] = 0
+            out[agent] = {"observation": obs, "action_mask": mask}
+        out["carrier_0"] = np.concatenate([self.goal, np.zeros(4, np.float32)]).astype(np.float32)
+        return out
+
+    def _draw(self):
+        self.targets = self.rng.integers(0, 4, size=2)
+        self.forbidden = (self.targets + self.rng.integers(1, 4, size=2)) % 4
+        self.goal = self.rng.uniform(-1, 1, size=2).astype(np.float32)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents = list(self.possible_agents)
+        self.t = 0
+        self._draw()
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        rewards = {}
+        for i, agent in enumerate(self.possible_agents[:2]):
+            action = int(actions[agent])
+            if action == self.forbidden[i]:
+                MaskedRelay.violations += 1
+            rewards[agent] = 1.0 if action == self.targets[i] else 0.0
+        push = np.asarray(actions["carrier_0"], np.float32)
+        rewards["carrier_0"] = float(-np.abs(push - self.goal).sum())
+        self.t += 1
+        done = self.t >= self.max_cycles
+        self._draw()
+        obs = self._observe()
+        terms = {a: False for a in self.agents}
+        truncs = {a: done for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+    def state(self):
+        obs = self._observe()
+        return np.concatenate([obs["scout_0"]["observation"], obs["scout_1"]["observation"],
+                               obs["carrier_0"]]).astype(np.float32)
+
+    @property
+    def state_space(self):
+        return spaces.Box(-1, 1, (14,), np.float32)
+
+
+def masked_relay(**params):
+    return MaskedRelay(**params)
