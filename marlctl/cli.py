@@ -41,11 +41,11 @@ def _fail(error: MarlctlError, as_json: bool) -> None:
         _emit_json({"ok": False, "exit_code": error.exit_code, "errors": problems})
     elif isinstance(error, SpecError):
         for problem in error.problems:
-            err.print(str(problem), markup=False, highlight=False)
+            err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
         count = len(error.problems)
         err.print(f"[red]{count} problem{'s' if count != 1 else ''}; nothing was run.[/red]")
     else:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
+        err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
     raise typer.Exit(error.exit_code)
 
 

@@ -77,9 +77,10 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
     spec, prov = loaded.spec, loaded.provenance
     problems = []
     if env_info is None:
-        env_info, env_problem = _probe(loaded)
-        if env_problem:
-            raise SpecError([env_problem])
+        try:
+            env_info = probe(spec.env.id, dict(spec.env.params))
+        except Exception as err:
+            raise SpecError([_env_problem(spec.env.id, err, prov)]) from None
     algo = registered_algos()[spec.algo.name]
     if spec.env.backend == "native":
         problems.append(prov.problem(
@@ -107,8 +108,9 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
             ordinal = int(device.split(":")[1]) if ":" in device else 0
             key = f"hardware.devices.{index}" if hw.devices else "hardware.device"
             if ordinal >= gpus:
+                asked = hw.devices[index] if hw.devices else hw.device
                 problems.append(prov.problem(
-                    key, f"{device} requested but this machine has {gpus} visible CUDA device(s)"))
+                    key, f"{asked} requested but this machine has {gpus} visible CUDA device(s)"))
     if hw.devices and hw.device not in ("auto", *hw.devices):
         problems.append(prov.problem(
             "hardware.device", f"'{hw.device}' conflicts with hardware.devices {hw.devices}; "
@@ -148,17 +150,22 @@ def _resolve_device(device: str, gpus: int) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def _probe(loaded: LoadedSpec):
-    spec, prov = loaded.spec, loaded.provenance
+def probe_problem(env_id: str, params: dict[str, Any], prov) -> Any:
+    """The problem building the env raises, or None (used when the rest of the spec is bad)."""
     try:
-        return probe(spec.env.id, dict(spec.env.params)), None
-    except EnvLookupError as err:
-        return None, prov.problem("env.id", str(err))
-    except TypeError as err:
-        return None, prov.problem("env.params", f"env '{spec.env.id}' rejected its params: {err}")
-    except Exception as err:  # the user's factory may raise anything
-        return None, prov.problem("env", f"building env '{spec.env.id}' failed: "
-                                          f"{type(err).__name__}: {err}")
+        probe(env_id, params)
+    except Exception as err:
+        return _env_problem(env_id, err, prov)
+    return None
+
+
+def _env_problem(env_id: str, err: Exception, prov):
+    if isinstance(err, EnvLookupError):
+        return prov.problem("env.id", str(err))
+    if isinstance(err, TypeError):
+        return prov.problem("env.params", f"env '{env_id}' rejected its params: {err}")
+    # The user's factory may raise anything; report it, never a traceback.
+    return prov.problem("env", f"building env '{env_id}' failed: {type(err).__name__}: {err}")
 
 
 def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ class Provenance:
     spec: SourceFile
     presets: list[SourceFile] = field(default_factory=list)
     overrides: list[tuple[str, str]] = field(default_factory=list)  # (key, text)
+    failed: list[Problem] = field(default_factory=list)  # overrides that could not apply
 
     def locate(self, dotted: str) -> tuple[str, int | None]:
         for index in range(len(self.overrides) - 1, -1, -1):
@@ -102,6 +104,9 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         except HydraException as err:
             problems.append(Problem(OVERRIDES, index, text, f"bad override: {_first_line(err)}"))
             continue
+        if not parsed.key_or_group:
+            problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
+            continue
         provenance.overrides.append((parsed.key_or_group, text))
     if problems:
         raise SpecError(problems)
@@ -127,23 +132,36 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
             return compose(name, overrides=[f"hydra.searchpath=[{search}]", *chosen],
                            return_hydra_config=True)
 
+    errors = (HydraException, OmegaConfBaseException, ValueError)
     try:
         # Pass 1 finds the algorithm; pass 2 composes over a base of the spec's defaults so
         # that plain overrides such as `algo.lr=3e-4` reach keys the file leaves out.
         first = run_compose(data, group_overrides)
-        algo_name = OmegaConf.select(first, "algo.name", default=None)
-        for key, text in provenance.overrides:
-            if key.lstrip("+") == "algo.name":
-                algo_name = text.split("=", 1)[1]
-        base = f"marlctl_base_{next(_store_counter)}"
-        store.store(name=base, node=_defaults_skeleton(algo_name))
-        cfg = run_compose({**data, "defaults": [base, *defaults]}, overrides)
-        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-        OmegaConf.set_struct(cfg, False)
-        del cfg["hydra"]
-        composed = OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
+    except errors as err:
         raise SpecError([_composition_problem(err, source, provenance)]) from None
+    algo_name = OmegaConf.select(first, "algo.name", default=None)
+    for key, text in provenance.overrides:
+        if key.lstrip("+") == "algo.name":
+            algo_name = text.split("=", 1)[1]
+    base = f"marlctl_base_{next(_store_counter)}"
+    store.store(name=base, node=_defaults_skeleton(algo_name))
+    active = list(overrides)
+    while True:
+        # Hydra stops at the first override it cannot apply: drop it and go on, so every
+        # bad override is reported at once.
+        try:
+            cfg = run_compose({**data, "defaults": [base, *defaults]}, active)
+            choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+            OmegaConf.set_struct(cfg, False)
+            del cfg["hydra"]
+            composed = OmegaConf.to_container(cfg, resolve=True)
+            break
+        except errors as err:
+            problem = _composition_problem(err, source, provenance)
+            problems.append(problem)
+            if problem.file != OVERRIDES:
+                raise SpecError(sort_problems(problems)) from None
+            active.remove(overrides[problem.line - 1])
     for group, choice in (choices or {}).items():
         if group.startswith("hydra") or choice is None:
             continue
@@ -158,6 +176,7 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
             break
     assert isinstance(composed, dict)
     composed.pop("defaults", None)
+    provenance.failed = problems
     return composed, provenance
 
 
@@ -200,50 +219,88 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
     if full_key:
         return provenance.problem(str(full_key), message)
     if "Could not find" in message or "defaults" in message.lower():
-        return Problem(str(source.path), source.line_of("defaults") or 1, "defaults", message)
+        line, key = source.line_of("defaults") or 1, "defaults"
+        missing = message.split("'")[1] if message.count("'") >= 2 else ""
+        for index, item in enumerate(source.data.get("defaults") or []):
+            group, choice = next(iter(item.items())) if isinstance(item, dict) and item else ("", "")
+            if f"{group}/{choice}" == missing:
+                line, key = source.lines.get(f"defaults.{index}", line), f"defaults.{index}"
+        return Problem(str(source.path), line, key, message)
     return Problem(str(source.path), 1, "", message)
 
 
 def _validate(data: dict[str, Any], provenance: Provenance) -> Spec:
     from pydantic import ValidationError
 
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as err:
+        problems = [*provenance.failed, *_schema_problems(err, data, provenance)]
+        if not any(p.path.startswith("env") for p in problems):
+            problems += _env_problems(data, provenance)
+        raise SpecError(sort_problems(problems)) from None
+    if provenance.failed:
+        raise SpecError(sort_problems(provenance.failed))
+    return spec
+
+
+_PYDANTIC_LOC = re.compile(r"^(function-\w+\[.*\]|range|choices)$")
+
+
+def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[Problem]:
     from marlctl.algos import registered_algos
 
-    try:
-        return Spec.model_validate(data)
-    except ValidationError as err:
-        problems = []
-        algos = registered_algos()
-        for item in err.errors(include_url=False):
-            loc = [str(p) for p in item["loc"]]
-            # A discriminated union puts the tag in the path: algo.mappo.lr -> algo.lr
-            if len(loc) >= 2 and loc[0] == "algo" and loc[1] in algos:
-                tag = loc.pop(1)
-            else:
-                tag = None
-            dotted = ".".join(loc)
-            kind = item["type"]
-            if kind == "extra_forbidden":
-                parent = loc[:-1] + ([tag] if tag else [])
-                options = model_fields_at(parent)
-                close = difflib.get_close_matches(loc[-1], options, n=1, cutoff=0.6)
-                message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
-                                           f"; valid keys: {', '.join(options)}" if options else "")
-            elif kind in ("union_tag_invalid", "union_tag_not_found"):
-                given = data.get("algo", {}).get("name") if isinstance(data.get("algo"), dict) else None
-                dotted = "algo.name"
-                close = difflib.get_close_matches(str(given), list(algos), n=1, cutoff=0.5)
-                message = (f"unknown algorithm '{given}'" if given is not None else "required") + (
-                    f"; did you mean '{close[0]}'?" if close else
-                    f"; choose from {', '.join(algos)}")
-            elif kind == "missing":
-                message = "required"
-            else:
-                message = item["msg"].removeprefix("Value error, ")
-                if "input" in item and kind not in ("model_type", "dict_type"):
-                    message += f" (got {item['input']!r})"
-            problems.append(provenance.problem(dotted, message))
-        raise SpecError(sort_problems(problems)) from None
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    algos = registered_algos()
+    for item in err.errors(include_url=False):
+        loc = [str(p) for p in item["loc"]]
+        # A discriminated union puts its tag in the path: algo.mappo.lr -> algo.lr
+        tag = loc.pop(1) if len(loc) >= 2 and loc[0] == "algo" and loc[1] in algos else None
+        if loc[:2] == ["sweep", "space"]:
+            loc = [p for p in loc if not _PYDANTIC_LOC.match(p)]
+        dotted = ".".join(loc)
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            parent = loc[:-1] + ([tag] if tag else [])
+            options = model_fields_at(parent)
+            close = difflib.get_close_matches(loc[-1], options, n=1, cutoff=0.6)
+            message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
+                                       f"; valid keys: {', '.join(options)}" if options else "")
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            given = data["algo"].get("name") if isinstance(data.get("algo"), dict) else None
+            dotted = "algo.name"
+            close = difflib.get_close_matches(str(given), list(algos), n=1, cutoff=0.5)
+            message = (f"unknown algorithm '{given}'" if given is not None else "required") + (
+                f"; did you mean '{close[0]}'?" if close else f"; choose from {', '.join(algos)}")
+        elif kind == "missing":
+            message = "required"
+        elif loc == ["algo"] and isinstance(data.get("algo"), str):
+            message = (f"must be a mapping with a name; to use the preset '{data['algo']}' "
+                       f"write algos={data['algo']} (or `- algos: {data['algo']}` in defaults)")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            if "input" in item and kind not in ("model_type", "dict_type"):
+                message += f" (got {item['input']!r})"
+        if dotted in seen:
+            continue  # one problem per key: a union reports each member's complaint
+        seen.add(dotted)
+        problems.append(provenance.problem(dotted, message))
+    return problems
+
+
+def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]:
+    """Probe the env even when other keys are invalid, so its problems are listed too."""
+    env = data.get("env")
+    if not isinstance(env, dict) or not isinstance(env.get("id"), str):
+        return []
+    params = env.get("params", {})
+    if not isinstance(params, dict):
+        return []
+    from marlctl.plan import probe_problem
+
+    problem = probe_problem(env["id"], params, provenance)
+    return [problem] if problem else []
 
 
 def sort_problems(problems: list[Problem]) -> list[Problem]:

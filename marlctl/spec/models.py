@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
+                      model_validator)
 
 from marlctl.algos import AlgoConfig, registered_algos
 
@@ -97,6 +98,16 @@ class Choices(Strict):
     choices: list[Any] = Field(min_length=1)
 
 
+def _search_kind(value: Any) -> str:
+    return "choices" if isinstance(value, dict) and "choices" in value else "range"
+
+
+SearchParam = Annotated[
+    Union[Annotated[FloatRange, Tag("range")], Annotated[Choices, Tag("choices")]],  # noqa: UP007
+    Discriminator(_search_kind),
+]
+
+
 class SweepSpec(Strict):
     metric: str = Field("eval/return_mean", description="Metric the objective reads.")
     direction: Literal["maximize", "minimize"] = "maximize"
@@ -104,7 +115,7 @@ class SweepSpec(Strict):
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
     pruner: Literal["median", "hyperband", "none"] = "median"
     storage: str | None = Field(None, description="null = local file; or postgresql://...")
-    space: dict[str, FloatRange | Choices] = Field(default_factory=dict)
+    space: dict[str, SearchParam] = Field(default_factory=dict)
 
 
 def _algo_union() -> Any:

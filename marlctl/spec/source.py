@@ -98,8 +98,13 @@ def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
             return {}, {}, []
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        line = mark.line + 1 if mark else None
+        # At the end of the input the problem mark lies past the last line; the context mark
+        # (where the unfinished construct began) is what the user needs then.
+        last_line = max(1, len(text.splitlines()))
+        mark = err.problem_mark
+        if (mark is None or mark.line + 1 > last_line) and err.context_mark is not None:
+            mark = err.context_mark
+        line = min(mark.line + 1, last_line) if mark else None
         message = " ".join(str(s) for s in (err.context, err.problem) if s)
         return {}, {}, [Problem(shown, line, "", f"invalid YAML: {message}")]
     except yaml.YAMLError as err:
