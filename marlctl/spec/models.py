@@ -99,7 +99,10 @@ class Choices(Strict):
 
 
 def _search_kind(value: Any) -> str:
-    return "choices" if isinstance(value, dict) and "choices" in value else "range"
+    """A search parameter is a list of choices or a numeric range (also when serialising)."""
+    if isinstance(value, Choices) or (isinstance(value, dict) and "choices" in value):
+        return "choices"
+    return "range"
 
 
 SearchParam = Annotated[
