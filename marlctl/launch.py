@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing as mp
+import signal
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -160,24 +162,49 @@ def _execute_all(requests: list[RunRequest], parallel: int,
                 break
         return results
     ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
+    # The manager serves the progress queue; it must outlive a Ctrl-C so that workers can
+    # still report while they checkpoint.
+    manager = SyncManager(ctx=ctx)
+    manager.start(signal.signal, (signal.SIGINT, signal.SIG_IGN))
+    with manager:
         events = manager.Queue()
         pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
         pump.start()
         with futures.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
             jobs = [pool.submit(_execute_in_worker, request, events) for request in requests]
-            try:
-                results = [job.result() for job in jobs]
-            except KeyboardInterrupt:
-                # Workers got the same SIGINT; each checkpoints and returns KILLED.
-                results = [job.result() for job in jobs]
+            results = [_collect(job, request) for job, request in zip(jobs, requests)]
         events.put(None)
         pump.join()
     return results
 
 
+def _collect(job: futures.Future, request: RunRequest) -> RunResult:
+    """A worker's result; a worker that died before reporting is recorded against its run."""
+    interrupted = False
+    while True:
+        try:
+            return job.result()
+        except KeyboardInterrupt:
+            # The workers got the same SIGINT; each checkpoints and returns KILLED.
+            interrupted = True
+        except Exception as err:
+            status = "KILLED" if interrupted else "FAILED"
+            reason = f"worker process ended: {type(err).__name__}: {err}"
+            client = tracking.client_for(request.tracking_uri)
+            client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
+            client.set_terminated(request.run_id, status)
+            return RunResult(request.run.index, request.run.seed, request.run_id, status,
+                             error=reason)
+
+
 def _execute_in_worker(request: RunRequest, events) -> RunResult:
-    return execute(request, events.put)
+    def report(event: dict[str, Any]) -> None:
+        try:
+            events.put(event)
+        except (OSError, EOFError):  # progress display gone; training goes on
+            pass
+
+    return execute(request, report)
 
 
 def _pump(events, progress: Progress | None) -> None:

@@ -130,8 +130,17 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
         raise SpecError(sort_problems(problems))
 
     cores = available_cores()
+    if hw.threads_per_run * min(hw.parallel_runs, len(spec.seeds)) > cores:
+        problems.append(prov.problem(
+            "hardware.threads_per_run",
+            f"{hw.threads_per_run} threads × hardware.parallel_runs="
+            f"{min(hw.parallel_runs, len(spec.seeds))} runs oversubscribe this machine's {cores} cores"))
+    if problems:
+        from marlctl.spec import sort_problems
+
+        raise SpecError(sort_problems(problems))
     concurrent = min(hw.parallel_runs, len(spec.seeds))
-    threads = hw.threads_per_run or max(1, cores // concurrent)
+    threads = hw.threads_per_run
     rollout = getattr(spec.algo, "rollout_steps", 1)
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)

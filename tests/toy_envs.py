@@ -24,6 +24,32 @@ def crashing_spread(crash_at: int = 50, **params):
     return env
 
 
+def dying_spread(die_at: int = 500, marker: str = "", **params):
+    """MPE simple_spread whose process kills itself (SIGKILL) after `die_at` steps of one env.
+
+    Only while `marker` does not exist yet: it is created just before the kill, so the
+    resumed run trains on undisturbed.
+    """
+    import os
+    import signal
+    from pathlib import Path
+
+    from mpe2 import simple_spread_v3
+
+    env = simple_spread_v3.parallel_env(**params)
+    step, count = env.step, {"n": 0}
+
+    def dying_step(actions):
+        count["n"] += 1
+        if count["n"] >= die_at and marker and not Path(marker).exists():
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(actions)
+
+    env.step = dying_step
+    return env
+
+
 class MaskedRelay(ParallelEnv):
     """Heterogeneous agents with action masks.
 

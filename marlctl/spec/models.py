@@ -51,8 +51,10 @@ class HardwareSpec(Strict):
         0, ge=0, le=256,
         description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.")
     parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
-    threads_per_run: int | None = Field(
-        None, ge=1, le=1024, description="torch threads per run; null = cores / parallel runs.")
+    threads_per_run: int = Field(
+        1, ge=1, le=1024,
+        description="torch intra-op threads per run. MARL networks are small: extra threads "
+        "gain little and stall badly when env stepping or other runs share the cores.")
     devices: list[str] | None = Field(
         None, min_length=1, description="Placement pool; runs are spread over it round-robin.")
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -102,6 +104,9 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
 
     client = tracking.client_for(request.tracking_uri)
     plan = request.run
+    if threading.current_thread() is threading.main_thread():
+        # A scheduler's SIGTERM (SLURM, `kill`) stops a run the way Ctrl-C does.
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     result = RunResult(plan.index, plan.seed, request.run_id, "RUNNING")
     sink = None
     try:
@@ -138,6 +143,10 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
             client.log_artifact(request.run_id, str(path))
         client.set_terminated(request.run_id, "FAILED")
     return result
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _close_quietly(sink) -> None:
@@ -200,9 +209,9 @@ def _train(spec: Spec, request: RunRequest, client, sink, device: torch.device,
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
                     sink.log(_eval_metrics(trainer, eval_env, train.eval_episodes, eval_seed),
                              env_steps)
-                    next_eval += train.eval_every * max(1, -(-(env_steps - next_eval + 1) // train.eval_every))
+                    next_eval = (env_steps // train.eval_every + 1) * train.eval_every
                 if train.checkpoint_every and env_steps >= next_ckpt:
-                    next_ckpt += train.checkpoint_every * max(1, -(-(env_steps - next_ckpt + 1) // train.checkpoint_every))
+                    next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
                     _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
                 if progress is not None:
                     progress({"index": plan.index, "seed": plan.seed, "step": env_steps,
