@@ -38,9 +38,11 @@ def machine() -> str:
     import torch
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores, {memory:.0f} GiB RAM, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}, no GPU used")
+    return (
+        f"{cpu}, {len(os.sched_getaffinity(0))} cores, {memory:.0f} GiB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, no GPU used"
+    )
 
 
 def env_only(seconds: float = 10.0) -> tuple[float, float]:
@@ -65,8 +67,13 @@ def env_only(seconds: float = 10.0) -> tuple[float, float]:
 
 def train(workdir: Path) -> tuple[str, str, float]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "marlctl", "run", str(SPEC), "--json"],
-                          cwd=workdir, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", str(SPEC), "--json"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     summary = json.loads(done.stdout)
     return summary["runs"][0]["run_id"], summary["tracking_uri"], time.perf_counter() - start
 
@@ -86,6 +93,7 @@ def tabulate(run_id: str, uri: str, wall: float | None) -> str:
     if wall is None:
         wall = (run.info.end_time - run.info.start_time) / 1000
     below = next((s for s, v in evals if v > -15), None)
+    reached = f"{below:,} env steps" if below else "not reached"
     env_rate, random_return = env_only()
     lines = [
         "# MAPPO on MPE simple_spread through the PettingZoo backend",
@@ -100,11 +108,14 @@ def tabulate(run_id: str, uri: str, wall: float | None) -> str:
         "|---|---|",
         f"| mpe2 env alone, one env, random actions | {env_rate:,.0f} env steps/s |",
         f"| per-agent episode return, uniform random policy | {random_return:.2f} |",
-        f"| training throughput, whole run (rollout + update + eval) | {mean_rate:,.0f} env steps/s |",
-        f"| training throughput, median of logged iterations | {statistics.median(rates):,.0f} env steps/s |",
+        f"| training throughput, whole run (rollout + update + eval) | {mean_rate:,.0f} "
+        "env steps/s |",
+        f"| training throughput, median of logged iterations | {statistics.median(rates):,.0f} "
+        "env steps/s |",
         f"| env steps trained | {int(evals[-1][0]):,} |",
-        f"| per-agent eval return after 2M env steps (64 episodes, deterministic) | {evals[-1][1]:.2f} |",
-        f"| first evaluation better than -15 | {'%s env steps' % f'{below:,}' if below else 'not reached'} |",
+        "| per-agent eval return after 2M env steps (64 episodes, deterministic) | "
+        f"{evals[-1][1]:.2f} |",
+        f"| first evaluation better than -15 | {reached} |",
         f"| wall-clock | {wall / 60:.1f} min |",
         "",
         "Eval curve (env steps → per-agent return):",
@@ -125,7 +136,9 @@ def main() -> None:
     parser.add_argument("--tracking-uri", help="MLflow store of --run-id")
     args = parser.parse_args()
     if args.run_id:
-        table = tabulate(args.run_id, args.tracking_uri or f"sqlite:///{Path.cwd()}/mlflow.db", None)
+        table = tabulate(
+            args.run_id, args.tracking_uri or f"sqlite:///{Path.cwd()}/mlflow.db", None
+        )
     else:
         WORKDIR.mkdir(parents=True, exist_ok=True)
         run_id, uri, wall = train(WORKDIR)

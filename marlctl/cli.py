@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -27,8 +27,12 @@ out = Console()
 err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-Overrides = Annotated[list[str] | None, typer.Argument(
-    help="Hydra overrides, e.g. algo.lr=3e-4 seeds=[0,1] +env.params.N=4", show_default=False)]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Hydra overrides, e.g. algo.lr=3e-4 seeds=[0,1] +env.params.N=4", show_default=False
+    ),
+]
 
 
 def _emit_json(document: dict[str, Any]) -> None:
@@ -61,8 +65,11 @@ def _load(spec_path: str, overrides: list[str] | None):
 
 
 @app.command()
-def validate(spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml).")],
-             overrides: Overrides = None, as_json: JsonOpt = False) -> None:
+def validate(
+    spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml).")],
+    overrides: Overrides = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Check a spec and its overrides; print every problem (exit 2) or nothing wrong (exit 0)."""
     try:
         loaded, plan = _load(spec, overrides)
@@ -71,8 +78,10 @@ def validate(spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml
     if as_json:
         _emit_json({"ok": True, "spec": loaded.resolved, "runs": len(plan.runs)})
     else:
-        err.print(f"[green]ok[/green] {spec}: {plan.algo} on {plan.env.id}, "
-                  f"{len(plan.runs)} run(s)", highlight=False)
+        err.print(
+            f"[green]ok[/green] {spec}: {plan.algo} on {plan.env.id}, {len(plan.runs)} run(s)",
+            highlight=False,
+        )
 
 
 # ---------------------------------------------------------------- run
@@ -82,11 +91,21 @@ def validate(spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml
 def run(
     spec: Annotated[str | None, typer.Argument(help="Spec file (.yaml or .toml).")] = None,
     overrides: Overrides = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the compiled plan and exit.")] = False,
-    resume: Annotated[str | None, typer.Option(
-        "--resume", metavar="RUN_ID", help="Continue an interrupted run from its checkpoint.")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(
-        "--tracking-uri", help="MLflow store holding the run to resume (default: ./mlflow.db).")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the compiled plan and exit.")
+    ] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume", metavar="RUN_ID", help="Continue an interrupted run from its checkpoint."
+        ),
+    ] = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri", help="MLflow store holding the run to resume (default: ./mlflow.db)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate, compile and train every seed; log to MLflow; print a summary."""
@@ -129,20 +148,31 @@ def _arg_problem(message: str):
 
 
 def _with_progress(work, as_json: bool):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]:>9} steps/s"), TextColumn("return {task.fields[ret]}"),
-               TimeRemainingColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9} steps/s"),
+        TextColumn("return {task.fields[ret]}"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=err, transient=False, disable=as_json) as bar:
         tasks: dict[int, Any] = {}
         marks: dict[int, tuple[float, int]] = {}
 
         def make(plan):
             for r in plan.runs:
-                tasks[r.seed] = bar.add_task(f"seed {r.seed}", total=r.total_env_steps,
-                                             rate="-", ret="-")
+                tasks[r.seed] = bar.add_task(
+                    f"seed {r.seed}", total=r.total_env_steps, rate="-", ret="-"
+                )
 
             def update(event: dict[str, Any]) -> None:
                 import time
@@ -168,24 +198,43 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
         _emit_json({"ok": True, "plan": plan.to_dict(), "spec": loaded.resolved})
         return
     env = plan.env
-    groups = ", ".join(f"{g.name}×{g.n_agents} (obs {list(g.obs_shape)}, "
-                       f"{'discrete ' + str(g.n_actions) if g.discrete else 'continuous ' + str(g.n_actions)})"
-                       for g in env.groups)
-    out.print(f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
-              f"state dim {env.state_dim}", highlight=False)
-    out.print(f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
-              f"{plan.steps_per_iteration:,} env steps per iteration", highlight=False)
-    table = Table("run", "seed", "device", "threads", "num_envs", "env steps", "iterations",
-                  "est. memory")
+    groups = ", ".join(
+        f"{g.name}×{g.n_agents} (obs {list(g.obs_shape)}, "
+        f"{'discrete ' + str(g.n_actions) if g.discrete else 'continuous ' + str(g.n_actions)})"
+        for g in env.groups
+    )
+    out.print(
+        f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
+        f"state dim {env.state_dim}",
+        highlight=False,
+    )
+    out.print(
+        f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
+        f"{plan.steps_per_iteration:,} env steps per iteration",
+        highlight=False,
+    )
+    table = Table(
+        "run", "seed", "device", "threads", "num_envs", "env steps", "iterations", "est. memory"
+    )
     for r in plan.runs:
-        table.add_row(str(r.index), str(r.seed), r.device, str(r.threads), str(r.num_envs),
-                      f"{r.total_env_steps:,}", f"{r.iterations:,}", f"{r.est_memory_mb:.1f} MiB")
+        table.add_row(
+            str(r.index),
+            str(r.seed),
+            r.device,
+            str(r.threads),
+            str(r.num_envs),
+            f"{r.total_env_steps:,}",
+            f"{r.iterations:,}",
+            f"{r.est_memory_mb:.1f} MiB",
+        )
     out.print(table)
 
 
 def _print_summary(summary) -> None:
-    table = Table(title=f"{summary.experiment}", caption=f"MLflow: {summary.tracking_uri} "
-                  f"· parent run {summary.parent_run_id}")
+    table = Table(
+        title=f"{summary.experiment}",
+        caption=f"MLflow: {summary.tracking_uri} · parent run {summary.parent_run_id}",
+    )
     for column in ("seed", "status", "eval return", "env steps/s", "MLflow run"):
         table.add_column(column)
 
@@ -194,58 +243,92 @@ def _print_summary(summary) -> None:
 
     for r in summary.runs:
         status = r.status if r.error is None else f"{r.status}: {r.error}"
-        table.add_row(str(r.seed), status, fmt(r.final_return, ".2f"), fmt(r.steps_per_s, ",.0f"),
-                      r.run_id)
+        table.add_row(
+            str(r.seed), status, fmt(r.final_return, ".2f"), fmt(r.steps_per_s, ",.0f"), r.run_id
+        )
     agg = summary.aggregate()
     spread = f" ± {agg['eval/return_std']:.2f}" if agg["eval/return_std"] is not None else ""
-    table.add_row("all", "ok" if summary.ok else "failed",
-                  fmt(agg["eval/return_mean"], ".2f") + spread,
-                  fmt(agg["perf/env_steps_per_s"], ",.0f"), summary.parent_run_id, style="bold")
+    table.add_row(
+        "all",
+        "ok" if summary.ok else "failed",
+        fmt(agg["eval/return_mean"], ".2f") + spread,
+        fmt(agg["perf/env_steps_per_s"], ",.0f"),
+        summary.parent_run_id,
+        style="bold",
+    )
     out.print(table)
 
 
 # ---------------------------------------------------------------- list
 
 
-class ListWhat(str, Enum):
+class ListWhat(StrEnum):
     algos = "algos"
     envs = "envs"
 
 
 @app.command("list")
-def list_(what: Annotated[ListWhat, typer.Argument(help="algos or envs")] = ListWhat.algos,
-          as_json: JsonOpt = False) -> None:
+def list_(
+    what: Annotated[ListWhat, typer.Argument(help="algos or envs")] = ListWhat.algos,
+    as_json: JsonOpt = False,
+) -> None:
     """Show registered algorithms or environments with their capabilities."""
     if what is ListWhat.algos:
         from marlctl.algos import registered_algos
 
-        rows = [{"name": a.name, "actions": a.action_kinds, "on_policy": a.on_policy,
-                 "centralised_critic": a.centralised_critic, "summary": a.summary,
-                 "params": {k: {"default": f.default, "description": f.description}
-                            for k, f in a.config.model_fields.items() if k != "name"}}
-                for a in registered_algos().values()]
+        rows = [
+            {
+                "name": a.name,
+                "actions": a.action_kinds,
+                "on_policy": a.on_policy,
+                "centralised_critic": a.centralised_critic,
+                "summary": a.summary,
+                "params": {
+                    k: {"default": f.default, "description": f.description}
+                    for k, f in a.config.model_fields.items()
+                    if k != "name"
+                },
+            }
+            for a in registered_algos().values()
+        ]
         if as_json:
             _emit_json({"algos": rows})
             return
         table = Table("algo", "actions", "policy", "critic", "summary")
         for row in rows:
-            table.add_row(row["name"], ", ".join(row["actions"]),
-                          "on" if row["on_policy"] else "off",
-                          "centralised" if row["centralised_critic"] else "decentralised",
-                          row["summary"])
+            table.add_row(
+                row["name"],
+                ", ".join(row["actions"]),
+                "on" if row["on_policy"] else "off",
+                "centralised" if row["centralised_critic"] else "decentralised",
+                row["summary"],
+            )
         out.print(table)
         return
     from marlctl.envs.registry import ENVS
 
-    rows = [{"id": e.id, "suite": e.suite, "backends": ["pettingzoo"], "factory": e.factory,
-             "installed": e.installed, "summary": e.summary} for e in ENVS.values()]
+    rows = [
+        {
+            "id": e.id,
+            "suite": e.suite,
+            "backends": ["pettingzoo"],
+            "factory": e.factory,
+            "installed": e.installed,
+            "summary": e.summary,
+        }
+        for e in ENVS.values()
+    ]
     if as_json:
         _emit_json({"envs": rows})
         return
     table = Table("env", "backends", "installed", "summary")
     for row in rows:
-        table.add_row(row["id"], ", ".join(row["backends"]), "yes" if row["installed"] else "no",
-                      row["summary"])
+        table.add_row(
+            row["id"],
+            ", ".join(row["backends"]),
+            "yes" if row["installed"] else "no",
+            row["summary"],
+        )
     out.print(table)
     out.print("Any PettingZoo ParallelEnv also works as env.id: package.module:factory")
 

@@ -7,10 +7,11 @@ import multiprocessing as mp
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.managers import SyncManager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -51,9 +52,14 @@ class Summary:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "tracking_uri": self.tracking_uri,
-                "parent_run_id": self.parent_run_id, "ok": self.ok,
-                "aggregate": self.aggregate(), "runs": [asdict(r) for r in self.runs]}
+        return {
+            "experiment": self.experiment,
+            "tracking_uri": self.tracking_uri,
+            "parent_run_id": self.parent_run_id,
+            "ok": self.ok,
+            "aggregate": self.aggregate(),
+            "runs": [asdict(r) for r in self.runs],
+        }
 
 
 def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -> Summary:
@@ -62,24 +68,36 @@ def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -
     uri = spec.tracking.uri
     client = tracking.client_for(uri)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
-    common = {"marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
-              "marlctl.versions": tracking.package_versions(),
-              "marlctl.algo": plan.algo, "marlctl.env": plan.env.id}
+    common = {
+        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
+        "marlctl.versions": tracking.package_versions(),
+        "marlctl.algo": plan.algo,
+        "marlctl.env": plan.env.id,
+    }
     commit = tracking.git_commit()
     if commit:
         common["mlflow.source.git.commit"] = commit
     params = tracking.flatten(loaded.resolved)
-    parent = client.create_run(experiment_id, run_name=f"{plan.experiment}",
-                               tags={**common, "marlctl.role": "experiment"})
+    parent = client.create_run(
+        experiment_id, run_name=f"{plan.experiment}", tags={**common, "marlctl.role": "experiment"}
+    )
     parent_id = parent.info.run_id
     tracking.log_params(client, parent_id, params)
     named = {**loaded.resolved, "name": plan.experiment}
     _log_spec(client, parent_id, named)
     requests = []
     for run in plan.runs:
-        child = client.create_run(experiment_id, run_name=f"seed-{run.seed}", tags={
-            **common, tracking.PARENT_TAG: parent_id, "marlctl.role": "seed",
-            "marlctl.seed": str(run.seed), "marlctl.device": run.device})
+        child = client.create_run(
+            experiment_id,
+            run_name=f"seed-{run.seed}",
+            tags={
+                **common,
+                tracking.PARENT_TAG: parent_id,
+                "marlctl.role": "seed",
+                "marlctl.seed": str(run.seed),
+                "marlctl.device": run.device,
+            },
+        )
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
         _log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
         requests.append(RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id))
@@ -89,8 +107,11 @@ def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -
     return summary
 
 
-def resume(run_id: str, tracking_uri: str | None,
-           progress_factory: Callable[[Plan], Progress | None] | None = None) -> Summary:
+def resume(
+    run_id: str,
+    tracking_uri: str | None,
+    progress_factory: Callable[[Plan], Progress | None] | None = None,
+) -> Summary:
     """Continue an interrupted run (a seed's child run, or every unfinished child of a parent)."""
     from mlflow.exceptions import MlflowException
 
@@ -100,13 +121,22 @@ def resume(run_id: str, tracking_uri: str | None,
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        raise SpecError([Problem("--resume", None, "", f"no run '{run_id}' in "
-                                 f"{tracking.resolve_uri(tracking_uri)}")]) from None
+        raise SpecError(
+            [
+                Problem(
+                    "--resume",
+                    None,
+                    "",
+                    f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}",
+                )
+            ]
+        ) from None
     parent_id = run.data.tags.get(tracking.PARENT_TAG)
     if parent_id is None:
         parent_id = run_id
         children = client.search_runs(
-            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'")
+            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'"
+        )
     else:
         children = [run]
     pending = [c for c in children if c.info.status != "FINISHED"]
@@ -118,8 +148,16 @@ def resume(run_id: str, tracking_uri: str | None,
     requests = []
     for child in pending:
         seed = int(child.data.tags["marlctl.seed"])
-        requests.append(RunRequest(loaded.resolved, plan.env, by_seed[seed], loaded.spec.tracking.uri
-                                   or tracking_uri, child.info.run_id, resume=True))
+        requests.append(
+            RunRequest(
+                loaded.resolved,
+                plan.env,
+                by_seed[seed],
+                loaded.spec.tracking.uri or tracking_uri,
+                child.info.run_id,
+                resume=True,
+            )
+        )
     summary = Summary(plan.experiment, tracking.resolve_uri(tracking_uri), parent_id)
     if requests:
         client.update_run(parent_id, status="RUNNING")
@@ -129,9 +167,16 @@ def resume(run_id: str, tracking_uri: str | None,
     for child in children:
         if child.info.run_id not in done and child.info.status == "FINISHED":
             metrics = child.data.metrics
-            summary.runs.append(RunResult(0, int(child.data.tags["marlctl.seed"]), child.info.run_id,
-                                          "FINISHED", final_return=metrics.get("eval/return_mean"),
-                                          steps_per_s=metrics.get("perf/env_steps_per_s_mean")))
+            summary.runs.append(
+                RunResult(
+                    0,
+                    int(child.data.tags["marlctl.seed"]),
+                    child.info.run_id,
+                    "FINISHED",
+                    final_return=metrics.get("eval/return_mean"),
+                    steps_per_s=metrics.get("perf/env_steps_per_s_mean"),
+                )
+            )
     summary.runs.sort(key=lambda r: r.seed)
     _finish_parent(client, parent_id, summary)
     return summary
@@ -152,8 +197,9 @@ def _finish_parent(client, parent_id: str, summary: Summary) -> None:
     client.set_terminated(parent_id, status)
 
 
-def _execute_all(requests: list[RunRequest], parallel: int,
-                 progress: Progress | None) -> list[RunResult]:
+def _execute_all(
+    requests: list[RunRequest], parallel: int, progress: Progress | None
+) -> list[RunResult]:
     if parallel <= 1 or len(requests) <= 1:
         results = []
         for request in requests:
@@ -172,7 +218,7 @@ def _execute_all(requests: list[RunRequest], parallel: int,
         pump.start()
         with futures.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
             jobs = [pool.submit(_execute_in_worker, request, events) for request in requests]
-            results = [_collect(job, request) for job, request in zip(jobs, requests)]
+            results = [_collect(job, request) for job, request in zip(jobs, requests, strict=True)]
         events.put(None)
         pump.join()
     return results
@@ -193,8 +239,9 @@ def _collect(job: futures.Future, request: RunRequest) -> RunResult:
             client = tracking.client_for(request.tracking_uri)
             client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
             client.set_terminated(request.run_id, status)
-            return RunResult(request.run.index, request.run.seed, request.run_id, status,
-                             error=reason)
+            return RunResult(
+                request.run.index, request.run.seed, request.run_id, status, error=reason
+            )
 
 
 def _execute_in_worker(request: RunRequest, events) -> RunResult:

@@ -5,6 +5,7 @@ Pure: probes the environment through PettingZoo (numpy only) and never imports t
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,11 +43,22 @@ class Plan:
         return {
             "experiment": self.experiment,
             "algo": self.algo,
-            "env": {"id": self.env.id, "agents": self.env.n_agents, "state_dim": self.env.state_dim,
-                    "groups": [{"name": g.name, "agents": list(g.agents), "obs_shape": list(g.obs_shape),
-                                "actions": ("discrete" if g.discrete else "continuous"),
-                                "n_actions": g.n_actions, "action_mask": g.mask_source is not None}
-                               for g in self.env.groups]},
+            "env": {
+                "id": self.env.id,
+                "agents": self.env.n_agents,
+                "state_dim": self.env.state_dim,
+                "groups": [
+                    {
+                        "name": g.name,
+                        "agents": list(g.agents),
+                        "obs_shape": list(g.obs_shape),
+                        "actions": ("discrete" if g.discrete else "continuous"),
+                        "n_actions": g.n_actions,
+                        "action_mask": g.mask_source is not None,
+                    }
+                    for g in self.env.groups
+                ],
+            },
             "parallel_runs": self.parallel_runs,
             "cores": self.cores,
             "steps_per_iteration": self.steps_per_iteration,
@@ -71,8 +83,9 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
-                 cuda_devices: int | None = None) -> Plan:
+def compile_plan(
+    loaded: LoadedSpec, env_info: EnvInfo | None = None, cuda_devices: int | None = None
+) -> Plan:
     """Check what needs the environment and the machine, then place every seed."""
     spec, prov = loaded.spec, loaded.provenance
     problems = []
@@ -83,22 +96,34 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
             raise SpecError([_env_problem(spec.env.id, err, prov)]) from None
     algo = registered_algos()[spec.algo.name]
     if spec.env.backend == "native":
-        problems.append(prov.problem(
-            "env.backend", f"env '{spec.env.id}' has no native implementation; use backend: pettingzoo"))
+        problems.append(
+            prov.problem(
+                "env.backend",
+                f"env '{spec.env.id}' has no native implementation; use backend: pettingzoo",
+            )
+        )
     for group in env_info.groups:
         kind = "discrete" if group.discrete else "continuous"
         if kind not in algo.action_kinds:
-            problems.append(prov.problem(
-                "algo.name", f"algorithm '{algo.name}' does not support {kind} actions, which env "
-                f"'{spec.env.id}' group '{group.name}' has (env.id)"))
+            problems.append(
+                prov.problem(
+                    "algo.name",
+                    f"algorithm '{algo.name}' does not support {kind} actions, which env "
+                    f"'{spec.env.id}' group '{group.name}' has (env.id)",
+                )
+            )
     share = spec.algo.share_params if hasattr(spec.algo, "share_params") else None
     if isinstance(share, dict):
         names = {g.name for g in env_info.groups}
         for key in share:
             if key not in names:
-                problems.append(prov.problem(
-                    f"algo.share_params.{key}",
-                    f"no agent group '{key}' in env '{spec.env.id}'; groups: {', '.join(sorted(names))}"))
+                problems.append(
+                    prov.problem(
+                        f"algo.share_params.{key}",
+                        f"no agent group '{key}' in env '{spec.env.id}'; "
+                        f"groups: {', '.join(sorted(names))}",
+                    )
+                )
 
     hw, train = spec.hardware, spec.train
     gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices
@@ -109,21 +134,35 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
             key = f"hardware.devices.{index}" if hw.devices else "hardware.device"
             if ordinal >= gpus:
                 asked = hw.devices[index] if hw.devices else hw.device
-                problems.append(prov.problem(
-                    key, f"{asked} requested but this machine has {gpus} visible CUDA device(s)"))
+                problems.append(
+                    prov.problem(
+                        key, f"{asked} requested but this machine has {gpus} visible CUDA device(s)"
+                    )
+                )
     if hw.devices and hw.device not in ("auto", *hw.devices):
-        problems.append(prov.problem(
-            "hardware.device", f"'{hw.device}' conflicts with hardware.devices {hw.devices}; "
-            "set device: auto or list it in hardware.devices"))
+        problems.append(
+            prov.problem(
+                "hardware.device",
+                f"'{hw.device}' conflicts with hardware.devices {hw.devices}; "
+                "set device: auto or list it in hardware.devices",
+            )
+        )
     if hw.env_workers > hw.num_envs:
-        problems.append(prov.problem(
-            "hardware.env_workers",
-            f"{hw.env_workers} workers for hardware.num_envs={hw.num_envs} environments; "
-            "use at most one worker per environment"))
+        problems.append(
+            prov.problem(
+                "hardware.env_workers",
+                f"{hw.env_workers} workers for hardware.num_envs={hw.num_envs} environments; "
+                "use at most one worker per environment",
+            )
+        )
     if train.eval_every > train.total_env_steps:
-        problems.append(prov.problem(
-            "train.eval_every", f"{train.eval_every} exceeds train.total_env_steps="
-            f"{train.total_env_steps}; no evaluation would run before the end"))
+        problems.append(
+            prov.problem(
+                "train.eval_every",
+                f"{train.eval_every} exceeds train.total_env_steps="
+                f"{train.total_env_steps}; no evaluation would run before the end",
+            )
+        )
     if problems:
         from marlctl.spec import sort_problems
 
@@ -131,10 +170,14 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
 
     cores = available_cores()
     if hw.threads_per_run * min(hw.parallel_runs, len(spec.seeds)) > cores:
-        problems.append(prov.problem(
-            "hardware.threads_per_run",
-            f"{hw.threads_per_run} threads × hardware.parallel_runs="
-            f"{min(hw.parallel_runs, len(spec.seeds))} runs oversubscribe this machine's {cores} cores"))
+        problems.append(
+            prov.problem(
+                "hardware.threads_per_run",
+                f"{hw.threads_per_run} threads × hardware.parallel_runs="
+                f"{min(hw.parallel_runs, len(spec.seeds))} runs oversubscribe this machine's "
+                f"{cores} cores",
+            )
+        )
     if problems:
         from marlctl.spec import sort_problems
 
@@ -146,8 +189,16 @@ def compile_plan(loaded: LoadedSpec, env_info: EnvInfo | None = None,
     iterations = -(-train.total_env_steps // per_iter)
     memory = _estimate_memory_mb(loaded, env_info, rollout)
     runs = tuple(
-        RunPlan(i, seed, pool[i % len(pool)], threads, hw.num_envs, train.total_env_steps,
-                iterations, memory)
+        RunPlan(
+            i,
+            seed,
+            pool[i % len(pool)],
+            threads,
+            hw.num_envs,
+            train.total_env_steps,
+            iterations,
+            memory,
+        )
         for i, seed in enumerate(spec.seeds)
     )
     return Plan(loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter)
@@ -184,7 +235,7 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
 
     def mlp(n_in: int, n_out: int) -> int:
         sizes = [n_in, *hidden, n_out]
-        return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+        return sum(a * b + b for a, b in itertools.pairwise(sizes))
 
     params, floats = 0, 0
     for g in env.groups:
@@ -193,7 +244,14 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         shared = share.get(g.name, True) if isinstance(share, dict) else share
         copies = 1 if shared else g.n_agents
         extra = g.n_agents if shared and g.n_agents > 1 else 0
-        critic_in = env.state_dim if registered_algos()[spec.algo.name].centralised_critic else g.obs_dim
+        critic_in = (
+            env.state_dim if registered_algos()[spec.algo.name].centralised_critic else g.obs_dim
+        )
         params += copies * (mlp(g.obs_dim + extra, g.n_actions) + mlp(critic_in + extra, 1))
-        floats += rollout * spec.hardware.num_envs * g.n_agents * (g.obs_dim + critic_in + g.n_actions + 8)
+        floats += (
+            rollout
+            * spec.hardware.num_envs
+            * g.n_agents
+            * (g.obs_dim + critic_in + g.n_actions + 8)
+        )
     return round((params * 4 + floats) * 4 / 2**20, 2)

@@ -68,8 +68,9 @@ def spec_hash(resolved: dict[str, Any]) -> str:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -89,7 +90,7 @@ def package_versions() -> str:
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     items = [Param(k, v[:6000]) for k, v in params.items()]
     for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[start:start + 100], synchronous=True)
+        client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
 
 
 def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
@@ -132,8 +133,9 @@ class MetricSink:
     def _send(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), 1000):
             try:
-                self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000],
-                                      synchronous=True)
+                self.client.log_batch(
+                    self.run_id, metrics=metrics[start : start + 1000], synchronous=True
+                )
             except Exception as err:  # keep training; report at close
                 self._error = err
 

@@ -19,7 +19,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "repo_cwd: run the test from the repository root instead of a temporary dir")
+        "markers", "repo_cwd: run the test from the repository root instead of a temporary dir"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +31,9 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _working_dir(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
-                 tmp_path: Path) -> Path:
+def _working_dir(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Path:
     """Run each test from its `tmp_path` (or from the repository with `repo_cwd`)."""
     where = REPO_ROOT if request.node.get_closest_marker("repo_cwd") else tmp_path
     monkeypatch.chdir(where)

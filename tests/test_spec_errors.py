@@ -43,7 +43,9 @@ def assert_clean_exit(result, code: int) -> None:
     """Exit `code` through typer.Exit, with no traceback anywhere in the output."""
     assert result.exit_code == code, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), (
-        repr(result.exception), result.output)
+        repr(result.exception),
+        result.output,
+    )
     assert "Traceback" not in result.output, result.output
 
 
@@ -54,7 +56,7 @@ def problem_lines(output: str) -> list[str]:
 def find_problem(output: str, head: str, fragment: str) -> int:
     """Index of the output line `HEAD MESSAGE` whose message contains `fragment`."""
     for index, line in enumerate(problem_lines(output)):
-        if line.startswith(head + " ") and fragment in line[len(head):]:
+        if line.startswith(head + " ") and fragment in line[len(head) :]:
             return index
     raise AssertionError(f"no line '{head} ...{fragment}...' in output:\n{output}")
 
@@ -97,198 +99,288 @@ class Case:
 CASES = {
     # ------------------------------------------------------------- schema (YAML)
     "unknown-top-level-key": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             seedz: [0, 1]
             env:
               id: mpe/simple_spread
             algo:
               name: mappo
-            """},
-        "spec.yaml:1: seedz:", "unknown key; did you mean 'seeds'?"),
+            """
+        },
+        "spec.yaml:1: seedz:",
+        "unknown key; did you mean 'seeds'?",
+    ),
     "unknown-nested-key": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
               name: mappo
               lrr: 0.001
-            """},
-        "spec.yaml:5: algo.lrr:", "unknown key; did you mean 'lr'?"),
+            """
+        },
+        "spec.yaml:5: algo.lrr:",
+        "unknown key; did you mean 'lr'?",
+    ),
     "wrong-type": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
               name: mappo
               epochs: ten
-            """},
-        "spec.yaml:5: algo.epochs:", "Input should be a valid integer", also=("(got 'ten')",)),
+            """
+        },
+        "spec.yaml:5: algo.epochs:",
+        "Input should be a valid integer",
+        also=("(got 'ten')",),
+    ),
     "list-where-scalar-given": Case(
         {"spec.yaml": BASE + "model:\n  hidden: 64\n"},
-        "spec.yaml:9: model.hidden:", "Input should be a valid list", also=("(got 64)",)),
+        "spec.yaml:9: model.hidden:",
+        "Input should be a valid list",
+        also=("(got 64)",),
+    ),
     "out-of-range": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
               name: mappo
               clip: 2.0
-            """},
-        "spec.yaml:5: algo.clip:", "Input should be less than or equal to 1 (got 2.0)"),
+            """
+        },
+        "spec.yaml:5: algo.clip:",
+        "Input should be less than or equal to 1 (got 2.0)",
+    ),
     "negative-hidden-size-in-list": Case(
         {"spec.yaml": BASE + "model:\n  hidden:\n    - 64\n    - -3\n"},
-        "spec.yaml:11: model.hidden.1:", "Input should be greater than or equal to 1 (got -3)"),
+        "spec.yaml:11: model.hidden.1:",
+        "Input should be greater than or equal to 1 (got -3)",
+    ),
     "bad-device-string": Case(
         {"spec.yaml": BASE + "hardware:\n  device: gpu\n"},
-        "spec.yaml:9: hardware.device:", "must be auto, cpu, cuda or cuda:N (got 'gpu')"),
+        "spec.yaml:9: hardware.device:",
+        "must be auto, cpu, cuda or cuda:N (got 'gpu')",
+    ),
     "unknown-algo": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
               name: mapo
-            """},
-        "spec.yaml:4: algo.name:", "unknown algorithm 'mapo'; did you mean 'mappo'?"),
+            """
+        },
+        "spec.yaml:4: algo.name:",
+        "unknown algorithm 'mapo'; did you mean 'mappo'?",
+    ),
     "missing-env-id": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             seeds: [0]
             algo:
               name: mappo
             env:
               backend: pettingzoo
-            """},
-        "spec.yaml:4: env.id:", "required"),
+            """
+        },
+        "spec.yaml:4: env.id:",
+        "required",
+    ),
     "duplicate-seeds": Case(
         {"spec.yaml": "seeds: [0, 1, 1]\n" + BASE},
-        "spec.yaml:1: seeds:", "seeds must be distinct (got [0, 1, 1])"),
+        "spec.yaml:1: seeds:",
+        "seeds must be distinct (got [0, 1, 1])",
+    ),
     "top-level-not-a-mapping": Case(
-        {"spec.yaml": "- env\n- algo\n"},
-        "spec.yaml:1:", "the top level must be a mapping of keys"),
+        {"spec.yaml": "- env\n- algo\n"}, "spec.yaml:1:", "the top level must be a mapping of keys"
+    ),
     "defaults-not-a-list": Case(
-        {"spec.yaml": "defaults: 5\n" + BASE},
-        "spec.yaml:1: defaults:", "must be a list"),
+        {"spec.yaml": "defaults: 5\n" + BASE}, "spec.yaml:1: defaults:", "must be a list"
+    ),
     # ------------------------------------------------------------- file format
     "malformed-yaml": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
                 backend: pettingzoo
             algo:
               name: mappo
-            """},
-        "spec.yaml:3:", "invalid YAML: mapping values are not allowed here"),
+            """
+        },
+        "spec.yaml:3:",
+        "invalid YAML: mapping values are not allowed here",
+    ),
     "duplicate-yaml-key": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
               name: mappo
               lr: 0.001
               lr: 0.002
-            """},
-        "spec.yaml:6: algo.lr:", "duplicate key"),
+            """
+        },
+        "spec.yaml:6: algo.lr:",
+        "duplicate key",
+    ),
     "malformed-toml": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             seeds = [0, 1]
             [env]
             id = mpe/simple_spread
-            """},
-        "spec.toml:3:", "invalid TOML: Invalid value", spec="spec.toml"),
+            """
+        },
+        "spec.toml:3:",
+        "invalid TOML: Invalid value",
+        spec="spec.toml",
+    ),
     "duplicate-toml-key": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             [env]
             id = "mpe/simple_spread"
             [algo]
             name = "mappo"
             lr = 0.1
             lr = 0.2
-            """},
-        "spec.toml:6:", "invalid TOML: Cannot overwrite a value", spec="spec.toml"),
+            """
+        },
+        "spec.toml:6:",
+        "invalid TOML: Cannot overwrite a value",
+        spec="spec.toml",
+    ),
     "missing-file": Case({}, "missing.yaml:", "no such file", spec="missing.yaml"),
     "wrong-extension": Case(
         {"spec.json": '{"env": {"id": "mpe/simple_spread"}}\n'},
-        "spec.json:", "spec must be a .yaml, .yml or .toml file", spec="spec.json"),
+        "spec.json:",
+        "spec must be a .yaml, .yml or .toml file",
+        spec="spec.json",
+    ),
     # ------------------------------------------------------------- schema (TOML)
     "toml-unknown-nested-key": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             seeds = [0, 1]
             [env]
             id = "mpe/simple_spread"
             [algo]
             name = "mappo"
             lrr = 0.1
-            """},
-        "spec.toml:6: algo.lrr:", "unknown key; did you mean 'lr'?", spec="spec.toml"),
+            """
+        },
+        "spec.toml:6: algo.lrr:",
+        "unknown key; did you mean 'lr'?",
+        spec="spec.toml",
+    ),
     "toml-out-of-range": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             [env]
             id = "mpe/simple_spread"
             [algo]
             name = "mappo"
             [hardware]
             num_envs = 0
-            """},
-        "spec.toml:6: hardware.num_envs:", "Input should be greater than or equal to 1 (got 0)",
-        spec="spec.toml"),
+            """
+        },
+        "spec.toml:6: hardware.num_envs:",
+        "Input should be greater than or equal to 1 (got 0)",
+        spec="spec.toml",
+    ),
     "toml-inline-table-and-dotted-key": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             seeds = [0, 1]
             env.id = "mpe/simple_spread"
             algo = {name = "mappo", clip = 3.0}
             model.hidden = [64, 0]
-            """},
-        "spec.toml:4: model.hidden.1:", "Input should be greater than or equal to 1 (got 0)",
-        spec="spec.toml"),
+            """
+        },
+        "spec.toml:4: model.hidden.1:",
+        "Input should be greater than or equal to 1 (got 0)",
+        spec="spec.toml",
+    ),
     "toml-duplicate-seeds-with-presets": Case(
-        {"spec.toml": """
+        {
+            "spec.toml": """
             defaults = [{envs = "simple_spread"}, {algos = "mappo"}, "_self_"]
             seeds = [3, 3]
             [train]
             total_env_steps = 1000
             eval_every = 500
-            """},
-        "spec.toml:2: seeds:", "seeds must be distinct (got [3, 3])", spec="spec.toml"),
+            """
+        },
+        "spec.toml:2: seeds:",
+        "seeds must be distinct (got [3, 3])",
+        spec="spec.toml",
+    ),
     # ------------------------------------------------------------- env (probed)
     "unknown-env-id": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spred
             algo:
               name: mappo
-            """},
-        "spec.yaml:2: env.id:", "unknown env 'mpe/simple_spred'",
-        also=("did you mean 'mpe/simple_spread'?",)),
+            """
+        },
+        "spec.yaml:2: env.id:",
+        "unknown env 'mpe/simple_spred'",
+        also=("did you mean 'mpe/simple_spread'?",),
+    ),
     "env-factory-not-importable": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: nosuchpkg.envs:make_env
             algo:
               name: mappo
-            """},
-        "spec.yaml:2: env.id:", "cannot import 'nosuchpkg.envs' for env 'nosuchpkg.envs:make_env'",
-        also=("No module named 'nosuchpkg'",)),
+            """
+        },
+        "spec.yaml:2: env.id:",
+        "cannot import 'nosuchpkg.envs' for env 'nosuchpkg.envs:make_env'",
+        also=("No module named 'nosuchpkg'",),
+    ),
     "env-factory-missing-attribute": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: marlctl.errors:no_such_factory
             algo:
               name: mappo
-            """},
-        "spec.yaml:2: env.id:", "'marlctl.errors' has no attribute 'no_such_factory'"),
+            """
+        },
+        "spec.yaml:2: env.id:",
+        "'marlctl.errors' has no attribute 'no_such_factory'",
+    ),
     "env-params-rejected": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
               params:
                 foo: 1
             algo:
               name: mappo
-            """},
-        "spec.yaml:3: env.params:", "env 'mpe/simple_spread' rejected its params",
-        also=("unexpected keyword argument 'foo'",)),
+            """
+        },
+        "spec.yaml:3: env.params:",
+        "env 'mpe/simple_spread' rejected its params",
+        also=("unexpected keyword argument 'foo'",),
+    ),
     # ------------------------------------------------------------- plan (cross-field, machine)
     "eval-every-exceeds-budget": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             env:
               id: mpe/simple_spread
             algo:
@@ -296,75 +388,123 @@ CASES = {
             train:
               total_env_steps: 1000
               eval_every: 5000
-            """},
-        "spec.yaml:7: train.eval_every:", "5000 exceeds train.total_env_steps=1000"),
+            """
+        },
+        "spec.yaml:7: train.eval_every:",
+        "5000 exceeds train.total_env_steps=1000",
+    ),
     "env-workers-exceed-num-envs": Case(
         {"spec.yaml": BASE + "hardware:\n  num_envs: 2\n  env_workers: 4\n"},
-        "spec.yaml:10: hardware.env_workers:", "4 workers for hardware.num_envs=2 environments"),
+        "spec.yaml:10: hardware.env_workers:",
+        "4 workers for hardware.num_envs=2 environments",
+    ),
     "cuda-ordinal-beyond-visible-devices": Case(
         {"spec.yaml": BASE + "hardware:\n  device: cuda:99\n"},
         "spec.yaml:9: hardware.device:",
-        f"cuda:99 requested but this machine has {GPUS} visible CUDA device(s)"),
+        f"cuda:99 requested but this machine has {GPUS} visible CUDA device(s)",
+    ),
     "cuda-device-pool-entry": Case(
         {"spec.yaml": BASE + "hardware:\n  devices:\n    - cpu\n    - cuda:99\n"},
         "spec.yaml:11: hardware.devices.1:",
-        f"cuda:99 requested but this machine has {GPUS} visible CUDA device(s)"),
+        f"cuda:99 requested but this machine has {GPUS} visible CUDA device(s)",
+    ),
     "unknown-group-in-share-params": Case(
         {"spec.yaml": BASE.replace("name: mappo", "name: mappo\n  share_params: {agentz: true}")},
-        "spec.yaml:5: algo.share_params.agentz:", "no agent group 'agentz' in env"),
+        "spec.yaml:5: algo.share_params.agentz:",
+        "no agent group 'agentz' in env",
+    ),
     # ------------------------------------------------------------- presets (defaults:)
     "preset-does-not-exist": Case(
-        {"spec.yaml": """
+        {
+            "spec.yaml": """
             defaults:
               - algos: nope
               - _self_
             env:
               id: mpe/simple_spread
-            """},
-        "spec.yaml:2: defaults.0:", "Could not find 'algos/nope'"),
+            """
+        },
+        "spec.yaml:2: defaults.0:",
+        "Could not find 'algos/nope'",
+    ),
     "error-inside-a-preset-file": Case(
-        {"spec.yaml": WITH_PRESETS.replace("algos: mappo", "algos: mine"),
-         "algos/mine.yaml": "# @package algo\nname: mappo\nclipp: 0.1\n"},
-        "{tmp}/algos/mine.yaml:3: algo.clipp:", "unknown key; did you mean 'clip'?"),
+        {
+            "spec.yaml": WITH_PRESETS.replace("algos: mappo", "algos: mine"),
+            "algos/mine.yaml": "# @package algo\nname: mappo\nclipp: 0.1\n",
+        },
+        "{tmp}/algos/mine.yaml:3: algo.clipp:",
+        "unknown key; did you mean 'clip'?",
+    ),
     # ------------------------------------------------------------- overrides
     "bad-override-syntax": Case(
-        {"spec.yaml": BASE}, "<overrides>:2: seeds=[0,1:", "bad override",
-        overrides=("algo.lr=0.001", "seeds=[0,1")),
+        {"spec.yaml": BASE},
+        "<overrides>:2: seeds=[0,1:",
+        "bad override",
+        overrides=("algo.lr=0.001", "seeds=[0,1"),
+    ),
     "override-unknown-key": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: algo.lrr:", "unknown key; did you mean 'lr'?",
-        overrides=("algo.lrr=1",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: algo.lrr:",
+        "unknown key; did you mean 'lr'?",
+        overrides=("algo.lrr=1",),
+    ),
     "override-unknown-top-level-key": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: seedz:", "unknown key; did you mean 'seeds'?",
-        overrides=("seedz=[0]",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: seedz:",
+        "unknown key; did you mean 'seeds'?",
+        overrides=("seedz=[0]",),
+    ),
     "override-bad-value": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: algo.lr:", "Input should be a valid number",
-        overrides=("algo.lr=abc",), also=("(got 'abc')",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: algo.lr:",
+        "Input should be a valid number",
+        overrides=("algo.lr=abc",),
+        also=("(got 'abc')",),
+    ),
     "override-out-of-range-second": Case(
-        {"spec.yaml": BASE}, "<overrides>:2: algo.clip:",
+        {"spec.yaml": BASE},
+        "<overrides>:2: algo.clip:",
         "Input should be less than or equal to 1 (got 5)",
-        overrides=("seeds=[0,1]", "algo.clip=5")),
+        overrides=("seeds=[0,1]", "algo.clip=5"),
+    ),
     "override-bad-device": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: hardware.device:", "must be auto, cpu, cuda or cuda:N",
-        overrides=("hardware.device=gpu",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: hardware.device:",
+        "must be auto, cpu, cuda or cuda:N",
+        overrides=("hardware.device=gpu",),
+    ),
     "override-eval-every": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: train.eval_every:",
-        "5000 exceeds train.total_env_steps=1000", overrides=("train.eval_every=5000",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: train.eval_every:",
+        "5000 exceeds train.total_env_steps=1000",
+        overrides=("train.eval_every=5000",),
+    ),
     "override-unknown-algo": Case(
-        {"spec.yaml": BASE}, "<overrides>:1: algo.name:", "unknown algorithm 'nope'",
-        overrides=("algo.name=nope",)),
+        {"spec.yaml": BASE},
+        "<overrides>:1: algo.name:",
+        "unknown algorithm 'nope'",
+        overrides=("algo.name=nope",),
+    ),
     "override-env-params-rejected": Case(
-        {"spec.yaml": WITH_PRESETS}, "<overrides>:1: env.params:",
-        "env 'mpe/simple_spread' rejected its params", overrides=("+env.params.foo=1",)),
+        {"spec.yaml": WITH_PRESETS},
+        "<overrides>:1: env.params:",
+        "env 'mpe/simple_spread' rejected its params",
+        overrides=("+env.params.foo=1",),
+    ),
     "override-missing-preset": Case(
-        {"spec.yaml": WITH_PRESETS}, "<overrides>:1: algos:", "Could not find 'algos/nope'",
-        overrides=("algos=nope",)),
+        {"spec.yaml": WITH_PRESETS},
+        "<overrides>:1: algos:",
+        "Could not find 'algos/nope'",
+        overrides=("algos=nope",),
+    ),
 }
 
 if GPUS == 0:
     CASES["cuda-without-gpu"] = Case(
         {"spec.yaml": BASE + "hardware:\n  device: cuda\n"},
         "spec.yaml:9: hardware.device:",
-        "cuda requested but this machine has 0 visible CUDA device(s)")
+        "cuda requested but this machine has 0 visible CUDA device(s)",
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
@@ -382,7 +522,9 @@ def test_bad_spec_is_reported_with_file_line_and_key(case: Case, tmp_path: Path)
 
 
 def test_several_errors_are_all_reported_sorted_by_line(tmp_path: Path) -> None:
-    write(tmp_path / "spec.yaml", """
+    write(
+        tmp_path / "spec.yaml",
+        """
         seedz: [0, 1]
         env:
           id: mpe/simple_spread
@@ -394,7 +536,8 @@ def test_several_errors_are_all_reported_sorted_by_line(tmp_path: Path) -> None:
           lrr: 0.1
         model:
           hidden: [64, -3]
-        """)
+        """,
+    )
     result = invoke("validate", "spec.yaml", "algo.epochs=0")
     assert_clean_exit(result, 2)
     expected = [
@@ -504,8 +647,13 @@ print("LIGHT")
 
 
 def test_light_commands_import_neither_torch_nor_mlflow(repo_root: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", LIGHT_COMMANDS], cwd=repo_root,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_COMMANDS],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("LIGHT"), done.stdout + done.stderr
 
@@ -513,14 +661,18 @@ def test_light_commands_import_neither_torch_nor_mlflow(repo_root: Path) -> None
 # ----------------------------------------------------------------- invalid spec writes nothing
 
 
-@pytest.mark.parametrize("text, overrides", [
-    pytest.param(BASE.replace("name: mappo", "name: mappo\n  clip: 2.0"), (), id="schema"),
-    pytest.param(BASE + "hardware:\n  device: cuda:99\n", (), id="plan"),
-    pytest.param(BASE, ("algo.lrr=1",), id="override"),
-    pytest.param("env: [\n", (), id="syntax"),
-])
-def test_invalid_spec_run_writes_nothing(text: str, overrides: tuple[str, ...],
-                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "text, overrides",
+    [
+        pytest.param(BASE.replace("name: mappo", "name: mappo\n  clip: 2.0"), (), id="schema"),
+        pytest.param(BASE + "hardware:\n  device: cuda:99\n", (), id="plan"),
+        pytest.param(BASE, ("algo.lrr=1",), id="override"),
+        pytest.param("env: [\n", (), id="syntax"),
+    ],
+)
+def test_invalid_spec_run_writes_nothing(
+    text: str, overrides: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "bad.yaml", text)
     result = invoke("run", "bad.yaml", *overrides)
@@ -534,8 +686,13 @@ def test_invalid_spec_run_writes_nothing(text: str, overrides: tuple[str, ...],
 def test_spec_without_defaults_prints_no_hydra_warning(tmp_path: Path) -> None:
     # Hydra warns "Defaults list is missing `_self_`" on stderr unless marlctl adds it.
     write(tmp_path / "spec.yaml", BASE)
-    done = subprocess.run([sys.executable, "-W", "always", "-m", "marlctl", "validate",
-                           "spec.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-m", "marlctl", "validate", "spec.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
 
@@ -544,7 +701,8 @@ def test_spec_without_defaults_prints_no_hydra_warning(tmp_path: Path) -> None:
 
 
 def test_problem_lines_are_not_wrapped_on_a_narrow_console(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "80")  # what rich uses when stderr is a pipe or a file
     write(tmp_path / "spec.yaml", "env:\n  id: mpe/simple_spred\nalgo:\n  name: mappo\n")
     result = invoke("validate", "spec.yaml")
@@ -568,8 +726,9 @@ def test_every_bad_override_is_reported(tmp_path: Path) -> None:
 
 
 def test_unterminated_yaml_quote_points_at_its_line(tmp_path: Path) -> None:
-    write(tmp_path / "spec.yaml",
-          'env:\n  id: mpe/simple_spread\nalgo:\n  name: "mappo\nseeds: [0]\n')
+    write(
+        tmp_path / "spec.yaml", 'env:\n  id: mpe/simple_spread\nalgo:\n  name: "mappo\nseeds: [0]\n'
+    )
     result = invoke("validate", "spec.yaml")
     assert_clean_exit(result, 2)
     find_problem(result.output, "spec.yaml:4:", "invalid YAML")

@@ -46,8 +46,10 @@ def client():
 
 
 def history(run_id: str, key: str) -> list[tuple[int, float]]:
-    return [(m.step, m.value) for m in sorted(client().get_metric_history(run_id, key),
-                                              key=lambda m: m.step)]
+    return [
+        (m.step, m.value)
+        for m in sorted(client().get_metric_history(run_id, key), key=lambda m: m.step)
+    ]
 
 
 def store_has_runs(store: Path) -> bool:
@@ -97,7 +99,9 @@ def relay_random_return(episodes: int = 300) -> float:
         obs, _ = env.reset(seed=episode)
         total = 0.0
         while env.agents:
-            actions = {a: rng.choice(np.flatnonzero(obs[a]["action_mask"])) for a in ("scout_0", "scout_1")}
+            actions = {
+                a: rng.choice(np.flatnonzero(obs[a]["action_mask"])) for a in ("scout_0", "scout_1")
+            }
             actions["carrier_0"] = rng.uniform(-1, 1, 2).astype(np.float32)
             obs, rewards, _, _, _ = env.step(actions)
             total += sum(rewards.values()) / len(rewards)
@@ -110,13 +114,16 @@ def test_policy_improves_on_heterogeneous_relay(algo, tmp_path, monkeypatch):
     """Discrete masked scouts and a continuous carrier: both groups must learn."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(TESTS))
-    spec = write_spec(tmp_path, {
-        "seeds": [0],
-        "env": {"id": "toy_envs:masked_relay", "params": {"max_cycles": 8}},
-        "algo": {"name": algo, "rollout_steps": 8, "epochs": 4, "lr": 3e-3},
-        "train": {"total_env_steps": 6_144, "eval_every": 0, "eval_episodes": 64},
-        "hardware": {"num_envs": 16},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": [0],
+            "env": {"id": "toy_envs:masked_relay", "params": {"max_cycles": 8}},
+            "algo": {"name": algo, "rollout_steps": 8, "epochs": 4, "lr": 3e-3},
+            "train": {"total_env_steps": 6_144, "eval_every": 0, "eval_episodes": 64},
+            "hardware": {"num_envs": 16},
+        },
+    )
     out = run_json("run", str(spec))
     assert out["exit_code"] == 0, out
     baseline = relay_random_return()  # about -1.8; the best policy scores about +5
@@ -129,15 +136,27 @@ def test_policy_improves_on_heterogeneous_relay(algo, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_mappo_improves_on_small_spread(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {
-        "seeds": [0],
-        "env": {"id": "mpe/simple_spread", "params": SPREAD},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 10, "lr": 2e-3,
-                 "minibatches": 2},
-        "train": {"total_env_steps": 40_000, "eval_every": 20_000, "eval_episodes": 128,
-                  "checkpoint_every": 0},
-        "hardware": {"num_envs": 32},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": [0],
+            "env": {"id": "mpe/simple_spread", "params": SPREAD},
+            "algo": {
+                "name": "mappo",
+                "rollout_steps": 10,
+                "epochs": 10,
+                "lr": 2e-3,
+                "minibatches": 2,
+            },
+            "train": {
+                "total_env_steps": 40_000,
+                "eval_every": 20_000,
+                "eval_episodes": 128,
+                "checkpoint_every": 0,
+            },
+            "hardware": {"num_envs": 32},
+        },
+    )
     out = run_json("run", str(spec))
     assert out["exit_code"] == 0, out
     run = out["runs"][0]
@@ -153,12 +172,15 @@ def test_heterogeneous_groups_and_masks(tmp_path, monkeypatch):
     import toy_envs
 
     toy_envs.MaskedRelay.violations = 0
-    spec = write_spec(tmp_path, {
-        "env": {"id": "toy_envs:masked_relay", "params": {"max_cycles": 8}},
-        "algo": {"name": "mappo", "rollout_steps": 8, "epochs": 2},
-        "train": {"total_env_steps": 1_024, "eval_every": 0, "eval_episodes": 8},
-        "hardware": {"num_envs": 8},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "env": {"id": "toy_envs:masked_relay", "params": {"max_cycles": 8}},
+            "algo": {"name": "mappo", "rollout_steps": 8, "epochs": 2},
+            "train": {"total_env_steps": 1_024, "eval_every": 0, "eval_episodes": 8},
+            "hardware": {"num_envs": 8},
+        },
+    )
     plan = run_json("run", str(spec), "--dry-run")["plan"]
     groups = {g["name"]: g for g in plan["env"]["groups"]}
     assert groups["scout"]["agents"] == ["scout_0", "scout_1"] and groups["scout"]["action_mask"]
@@ -173,12 +195,15 @@ def test_heterogeneous_groups_and_masks(tmp_path, monkeypatch):
 @pytest.mark.parametrize("env_id", ["mpe/simple_speaker_listener", "mpe/simple_adversary"])
 def test_mpe_envs_with_distinct_groups_train(env_id, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {
-        "env": {"id": env_id, "params": {"max_cycles": 10}},
-        "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1, "share_params": False},
-        "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 4},
-        "hardware": {"num_envs": 4, "env_workers": 2},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "env": {"id": env_id, "params": {"max_cycles": 10}},
+            "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1, "share_params": False},
+            "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 4},
+            "hardware": {"num_envs": 4, "env_workers": 2},
+        },
+    )
     out = run_json("run", str(spec))
     assert out["exit_code"] == 0, out
     metrics = client().get_run(out["runs"][0]["run_id"]).data.metrics
@@ -188,14 +213,19 @@ def test_mpe_envs_with_distinct_groups_train(env_id, tmp_path, monkeypatch):
 def test_failing_run_is_recorded_failed_and_other_seeds_finish(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(TESTS))
-    spec = write_spec(tmp_path, {
-        "seeds": [0],
-        "env": {"id": "toy_envs:crashing_spread",
-                "params": {"N": 2, "max_cycles": 10, "crash_at": 60}},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
-        "train": {"total_env_steps": 2_000, "eval_every": 0, "eval_episodes": 2},
-        "hardware": {"num_envs": 2},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": [0],
+            "env": {
+                "id": "toy_envs:crashing_spread",
+                "params": {"N": 2, "max_cycles": 10, "crash_at": 60},
+            },
+            "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
+            "train": {"total_env_steps": 2_000, "eval_every": 0, "eval_episodes": 2},
+            "hardware": {"num_envs": 2},
+        },
+    )
     out = run_json("run", str(spec))
     assert out["exit_code"] == 1
     run = out["runs"][0]
@@ -209,13 +239,23 @@ def test_failing_run_is_recorded_failed_and_other_seeds_finish(tmp_path, monkeyp
 
 def test_nan_loss_fails_the_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {
-        "env": {"id": "mpe/simple_spread", "params": SPREAD},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1, "lr": 1.0,
-                 "max_grad_norm": 1e30, "value_norm": False, "huber_delta": None},
-        "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
-        "hardware": {"num_envs": 4},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "env": {"id": "mpe/simple_spread", "params": SPREAD},
+            "algo": {
+                "name": "mappo",
+                "rollout_steps": 10,
+                "epochs": 1,
+                "lr": 1.0,
+                "max_grad_norm": 1e30,
+                "value_norm": False,
+                "huber_delta": None,
+            },
+            "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
+            "hardware": {"num_envs": 4},
+        },
+    )
     # Rewards near float32's limit overflow the returns and the value loss on the first update.
     import marlctl.envs.pettingzoo as backend
 
@@ -237,20 +277,36 @@ def test_nan_loss_fails_the_run(tmp_path, monkeypatch):
 
 def test_resume_after_kill_continues_the_same_run(tmp_path):
     marker = tmp_path / "killed-once"
-    spec = write_spec(tmp_path, {
-        "seeds": [0],
-        "env": {"id": "toy_envs:dying_spread",
-                "params": {**SPREAD, "die_at": 1_000, "marker": str(marker)}},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
-        "train": {"total_env_steps": 16_000, "eval_every": 4_000, "eval_episodes": 8,
-                  "checkpoint_every": 2_000, "log_every": 400},
-        "hardware": {"num_envs": 8},
-        "tracking": {"flush_every_s": 0.1},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": [0],
+            "env": {
+                "id": "toy_envs:dying_spread",
+                "params": {**SPREAD, "die_at": 1_000, "marker": str(marker)},
+            },
+            "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
+            "train": {
+                "total_env_steps": 16_000,
+                "eval_every": 4_000,
+                "eval_episodes": 8,
+                "checkpoint_every": 2_000,
+                "log_every": 400,
+            },
+            "hardware": {"num_envs": 8},
+            "tracking": {"flush_every_s": 0.1},
+        },
+    )
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     # The env kills the whole process at about 8,000 env steps (1,000 steps of each of 8 envs).
-    crashed = subprocess.run([sys.executable, "-m", "marlctl", "run", str(spec)], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)
+    crashed = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", str(spec)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert crashed.returncode == -signal.SIGKILL and marker.exists()
     crashed_at = time.time() * 1000
     from mlflow.tracking import MlflowClient
@@ -259,37 +315,53 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     runs = [r for e in mlflow.search_experiments() for r in mlflow.search_runs([e.experiment_id])]
     seed_run = next(r for r in runs if r.data.tags.get("marlctl.role") == "seed")
     assert seed_run.info.status == "RUNNING"
-    steps_before = max(m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "loss/policy"))
+    steps_before = max(
+        m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "loss/policy")
+    )
     assert 4_000 <= steps_before < 16_000
 
     parent_id = seed_run.data.tags["mlflow.parentRunId"]
-    done = subprocess.run([sys.executable, "-m", "marlctl", "run", "--resume", parent_id, "--json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", "--resume", parent_id, "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert [r["run_id"] for r in summary["runs"]] == [seed_run.info.run_id]
     assert mlflow.get_run(seed_run.info.run_id).info.status == "FINISHED"
     assert mlflow.get_run(parent_id).info.status == "FINISHED"
-    after = [m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "loss/policy")
-             if m.timestamp > crashed_at]
+    after = [
+        m.step
+        for m in mlflow.get_metric_history(seed_run.info.run_id, "loss/policy")
+        if m.timestamp > crashed_at
+    ]
     # Training went on from the last checkpoint before the crash (one every 2,000 steps),
     # not from the start, and ran to the end of the budget.
     assert steps_before - 2_000 - 80 <= min(after) <= steps_before + 80
     assert max(after) > 15_000
-    evals = sorted(m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "eval/return_mean"))
+    evals = sorted(
+        m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "eval/return_mean")
+    )
     assert evals[-1] >= 16_000 and len(set(evals)) >= 4
 
 
 def test_parallel_seeds_log_child_runs_under_one_parent(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {
-        "name": "parallel-check",
-        "seeds": [3, 4],
-        "env": {"id": "mpe/simple_spread", "params": SPREAD},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
-        "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
-        "hardware": {"num_envs": 4, "parallel_runs": 2},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "name": "parallel-check",
+            "seeds": [3, 4],
+            "env": {"id": "mpe/simple_spread", "params": SPREAD},
+            "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
+            "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
+            "hardware": {"num_envs": 4, "parallel_runs": 2},
+        },
+    )
     out = run_json("run", str(spec))
     assert out["exit_code"] == 0, out
     mlflow = client()
@@ -328,15 +400,19 @@ def test_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {
-        "env": {"id": "mpe/simple_spread", "params": SPREAD},
-        "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1},
-        "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
-        "hardware": {"num_envs": 4},
-    })
+    spec = write_spec(
+        tmp_path,
+        {
+            "env": {"id": "mpe/simple_spread", "params": SPREAD},
+            "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1},
+            "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 2},
+            "hardware": {"num_envs": 4},
+        },
+    )
     out = run_json("run", str(spec))
-    path = client().download_artifacts(out["runs"][0]["run_id"], "checkpoints/latest.pt",
-                                       str(tmp_path))
+    path = client().download_artifacts(
+        out["runs"][0]["run_id"], "checkpoints/latest.pt", str(tmp_path)
+    )
     state = torch.load(path, weights_only=True)
     assert state["env_steps"] == out["runs"][0]["env_steps"]
     assert any(k.endswith("actor.weights.0") for k in state["trainer"]["policies"])
@@ -345,18 +421,31 @@ def test_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_ctrl_c_checkpoints_marks_killed_and_exits_130(parallel, tmp_path):
-    spec = write_spec(tmp_path, {
-        "seeds": list(range(parallel)),
-        "env": {"id": "mpe/simple_spread", "params": SPREAD},
-        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
-        "train": {"total_env_steps": 500_000, "eval_every": 0, "eval_episodes": 4,
-                  "checkpoint_every": 0, "log_every": 200},
-        "hardware": {"num_envs": 4, "parallel_runs": parallel},
-        "tracking": {"flush_every_s": 0.2},
-    })
-    proc = subprocess.Popen([sys.executable, "-m", "marlctl", "run", str(spec), "--json"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": list(range(parallel)),
+            "env": {"id": "mpe/simple_spread", "params": SPREAD},
+            "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
+            "train": {
+                "total_env_steps": 500_000,
+                "eval_every": 0,
+                "eval_episodes": 4,
+                "checkpoint_every": 0,
+                "log_every": 200,
+            },
+            "hardware": {"num_envs": 4, "parallel_runs": parallel},
+            "tracking": {"flush_every_s": 0.2},
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marlctl", "run", str(spec), "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     from mlflow.tracking import MlflowClient
 
     store = tmp_path / "mlflow.db"
@@ -366,9 +455,12 @@ def test_ctrl_c_checkpoints_marks_killed_and_exits_130(parallel, tmp_path):
         time.sleep(1.0)
         if store_has_runs(store):
             mlflow = MlflowClient(f"sqlite:///{store}")
-            seeds = [r for e in mlflow.search_experiments() for r in mlflow.search_runs(
-                [e.experiment_id]) if r.data.tags.get("marlctl.role") == "seed"
-                and "loss/policy" in r.data.metrics]
+            seeds = [
+                r
+                for e in mlflow.search_experiments()
+                for r in mlflow.search_runs([e.experiment_id])
+                if r.data.tags.get("marlctl.role") == "seed" and "loss/policy" in r.data.metrics
+            ]
     assert len(seeds) == parallel, "training did not start"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the whole job on Ctrl-C
     stdout, _ = proc.communicate(timeout=120)

@@ -66,9 +66,15 @@ class MaskedRelay(ParallelEnv):
     def __init__(self, max_cycles: int = 8):
         self.possible_agents = ["scout_0", "scout_1", "carrier_0"]
         self.max_cycles = max_cycles
-        self._obs = {a: spaces.Dict({"observation": spaces.Box(-1, 1, (4,), np.float32),
-                                     "action_mask": spaces.MultiBinary(4)})
-                     for a in self.possible_agents[:2]}
+        self._obs = {
+            a: spaces.Dict(
+                {
+                    "observation": spaces.Box(-1, 1, (4,), np.float32),
+                    "action_mask": spaces.MultiBinary(4),
+                }
+            )
+            for a in self.possible_agents[:2]
+        }
         self._obs["carrier_0"] = spaces.Box(-1, 1, (6,), np.float32)
         self._act = {a: spaces.Discrete(4) for a in self.possible_agents[:2]}
         self._act["carrier_0"] = spaces.Box(-1, 1, (2,), np.float32)
@@ -126,8 +132,9 @@ class MaskedRelay(ParallelEnv):
 
     def state(self):
         obs = self._observe()
-        return np.concatenate([obs["scout_0"]["observation"], obs["scout_1"]["observation"],
-                               obs["carrier_0"]]).astype(np.float32)
+        return np.concatenate(
+            [obs["scout_0"]["observation"], obs["scout_1"]["observation"], obs["carrier_0"]]
+        ).astype(np.float32)
 
     @property
     def state_space(self):

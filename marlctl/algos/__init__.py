@@ -34,8 +34,14 @@ class AlgoInfo:
 
     @property
     def action_kinds(self) -> list[str]:
-        return [k for k, ok in (("discrete", self.discrete_actions),
-                                ("continuous", self.continuous_actions)) if ok]
+        return [
+            k
+            for k, ok in (
+                ("discrete", self.discrete_actions),
+                ("continuous", self.continuous_actions),
+            )
+            if ok
+        ]
 
 
 ALGOS: dict[str, AlgoInfo] = {}
@@ -52,8 +58,16 @@ def register_algo(
     on_policy: bool,
 ):
     def decorate(config: type[AlgoConfig]) -> type[AlgoConfig]:
-        ALGOS[name] = AlgoInfo(name, config, trainer, summary, discrete_actions,
-                               continuous_actions, centralised_critic, on_policy)
+        ALGOS[name] = AlgoInfo(
+            name,
+            config,
+            trainer,
+            summary,
+            discrete_actions,
+            continuous_actions,
+            centralised_critic,
+            on_policy,
+        )
         return config
 
     return decorate

@@ -25,7 +25,9 @@ class EnvSlice:
         self.info = info
         self.envs = [make_env(env_id, params) for _ in range(count)]
         self.k = count
-        self.index = {a: (gi, g.agents.index(a)) for gi, g in enumerate(info.groups) for a in g.agents}
+        self.index = {
+            a: (gi, g.agents.index(a)) for gi, g in enumerate(info.groups) for a in g.agents
+        }
 
     def _blank(self) -> Arrays:
         out: Arrays = {"state": np.zeros((self.k, self.info.state_dim), np.float32)}
@@ -62,8 +64,9 @@ class EnvSlice:
 
     def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays]:
         nxt, final = self._blank(), self._blank()
-        rew: Arrays = {f"rew/{g.name}": np.zeros((self.k, g.n_agents), np.float32)
-                       for g in self.info.groups}
+        rew: Arrays = {
+            f"rew/{g.name}": np.zeros((self.k, g.n_agents), np.float32) for g in self.info.groups
+        }
         rew["terminated"] = np.zeros(self.k, bool)
         rew["truncated"] = np.zeros(self.k, bool)
         groups = self.info.groups
@@ -115,8 +118,15 @@ def _worker(remote, env_id: str, params: dict, info: EnvInfo, count: int) -> Non
 class PettingZooEnv:
     """BatchedEnv over PettingZoo copies; `workers` > 0 steps them in that many processes."""
 
-    def __init__(self, env_id: str, params: dict[str, Any], info: EnvInfo, num_envs: int,
-                 device: torch.device, workers: int = 0):
+    def __init__(
+        self,
+        env_id: str,
+        params: dict[str, Any],
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        workers: int = 0,
+    ):
         self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
         self._local: EnvSlice | None = None
         self._remotes: list = []
@@ -130,8 +140,9 @@ class PettingZooEnv:
             self._offsets = [int(o) for o in np.cumsum([0, *sizes[:-1]])]
             for size in sizes:
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(child, env_id, params, info, size),
-                                   daemon=True)
+                proc = ctx.Process(
+                    target=_worker, args=(child, env_id, params, info, size), daemon=True
+                )
                 proc.start()
                 child.close()
                 self._remotes.append(parent)
@@ -142,12 +153,14 @@ class PettingZooEnv:
             method = getattr(self._local, command)
             return [method(payloads[0])]
         try:
-            for remote, payload in zip(self._remotes, payloads):
+            for remote, payload in zip(self._remotes, payloads, strict=True):
                 remote.send((command, payload))
             return [remote.recv() for remote in self._remotes]
         except (EOFError, OSError) as err:
             codes = [p.exitcode for p in self._procs]
-            raise RuntimeError(f"an env worker process died (exit codes {codes}): {err!r}") from None
+            raise RuntimeError(
+                f"an env worker process died (exit codes {codes}): {err!r}"
+            ) from None
 
     def _observation(self, parts: list[Arrays]) -> Observation:
         def cat(key: str) -> torch.Tensor:
@@ -173,7 +186,9 @@ class PettingZooEnv:
                 a = np.clip(a, g.action_low, g.action_high).astype(np.float32)
             host[g.name] = a
         bounds = [*self._offsets[1:], self.num_envs]
-        payloads = [{k: v[s:e] for k, v in host.items()} for s, e in zip(self._offsets, bounds)]
+        payloads = [
+            {k: v[s:e] for k, v in host.items()} for s, e in zip(self._offsets, bounds, strict=True)
+        ]
         results = self._gather("step", payloads)
         nxt = self._observation([r[0] for r in results])
         final = self._observation([r[2] for r in results])
@@ -182,8 +197,13 @@ class PettingZooEnv:
         def cat(key: str) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([r[key] for r in rew])).to(self.device)
 
-        return Transition(nxt, {g.name: cat(f"rew/{g.name}") for g in self.info.groups},
-                          cat("terminated"), cat("truncated"), final)
+        return Transition(
+            nxt,
+            {g.name: cat(f"rew/{g.name}") for g in self.info.groups},
+            cat("terminated"),
+            cat("truncated"),
+            final,
+        )
 
     def close(self) -> None:
         if self._local is not None:

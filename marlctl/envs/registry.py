@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,39 +30,61 @@ class EnvEntry:
         return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-def _mpe(name: str, version: int, summary: str) -> EnvEntry:
-    return EnvEntry(f"mpe/{name}", f"mpe2.{name}_v{version}:parallel_env", "mpe", summary)
+def _latest(package: str, name: str) -> str | None:
+    """`package.name_vN` with the highest N that is installed, without importing it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except ImportError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    versions = []
+    for folder in spec.submodule_search_locations:
+        for path in Path(folder).glob(f"{name}_v*.py"):
+            suffix = path.stem.removeprefix(f"{name}_v")
+            if suffix.isdigit():
+                versions.append(int(suffix))
+    return f"{package}.{name}_v{max(versions)}" if versions else None
 
 
-def _pz(suite: str, name: str, version: int, summary: str, requires: tuple[str, ...]) -> EnvEntry:
-    return EnvEntry(f"{suite}/{name}", f"pettingzoo.{suite}.{name}_v{version}:parallel_env",
-                    suite, summary, requires)
+def _suite(prefix: str, package: str, envs: dict[str, tuple[str, tuple[str, ...]]]):
+    for name, (summary, requires) in envs.items():
+        module = _latest(package, name)
+        if module is not None:
+            yield EnvEntry(f"{prefix}/{name}", f"{module}:parallel_env", prefix, summary, requires)
 
+
+MPE = {
+    "simple": ("one agent reaches a landmark", ()),
+    "simple_spread": ("N agents cover N landmarks, cooperative", ()),
+    "simple_adversary": ("good agents hide the target from an adversary", ()),
+    "simple_tag": ("predators chase faster prey", ()),
+    "simple_push": ("adversary pushes an agent away from its landmark", ()),
+    "simple_reference": ("two agents communicate each other's goal", ()),
+    "simple_speaker_listener": ("a speaker guides a listener (heterogeneous)", ()),
+    "simple_crypto": ("two agents talk privately past an eavesdropper", ()),
+    "simple_world_comm": ("leader-led adversaries, forests, food", ()),
+    "simple_line": ("agents form a line", ()),
+    "simple_formation": ("agents form a shape around a landmark", ()),
+    "collect_treasure": ("hunters collect and deposit treasure", ()),
+}
+SISL = {
+    "pursuit": ("pursuers surround evaders on a grid", ("pygame",)),
+    "waterworld": ("archea eat food and avoid poison", ("pygame", "pymunk")),
+    "multiwalker": ("walkers carry a package", ("pygame", "Box2D")),
+}
+BUTTERFLY = {
+    "knights_archers_zombies": ("knights and archers hold off zombies", ("pygame",)),
+    "pistonball": ("pistons move a ball left (image obs)", ("pygame", "pymunk")),
+    "cooperative_pong": ("two paddles keep a ball in play (image obs)", ("pygame",)),
+}
 
 ENVS: dict[str, EnvEntry] = {
     e.id: e
     for e in [
-        _mpe("simple", 3, "one agent reaches a landmark"),
-        _mpe("simple_spread", 3, "N agents cover N landmarks, cooperative"),
-        _mpe("simple_adversary", 3, "good agents hide the target from an adversary"),
-        _mpe("simple_tag", 3, "predators chase faster prey"),
-        _mpe("simple_push", 3, "adversary pushes an agent away from its landmark"),
-        _mpe("simple_reference", 3, "two agents communicate each other's goal"),
-        _mpe("simple_speaker_listener", 4, "a speaker guides a listener (heterogeneous)"),
-        _mpe("simple_crypto", 3, "two agents talk privately past an eavesdropper"),
-        _mpe("simple_world_comm", 3, "leader-led adversaries, forests, food"),
-        _mpe("simple_line", 1, "agents form a line"),
-        _mpe("simple_formation", 1, "agents form a shape around a landmark"),
-        _mpe("collect_treasure", 1, "hunters collect and deposit treasure"),
-        _pz("sisl", "pursuit", 4, "pursuers surround evaders on a grid", ("pygame",)),
-        _pz("sisl", "waterworld", 4, "archea eat food and avoid poison", ("pymunk", "pygame")),
-        _pz("sisl", "multiwalker", 9, "walkers carry a package", ("Box2D", "pygame")),
-        _pz("butterfly", "knights_archers_zombies", 10, "knights and archers hold off zombies",
-            ("pygame",)),
-        _pz("butterfly", "pistonball", 6, "pistons move a ball left (image obs)",
-            ("pymunk", "pygame")),
-        _pz("butterfly", "cooperative_pong", 5, "two paddles keep a ball in play (image obs)",
-            ("pygame",)),
+        *_suite("mpe", "mpe2", MPE),
+        *_suite("sisl", "pettingzoo.sisl", SISL),
+        *_suite("butterfly", "pettingzoo.butterfly", BUTTERFLY),
     ]
 }
 
@@ -85,7 +109,9 @@ def lookup(env_id: str) -> EnvEntry:
 
     close = difflib.get_close_matches(env_id, list(ENVS), n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else "; see `marlctl list envs`"
-    raise EnvLookupError(f"unknown env '{env_id}' (not registered and not package.module:factory){hint}")
+    raise EnvLookupError(
+        f"unknown env '{env_id}' (not registered and not package.module:factory){hint}"
+    )
 
 
 def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
@@ -182,7 +208,9 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
         elif isinstance((infos or {}).get(members[0]), dict) and "action_mask" in infos[members[0]]:
             mask_source = "info"
         if not isinstance(obs_space, spaces.Box):
-            raise TypeError(f"agent '{members[0]}' has an unsupported observation space {obs_space}")
+            raise TypeError(
+                f"agent '{members[0]}' has an unsupported observation space {obs_space}"
+            )
         if isinstance(act_space, spaces.Discrete):
             discrete, n, low, high = True, int(act_space.n), (), ()
         elif isinstance(act_space, spaces.Box):
@@ -195,8 +223,19 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
         while name in names:
             name += "_"
         names.add(name)
-        groups.append(GroupInfo(name, tuple(members), tuple(obs_space.shape), str(obs_space.dtype),
-                                discrete, n, low, high, mask_source))
+        groups.append(
+            GroupInfo(
+                name,
+                tuple(members),
+                tuple(obs_space.shape),
+                str(obs_space.dtype),
+                discrete,
+                n,
+                low,
+                high,
+                mask_source,
+            )
+        )
     state_from_env = hasattr(env, "state_space") and _has_state(env)
     if state_from_env:
         state_dim = int(np.prod(env.state_space.shape))

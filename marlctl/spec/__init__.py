@@ -114,23 +114,35 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     data = dict(source.data)
     defaults = data.get("defaults", [])
     if not isinstance(defaults, list):
-        raise SpecError([Problem(shown, source.line_of("defaults"), "defaults",
-                                 "must be a list such as [{algos: mappo}, _self_]")])
+        raise SpecError(
+            [
+                Problem(
+                    shown,
+                    source.line_of("defaults"),
+                    "defaults",
+                    "must be a list such as [{algos: mappo}, _self_]",
+                )
+            ]
+        )
     if "_self_" not in defaults:
         defaults = [*defaults, "_self_"]  # the file's own values win over its presets
     data["defaults"] = defaults
     store = ConfigStore.instance()
     roots = [source.path.resolve().parent, *preset_roots()]
     search = ",".join(f"'file://{r}'" for r in roots[1:])
-    group_overrides = [text for key, text in provenance.overrides
-                       if key.lstrip("+~").split("@")[0] in PRESET_GROUPS]
+    group_overrides = [
+        text
+        for key, text in provenance.overrides
+        if key.lstrip("+~").split("@")[0] in PRESET_GROUPS
+    ]
 
     def run_compose(node: dict, chosen: list[str]):
         name = f"marlctl_spec_{next(_store_counter)}"
         store.store(name=name, node=node)
         with initialize_config_dir(version_base=None, config_dir=str(roots[0])):
-            return compose(name, overrides=[f"hydra.searchpath=[{search}]", *chosen],
-                           return_hydra_config=True)
+            return compose(
+                name, overrides=[f"hydra.searchpath=[{search}]", *chosen], return_hydra_config=True
+            )
 
     errors = (HydraException, OmegaConfBaseException, ValueError)
     try:
@@ -204,7 +216,11 @@ def _first_line(err: Exception) -> str:
 
 def _composition_problem(err: Exception, source: SourceFile, provenance: Provenance) -> Problem:
     message = _first_line(err)
-    message = message.replace(f"In '{message.split(chr(39))[1]}': ", "") if message.startswith("In '") else message
+    message = (
+        message.replace(f"In '{message.split(chr(39))[1]}': ", "")
+        if message.startswith("In '")
+        else message
+    )
     for index, (key, text) in enumerate(provenance.overrides, start=1):
         if text in str(err) or f"'{key}'" in str(err):
             bare = key.lstrip("+~")
@@ -212,8 +228,11 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
                 parent, _, leaf = bare.rpartition(".")
                 options = model_fields_at(parent.split(".") if parent else [])
                 close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.6)
-                message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
-                                           "; to add a new key write +" + bare + "=...")
+                message = "unknown key" + (
+                    f"; did you mean '{close[0]}'?"
+                    if close
+                    else "; to add a new key write +" + bare + "=..."
+                )
             return Problem(OVERRIDES, index, bare, message)
     full_key = getattr(err, "full_key", None)
     if full_key:
@@ -222,7 +241,9 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
         line, key = source.line_of("defaults") or 1, "defaults"
         missing = message.split("'")[1] if message.count("'") >= 2 else ""
         for index, item in enumerate(source.data.get("defaults") or []):
-            group, choice = next(iter(item.items())) if isinstance(item, dict) and item else ("", "")
+            group, choice = (
+                next(iter(item.items())) if isinstance(item, dict) and item else ("", "")
+            )
             if f"{group}/{choice}" == missing:
                 line, key = source.lines.get(f"defaults.{index}", line), f"defaults.{index}"
         return Problem(str(source.path), line, key, message)
@@ -265,19 +286,27 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
             parent = loc[:-1] + ([tag] if tag else [])
             options = model_fields_at(parent)
             close = difflib.get_close_matches(loc[-1], options, n=1, cutoff=0.6)
-            message = "unknown key" + (f"; did you mean '{close[0]}'?" if close else
-                                       f"; valid keys: {', '.join(options)}" if options else "")
+            message = "unknown key" + (
+                f"; did you mean '{close[0]}'?"
+                if close
+                else f"; valid keys: {', '.join(options)}"
+                if options
+                else ""
+            )
         elif kind in ("union_tag_invalid", "union_tag_not_found"):
             given = data["algo"].get("name") if isinstance(data.get("algo"), dict) else None
             dotted = "algo.name"
             close = difflib.get_close_matches(str(given), list(algos), n=1, cutoff=0.5)
             message = (f"unknown algorithm '{given}'" if given is not None else "required") + (
-                f"; did you mean '{close[0]}'?" if close else f"; choose from {', '.join(algos)}")
+                f"; did you mean '{close[0]}'?" if close else f"; choose from {', '.join(algos)}"
+            )
         elif kind == "missing":
             message = "required"
         elif loc == ["algo"] and isinstance(data.get("algo"), str):
-            message = (f"must be a mapping with a name; to use the preset '{data['algo']}' "
-                       f"write algos={data['algo']} (or `- algos: {data['algo']}` in defaults)")
+            message = (
+                f"must be a mapping with a name; to use the preset '{data['algo']}' "
+                f"write algos={data['algo']} (or `- algos: {data['algo']}` in defaults)"
+            )
         else:
             message = item["msg"].removeprefix("Value error, ")
             if "input" in item and kind not in ("model_type", "dict_type"):

@@ -5,8 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from marlctl.algos import AlgoConfig, registered_algos
 
@@ -20,27 +27,39 @@ class Strict(BaseModel):
 class EnvSpec(Strict):
     id: str = Field(description="Registered id (`marlctl list envs`) or `package.module:factory`.")
     backend: Literal["pettingzoo", "native"] = Field(
-        "pettingzoo", description="pettingzoo = the real PettingZoo env; native = batched torch.")
-    params: dict[str, Any] = Field(default_factory=dict,
-                                   description="Keyword arguments of the env factory.")
+        "pettingzoo", description="pettingzoo = the real PettingZoo env; native = batched torch."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the env factory."
+    )
 
 
 class ModelSpec(Strict):
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
-        default_factory=lambda: [64, 64], min_length=1, max_length=16,
-        description="Hidden layer widths of actors and critics.")
+        default_factory=lambda: [64, 64],
+        min_length=1,
+        max_length=16,
+        description="Hidden layer widths of actors and critics.",
+    )
     activation: Literal["tanh", "relu", "elu", "gelu", "silu"] = Field(
-        "tanh", description="Hidden activation.")
-    layer_norm: bool = Field(True, description="LayerNorm on network inputs (MAPPO's feature norm).")
+        "tanh", description="Hidden activation."
+    )
+    layer_norm: bool = Field(
+        True, description="LayerNorm on network inputs (MAPPO's feature norm)."
+    )
 
 
 class TrainSpec(Strict):
     total_env_steps: int = Field(
-        1_000_000, ge=1, description="Joint env steps per run (one step moves every agent).")
-    eval_every: int = Field(100_000, ge=0, description="Env steps between evaluations; 0 = end only.")
+        1_000_000, ge=1, description="Joint env steps per run (one step moves every agent)."
+    )
+    eval_every: int = Field(
+        100_000, ge=0, description="Env steps between evaluations; 0 = end only."
+    )
     eval_episodes: int = Field(32, ge=1, le=100_000, description="Episodes per evaluation.")
     checkpoint_every: int = Field(
-        250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one.")
+        250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one."
+    )
     log_every: int = Field(10_000, ge=1, description="Env steps between training metric points.")
 
 
@@ -48,15 +67,22 @@ class HardwareSpec(Strict):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     num_envs: int = Field(16, ge=1, le=1_000_000, description="Parallel environments per run.")
     env_workers: int = Field(
-        0, ge=0, le=256,
-        description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.")
+        0,
+        ge=0,
+        le=256,
+        description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.",
+    )
     parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
     threads_per_run: int = Field(
-        1, ge=1, le=1024,
+        1,
+        ge=1,
+        le=1024,
         description="torch intra-op threads per run. MARL networks are small: extra threads "
-        "gain little and stall badly when env stepping or other runs share the cores.")
+        "gain little and stall badly when env stepping or other runs share the cores.",
+    )
     devices: list[str] | None = Field(
-        None, min_length=1, description="Placement pool; runs are spread over it round-robin.")
+        None, min_length=1, description="Placement pool; runs are spread over it round-robin."
+    )
 
     @field_validator("device")
     @classmethod
@@ -76,9 +102,11 @@ class HardwareSpec(Strict):
 
 class TrackingSpec(Strict):
     uri: str | None = Field(
-        None, description="MLflow tracking URI; null = local SQLite `mlflow.db` in the working dir.")
+        None, description="MLflow tracking URI; null = local SQLite `mlflow.db` in the working dir."
+    )
     flush_every_s: float = Field(
-        5.0, gt=0, le=3600, description="Seconds between batched metric uploads.")
+        5.0, gt=0, le=3600, description="Seconds between batched metric uploads."
+    )
 
 
 class FloatRange(Strict):
@@ -133,8 +161,9 @@ AlgoUnion = _algo_union()
 
 class Spec(Strict):
     name: str | None = Field(None, description="MLflow experiment name; default: the file stem.")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
-                             description="One run per seed.")
+    seeds: list[int] = Field(
+        default_factory=lambda: [0], min_length=1, description="One run per seed."
+    )
     env: EnvSpec
     algo: AlgoUnion  # type: ignore[valid-type]
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -178,5 +207,14 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-__all__ = ["AlgoConfig", "Spec", "EnvSpec", "ModelSpec", "TrainSpec", "HardwareSpec",
-           "TrackingSpec", "SweepSpec", "model_fields_at"]
+__all__ = [
+    "AlgoConfig",
+    "Spec",
+    "EnvSpec",
+    "ModelSpec",
+    "TrainSpec",
+    "HardwareSpec",
+    "TrackingSpec",
+    "SweepSpec",
+    "model_fields_at",
+]

@@ -139,11 +139,16 @@ def _walk_yaml(node: yaml.Node, prefix: str, lines: dict, problems: list, shown:
 
 _TOML_LINE_ERROR = re.compile(r"\(at line (\d+), column \d+\)")
 _TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_TOML_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*'))*)\s*=""")
+_TOML_KEY = re.compile(
+    r"""^\s*((?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_\-]+|"[^"]*"|'[^']*'))*)\s*="""
+)
 
 
 def _toml_key(raw: str) -> str:
-    return ".".join(part.strip().strip("\"'") for part in re.split(r"\.(?=(?:[^\"']*[\"'][^\"']*[\"'])*[^\"']*$)", raw))
+    return ".".join(
+        part.strip().strip("\"'")
+        for part in re.split(r"\.(?=(?:[^\"']*[\"'][^\"']*[\"'])*[^\"']*$)", raw)
+    )
 
 
 def _parse_toml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Problem]]:

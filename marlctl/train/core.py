@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -18,14 +19,22 @@ class BatchedMLP(nn.Module):
     copies == n gives each agent its own weights without a Python loop over agents.
     """
 
-    def __init__(self, copies: int, n_in: int, hidden: list[int], n_out: int, activation: str,
-                 layer_norm: bool, out_gain: float):
+    def __init__(
+        self,
+        copies: int,
+        n_in: int,
+        hidden: list[int],
+        n_out: int,
+        activation: str,
+        layer_norm: bool,
+        out_gain: float,
+    ):
         super().__init__()
         self.copies, self.activation = copies, ACTIVATIONS[activation]
         sizes = [n_in, *hidden, n_out]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for index, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        for index, (a, b) in enumerate(itertools.pairwise(sizes)):
             gain = out_gain if index == len(sizes) - 2 else math.sqrt(2)
             weight = torch.empty(copies, b, a)
             for k in range(copies):
@@ -40,7 +49,7 @@ class BatchedMLP(nn.Module):
         if self.norm is not None:
             x = F.layer_norm(x, x.shape[-1:]) * self.norm + self.norm_bias
         last = len(self.weights) - 1
-        for index, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             x = x @ w[0] + b[0] if self.copies == 1 else torch.einsum("...ni,nio->...no", x, w) + b
             if index < last:
                 x = self.activation(x)
@@ -64,8 +73,9 @@ class RunningMeanStd(nn.Module):
         var = ((x - mean) ** 2 * w).sum() / count
         delta, total = mean - self.mean, self.count + count
         self.mean += delta * count / total
-        self.var.copy_((self.var * self.count + var * count + delta**2 * self.count * count / total)
-                       / total)
+        self.var.copy_(
+            (self.var * self.count + var * count + delta**2 * self.count * count / total) / total
+        )
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +85,14 @@ class RunningMeanStd(nn.Module):
         return x * torch.sqrt(self.var + 1e-8) + self.mean
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, last_value: torch.Tensor, dones: torch.Tensor,
-        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_value: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over the time axis.
 
     rewards, values: [T, E, n]; dones: [T, E] (episode ended after step t); last_value: [E, n].

@@ -21,26 +21,30 @@ from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.core import BatchedMLP, EpisodeStats, RunningMeanStd, gae, one_hot_ids
 
-
 # ---------------------------------------------------------------- networks
 
 
 class GroupPolicy(nn.Module):
     """Actor and critic of one agent group, shared across its agents or one per agent."""
 
-    def __init__(self, group: GroupInfo, critic_dim: int, shared: bool, model: ModelSpec,
-                 centralised: bool):
+    def __init__(
+        self, group: GroupInfo, critic_dim: int, shared: bool, model: ModelSpec, centralised: bool
+    ):
         super().__init__()
         self.group, self.shared, self.centralised = group, shared, centralised
         n = group.n_agents
         copies = 1 if shared else n
         self.id_dim = n if shared and n > 1 else 0
         hidden, act, norm = list(model.hidden), model.activation, model.layer_norm
-        self.actor = BatchedMLP(copies, group.obs_dim + self.id_dim, hidden, group.n_actions, act,
-                                norm, out_gain=0.01)
-        self.critic = BatchedMLP(copies, critic_dim + self.id_dim, hidden, 1, act, norm,
-                                 out_gain=1.0)
-        self.log_std = None if group.discrete else nn.Parameter(torch.zeros(copies, group.n_actions))
+        self.actor = BatchedMLP(
+            copies, group.obs_dim + self.id_dim, hidden, group.n_actions, act, norm, out_gain=0.01
+        )
+        self.critic = BatchedMLP(
+            copies, critic_dim + self.id_dim, hidden, 1, act, norm, out_gain=1.0
+        )
+        self.log_std = (
+            None if group.discrete else nn.Parameter(torch.zeros(copies, group.n_actions))
+        )
         self.value_norm = RunningMeanStd()
         if group.discrete:
             self.register_buffer("low", torch.zeros(0))
@@ -103,26 +107,43 @@ class GroupRollout:
 class PPOTrainer:
     """Collect `rollout_steps` from every env, then `epochs` of minibatch PPO updates."""
 
-    def __init__(self, config: PPOConfig, model: ModelSpec, info: EnvInfo, num_envs: int,
-                 device: torch.device, total_iterations: int, centralised: bool):
+    def __init__(
+        self,
+        config: PPOConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        total_iterations: int,
+        centralised: bool,
+    ):
         self.cfg, self.info, self.device = config, info, torch.device(device)
         self.num_envs, self.total_iterations = num_envs, max(1, total_iterations)
         share = config.share_params
         critic_dim = info.state_dim if centralised else 0
-        self.policies = nn.ModuleDict({
-            g.name: GroupPolicy(g, critic_dim if centralised else g.obs_dim,
-                                share.get(g.name, True) if isinstance(share, dict) else share,
-                                model, centralised)
-            for g in info.groups
-        }).to(self.device)
+        self.policies = nn.ModuleDict(
+            {
+                g.name: GroupPolicy(
+                    g,
+                    critic_dim if centralised else g.obs_dim,
+                    share.get(g.name, True) if isinstance(share, dict) else share,
+                    model,
+                    centralised,
+                )
+                for g in info.groups
+            }
+        ).to(self.device)
         actor_params = [p for pol in self.policies.values() for p in pol.actor.parameters()]
         actor_params += [pol.log_std for pol in self.policies.values() if pol.log_std is not None]
         critic_params = [p for pol in self.policies.values() for p in pol.critic.parameters()]
         self.actor_params, self.critic_params = actor_params, critic_params
-        self.optimizer = torch.optim.Adam([
-            {"params": actor_params, "lr": config.lr},
-            {"params": critic_params, "lr": config.critic_lr or config.lr},
-        ], eps=1e-5)
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": actor_params, "lr": config.lr},
+                {"params": critic_params, "lr": config.critic_lr or config.lr},
+            ],
+            eps=1e-5,
+        )
         self.iteration = 0
         self.stats = EpisodeStats({g.name: g.n_agents for g in info.groups}, num_envs, self.device)
 
@@ -142,10 +163,13 @@ class PPOTrainer:
     # ------------------------------------------------------------ rollout
 
     @torch.no_grad()
-    def collect(self, env: BatchedEnv, ob: Observation) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor, dict]:
+    def collect(
+        self, env: BatchedEnv, ob: Observation
+    ) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor, dict]:
         steps, gamma = self.cfg.rollout_steps, self.cfg.gamma
-        buf: dict[str, dict[str, list]] = {n: {k: [] for k in GroupRollout.__annotations__}
-                                           for n in self.policies}
+        buf: dict[str, dict[str, list]] = {
+            n: {k: [] for k in GroupRollout.__annotations__} for n in self.policies
+        }
         dones = []
         for _ in range(steps):
             actions = {}
@@ -180,8 +204,9 @@ class PPOTrainer:
 
     # ------------------------------------------------------------ update
 
-    def update(self, rollouts: dict[str, GroupRollout], last_ob: Observation,
-               dones: torch.Tensor) -> dict[str, torch.Tensor]:
+    def update(
+        self, rollouts: dict[str, GroupRollout], last_ob: Observation, dones: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         if cfg.anneal_lr:
             frac = 1.0 - self.iteration / self.total_iterations
@@ -206,18 +231,24 @@ class PPOTrainer:
         T, E = dones.shape
         batch = T * E
         size = max(1, batch // cfg.minibatches)
-        totals = {k: torch.zeros((), device=self.device) for k in
-                  ("policy", "value", "entropy", "approx_kl", "clip_frac", "grad_norm")}
+        totals = {
+            k: torch.zeros((), device=self.device)
+            for k in ("policy", "value", "entropy", "approx_kl", "clip_frac", "grad_norm")
+        }
         updates = 0
         for _ in range(cfg.epochs):
             order = torch.randperm(batch, device=self.device)
             for start in range(0, batch - size + 1, size):
-                idx = order[start:start + size]
+                idx = order[start : start + size]
                 loss = torch.zeros((), device=self.device)
                 for name, pol in self.policies.items():
                     parts = self._group_loss(pol, rollouts[name], targets[name], idx)
-                    loss = loss + parts["policy"] + cfg.value_coef * parts["value"] \
+                    loss = (
+                        loss
+                        + parts["policy"]
+                        + cfg.value_coef * parts["value"]
                         - cfg.entropy_coef * parts["entropy"]
+                    )
                     for key in ("policy", "value", "entropy", "approx_kl", "clip_frac"):
                         totals[key] += parts[key].detach() / len(self.policies)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -264,8 +295,13 @@ class PPOTrainer:
         with torch.no_grad():
             approx_kl = (((ratio - 1) - log_ratio) * active).sum() / count
             clip_frac = (((ratio - 1).abs() > cfg.clip).float() * active).sum() / count
-        return {"policy": policy_loss, "value": value_loss, "entropy": entropy,
-                "approx_kl": approx_kl, "clip_frac": clip_frac}
+        return {
+            "policy": policy_loss,
+            "value": value_loss,
+            "entropy": entropy,
+            "approx_kl": approx_kl,
+            "clip_frac": clip_frac,
+        }
 
     def _value_error(self, error: torch.Tensor) -> torch.Tensor:
         delta = self.cfg.huber_delta
@@ -285,8 +321,11 @@ class PPOTrainer:
         return self.cfg.rollout_steps * self.num_envs
 
     def state_dict(self) -> dict:
-        return {"policies": self.policies.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "iteration": self.iteration}
+        return {
+            "policies": self.policies.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.policies.load_state_dict(state["policies"])
@@ -294,6 +333,13 @@ class PPOTrainer:
         self.iteration = int(state["iteration"])
 
 
-def build(algo, model: ModelSpec, info: EnvInfo, num_envs: int, device, total_iterations: int,
-          centralised: bool) -> PPOTrainer:
+def build(
+    algo,
+    model: ModelSpec,
+    info: EnvInfo,
+    num_envs: int,
+    device,
+    total_iterations: int,
+    centralised: bool,
+) -> PPOTrainer:
     return PPOTrainer(algo, model, info, num_envs, device, total_iterations, centralised)

@@ -14,9 +14,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,17 +63,26 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
-def build_trainer(spec: Spec, info: EnvInfo, num_envs: int, device: torch.device,
-                  total_iterations: int):
+def build_trainer(
+    spec: Spec, info: EnvInfo, num_envs: int, device: torch.device, total_iterations: int
+):
     algo = registered_algos()[spec.algo.name]
     module, _, name = algo.trainer.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls(spec.algo, spec.model, info, num_envs, device, total_iterations,
-               centralised=algo.centralised_critic)
+    return cls(
+        spec.algo,
+        spec.model,
+        info,
+        num_envs,
+        device,
+        total_iterations,
+        centralised=algo.centralised_critic,
+    )
 
 
-def make_env(spec: Spec, info: EnvInfo, num_envs: int, device: torch.device,
-             workers: int = 0) -> BatchedEnv:
+def make_env(
+    spec: Spec, info: EnvInfo, num_envs: int, device: torch.device, workers: int = 0
+) -> BatchedEnv:
     from marlctl.envs.pettingzoo import PettingZooEnv
 
     return PettingZooEnv(spec.env.id, dict(spec.env.params), info, num_envs, device, workers)
@@ -157,8 +167,15 @@ def _close_quietly(sink) -> None:
             pass
 
 
-def _train(spec: Spec, request: RunRequest, client, sink, device: torch.device,
-           result: RunResult, progress: Progress | None) -> None:
+def _train(
+    spec: Spec,
+    request: RunRequest,
+    client,
+    sink,
+    device: torch.device,
+    result: RunResult,
+    progress: Progress | None,
+) -> None:
     plan, info = request.run, request.env_info
     hw, train = spec.hardware, spec.train
     iterations = plan.iterations
@@ -191,31 +208,44 @@ def _train(spec: Spec, request: RunRequest, client, sink, device: torch.device,
                 env_steps += per_iter
                 values = torch.stack(list(losses.values())).tolist()
                 if not all(math.isfinite(v) for v in values):
-                    bad = [k for k, v in zip(losses, values) if not math.isfinite(v)]
-                    raise NonFiniteLoss(f"non-finite loss at env step {env_steps}: {', '.join(bad)}")
+                    bad = [k for k, v in zip(losses, values, strict=True) if not math.isfinite(v)]
+                    raise NonFiniteLoss(
+                        f"non-finite loss at env step {env_steps}: {', '.join(bad)}"
+                    )
                 rate = per_iter / max(time.perf_counter() - tick, 1e-9)
                 episodes = trainer.stats.take()
                 if episodes is not None:
                     last_return = episodes["return_mean"]
                 if env_steps >= next_log:
-                    metrics = dict(zip(losses, values))
+                    metrics = dict(zip(losses, values, strict=True))
                     metrics["perf/env_steps_per_s"] = rate
                     metrics["perf/agent_steps_per_s"] = rate * agents
                     if episodes is not None:
-                        metrics.update({f"train/{k}": v for k, v in episodes.items()
-                                        if k != "episodes"})
+                        metrics.update(
+                            {f"train/{k}": v for k, v in episodes.items() if k != "episodes"}
+                        )
                     sink.log(metrics, env_steps)
                     next_log = env_steps + train.log_every
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
-                    sink.log(_eval_metrics(trainer, eval_env, train.eval_episodes, eval_seed),
-                             env_steps)
+                    sink.log(
+                        _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seed), env_steps
+                    )
                     next_eval = (env_steps // train.eval_every + 1) * train.eval_every
                 if train.checkpoint_every and env_steps >= next_ckpt:
                     next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
-                    _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
+                    _save_checkpoint(
+                        client, request.run_id, trainer, env_steps, next_eval, next_ckpt
+                    )
                 if progress is not None:
-                    progress({"index": plan.index, "seed": plan.seed, "step": env_steps,
-                              "total": plan.total_env_steps, "return": last_return})
+                    progress(
+                        {
+                            "index": plan.index,
+                            "seed": plan.seed,
+                            "step": env_steps,
+                            "total": plan.total_env_steps,
+                            "return": last_return,
+                        }
+                    )
         except KeyboardInterrupt:
             _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
             raise
@@ -237,10 +267,16 @@ def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seed: int) -> dict[st
     return {f"eval/{k}": v for k, v in evaluate(trainer, env, episodes, seed).items()}
 
 
-def _save_checkpoint(client, run_id: str, trainer, env_steps: int, next_eval: int,
-                     next_ckpt: int) -> None:
-    state = {"trainer": trainer.state_dict(), "env_steps": env_steps, "next_eval": next_eval,
-             "next_checkpoint": next_ckpt, "torch_rng": torch.get_rng_state()}
+def _save_checkpoint(
+    client, run_id: str, trainer, env_steps: int, next_eval: int, next_ckpt: int
+) -> None:
+    state = {
+        "trainer": trainer.state_dict(),
+        "env_steps": env_steps,
+        "next_eval": next_eval,
+        "next_checkpoint": next_ckpt,
+        "torch_rng": torch.get_rng_state(),
+    }
     _log_torch(client, run_id, state, CHECKPOINT)
 
 
