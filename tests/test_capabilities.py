@@ -17,9 +17,15 @@ runner = CliRunner()
 
 @pytest.fixture
 def discrete_only_algo():
-    @register_algo("discreteonly", trainer="unused:Unused", summary="test algorithm",
-                   discrete_actions=True, continuous_actions=False, centralised_critic=False,
-                   on_policy=False)
+    @register_algo(
+        "discreteonly",
+        trainer="unused:Unused",
+        summary="test algorithm",
+        discrete_actions=True,
+        continuous_actions=False,
+        centralised_critic=False,
+        on_policy=False,
+    )
     class DiscreteOnly(AlgoConfig):
         name: Literal["discreteonly"] = "discreteonly"
 
@@ -28,14 +34,17 @@ def discrete_only_algo():
 
 
 def test_algorithm_without_continuous_support_is_rejected_before_launch(
-        discrete_only_algo, tmp_path):
+    discrete_only_algo, tmp_path
+):
     from marlctl.errors import SpecError
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text("env:\n  id: mpe/simple_spread\n  params: {continuous_actions: true}\n"
-                    "algo:\n  name: mappo\n")
+    spec.write_text(
+        "env:\n  id: mpe/simple_spread\n  params: {continuous_actions: true}\n"
+        "algo:\n  name: mappo\n"
+    )
     loaded = load_spec(spec)
     # The union of algorithm configs is built at import; validate the plan step directly.
     object.__setattr__(loaded.spec.algo, "name", "discreteonly")
@@ -63,9 +72,17 @@ def test_list_envs_covers_the_mpe_suite():
     result = runner.invoke(app, ["list", "envs", "--json"])
     assert result.exit_code == 0
     ids = {e["id"] for e in json.loads(result.stdout)["envs"]}
-    for name in ("simple", "simple_spread", "simple_adversary", "simple_tag", "simple_push",
-                 "simple_reference", "simple_speaker_listener", "simple_crypto",
-                 "simple_world_comm"):
+    for name in (
+        "simple",
+        "simple_spread",
+        "simple_adversary",
+        "simple_tag",
+        "simple_push",
+        "simple_reference",
+        "simple_speaker_listener",
+        "simple_crypto",
+        "simple_world_comm",
+    ):
         assert f"mpe/{name}" in ids
 
 
