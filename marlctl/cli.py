@@ -109,6 +109,7 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate, compile and train every seed; log to MLflow; print a summary."""
+    _stop_on_sigterm()
     try:
         if resume is not None:
             if spec is not None:
@@ -139,6 +140,18 @@ def run(
         raise typer.Exit(130)
     if not summary.ok:
         raise typer.Exit(1)
+
+
+def _stop_on_sigterm() -> None:
+    """A scheduler's SIGTERM stops training the way Ctrl-C does: checkpoint, KILLED, 130."""
+    import signal
+
+    def stop(signum, frame):
+        from marlctl.launch import Terminated
+
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _arg_problem(message: str):
@@ -334,7 +347,14 @@ def list_(
 
 
 def main() -> None:
+    import click
+
     try:
-        app()
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        err.print("[yellow]interrupted[/yellow]")
+        code = 130
+    except click.ClickException as error:  # usage errors: bad option, missing argument
+        error.show()
+        code = 2
+    raise SystemExit(code or 0)

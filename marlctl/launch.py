@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import multiprocessing as mp
 import signal
 import tempfile
@@ -112,71 +111,72 @@ def resume(
     tracking_uri: str | None,
     progress_factory: Callable[[Plan], Progress | None] | None = None,
 ) -> Summary:
-    """Continue an interrupted run (a seed's child run, or every unfinished child of a parent)."""
+    """Continue an interrupted run: one seed's child run, or every unfinished seed of a parent.
+
+    The parent's summary, aggregate and status always cover all of its seeds.
+    """
     from mlflow.exceptions import MlflowException
 
     from marlctl.errors import Problem
 
+    def problem(message: str) -> SpecError:
+        return SpecError([Problem("--resume", None, "", message)])
+
+    store = tracking.resolve_uri(tracking_uri)
+    if tracking_uri is None and not (Path.cwd() / "mlflow.db").exists():
+        raise problem(f"no MLflow store at {store}; pass --tracking-uri")
     client = tracking.client_for(tracking_uri)
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        raise SpecError(
-            [
-                Problem(
-                    "--resume",
-                    None,
-                    "",
-                    f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}",
-                )
-            ]
-        ) from None
-    parent_id = run.data.tags.get(tracking.PARENT_TAG)
-    if parent_id is None:
-        parent_id = run_id
-        children = client.search_runs(
-            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'"
-        )
-    else:
-        children = [run]
-    pending = [c for c in children if c.info.status != "FINISHED"]
+        raise problem(f"no run '{run_id}' in {store}") from None
+    parent_id = run.data.tags.get(tracking.PARENT_TAG, run_id)
+    children = client.search_runs(
+        [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent_id}'"
+    )
+    wanted = {c.info.run_id for c in children} if parent_id == run_id else {run_id}
+    pending = [c for c in children if c.info.run_id in wanted and c.info.status != "FINISHED"]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)
         loaded = load_spec(spec_path)
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
-    requests = []
-    for child in pending:
-        seed = int(child.data.tags["marlctl.seed"])
-        requests.append(
-            RunRequest(
-                loaded.resolved,
-                plan.env,
-                by_seed[seed],
-                loaded.spec.tracking.uri or tracking_uri,
-                child.info.run_id,
-                resume=True,
-            )
+    uri = loaded.spec.tracking.uri or tracking_uri
+    requests = [
+        RunRequest(
+            loaded.resolved,
+            plan.env,
+            by_seed[int(c.data.tags["marlctl.seed"])],
+            uri,
+            c.info.run_id,
+            resume=True,
         )
-    summary = Summary(plan.experiment, tracking.resolve_uri(tracking_uri), parent_id)
+        for c in pending
+    ]
+    summary = Summary(plan.experiment, store, parent_id)
     if requests:
         client.update_run(parent_id, status="RUNNING")
         progress = progress_factory(plan) if progress_factory else None
         summary.runs = _execute_all(requests, plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
     for child in children:
-        if child.info.run_id not in done and child.info.status == "FINISHED":
-            metrics = child.data.metrics
-            summary.runs.append(
-                RunResult(
-                    0,
-                    int(child.data.tags["marlctl.seed"]),
-                    child.info.run_id,
-                    "FINISHED",
-                    final_return=metrics.get("eval/return_mean"),
-                    steps_per_s=metrics.get("perf/env_steps_per_s_mean"),
-                )
+        if child.info.run_id in done:
+            continue
+        child = client.get_run(child.info.run_id)
+        metrics = child.data.metrics
+        summary.runs.append(
+            RunResult(
+                0,
+                int(child.data.tags["marlctl.seed"]),
+                child.info.run_id,
+                child.info.status,
+                final_return=metrics.get("eval/return_mean")
+                if child.info.status == "FINISHED"
+                else None,
+                steps_per_s=metrics.get("perf/env_steps_per_s_mean"),
+                error=child.data.tags.get(tracking.ERROR_TAG),
             )
+        )
     summary.runs.sort(key=lambda r: r.seed)
     _finish_parent(client, parent_id, summary)
     return summary
@@ -197,6 +197,10 @@ def _finish_parent(client, parent_id: str, summary: Summary) -> None:
     client.set_terminated(parent_id, status)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the CLI: stop like Ctrl-C, and pass the signal on to the run processes."""
+
+
 def _execute_all(
     requests: list[RunRequest], parallel: int, progress: Progress | None
 ) -> list[RunResult]:
@@ -205,10 +209,11 @@ def _execute_all(
         for request in requests:
             results.append(execute(request, progress))
             if results[-1].status == "KILLED":
+                results += [_never_started(r) for r in requests[len(results) :]]
                 break
         return results
     ctx = mp.get_context("spawn")
-    # The manager serves the progress queue; it must outlive a Ctrl-C so that workers can
+    # The manager serves the progress queue; it ignores Ctrl-C so that run processes can
     # still report while they checkpoint.
     manager = SyncManager(ctx=ctx)
     manager.start(signal.signal, (signal.SIGINT, signal.SIG_IGN))
@@ -216,42 +221,80 @@ def _execute_all(
         events = manager.Queue()
         pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
         pump.start()
-        with futures.ProcessPoolExecutor(max_workers=parallel, mp_context=ctx) as pool:
-            jobs = [pool.submit(_execute_in_worker, request, events) for request in requests]
-            results = [_collect(job, request) for job, request in zip(jobs, requests, strict=True)]
-        events.put(None)
-        pump.join()
+        try:
+            results = _schedule(ctx, requests, parallel, events)
+        finally:
+            events.put(None)
+            pump.join()
     return results
 
 
-def _collect(job: futures.Future, request: RunRequest) -> RunResult:
-    """A worker's result; a worker that died before reporting is recorded against its run."""
-    interrupted = False
-    while True:
+def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[RunResult]:
+    """One process per run, at most `parallel` at once; a crashed process harms no other run."""
+    waiting = list(requests)
+    running: dict[str, tuple[Any, Any, RunRequest]] = {}
+    results: dict[str, RunResult] = {}
+    stopping = False
+    while running or (waiting and not stopping):
         try:
-            return job.result()
-        except KeyboardInterrupt:
-            # The workers got the same SIGINT; each checkpoints and returns KILLED.
-            interrupted = True
-        except Exception as err:
-            status = "KILLED" if interrupted else "FAILED"
-            reason = f"worker process ended: {type(err).__name__}: {err}"
-            client = tracking.client_for(request.tracking_uri)
-            client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
-            client.set_terminated(request.run_id, status)
-            return RunResult(
-                request.run.index, request.run.seed, request.run_id, status, error=reason
-            )
+            while waiting and len(running) < parallel and not stopping:
+                request = waiting.pop(0)
+                receive, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_run_process, args=(request, events, send))
+                proc.start()
+                send.close()
+                running[request.run_id] = (proc, receive, request)
+            for run_id, (proc, receive, request) in list(running.items()):
+                proc.join(timeout=0.1)
+                if proc.exitcode is None:
+                    continue
+                results[run_id] = _result_of(proc, receive, request, stopping)
+                del running[run_id]
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C reached every process of the terminal's job; a SIGTERM only this one.
+            stopping = True
+            if isinstance(interrupt, Terminated):
+                for proc, _, _ in running.values():
+                    if proc.exitcode is None:
+                        proc.terminate()
+    for request in waiting:
+        results[request.run_id] = _never_started(request)
+    return [results[r.run_id] for r in requests]
 
 
-def _execute_in_worker(request: RunRequest, events) -> RunResult:
+def _result_of(proc, receive, request: RunRequest, stopping: bool) -> RunResult:
+    try:
+        if receive.poll():
+            return receive.recv()
+    except (EOFError, OSError):
+        pass
+    # The process died without reporting (killed, out of memory, a crash in native code).
+    status = "KILLED" if stopping else "FAILED"
+    reason = f"run process ended with exit code {proc.exitcode} before reporting"
+    client = tracking.client_for(request.tracking_uri)
+    client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
+    client.set_terminated(request.run_id, status)
+    return RunResult(request.run.index, request.run.seed, request.run_id, status, error=reason)
+
+
+def _never_started(request: RunRequest) -> RunResult:
+    """A run left in the queue when the command was interrupted: resumable later."""
+    reason = "interrupted before it started"
+    client = tracking.client_for(request.tracking_uri)
+    client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
+    client.set_terminated(request.run_id, "KILLED")
+    return RunResult(request.run.index, request.run.seed, request.run_id, "KILLED", error=reason)
+
+
+def _run_process(request: RunRequest, events, send) -> None:
     def report(event: dict[str, Any]) -> None:
         try:
             events.put(event)
         except (OSError, EOFError):  # progress display gone; training goes on
             pass
 
-    return execute(request, report)
+    send.send(execute(request, report))
+    send.close()
 
 
 def _pump(events, progress: Progress | None) -> None:

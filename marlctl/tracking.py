@@ -93,24 +93,44 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
         client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
 
 
+def last_logged_step(client: MlflowClient, run_id: str, keys: tuple[str, ...]) -> int:
+    steps = [m.step for key in keys for m in client.get_metric_history(run_id, key)]
+    return max(steps, default=-1)
+
+
 def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
 
 
 class MetricSink:
-    """Queues metrics and flushes them to one run in batches from a daemon thread."""
+    """Queues metrics and sends them to one run in batches from a daemon thread.
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_every_s: float = 5.0):
+    Points at or below `skip_until` are dropped: a resumed run replays the steps between its
+    last checkpoint and the crash, which the store already holds.
+    """
+
+    def __init__(
+        self, client: MlflowClient, run_id: str, flush_every_s: float = 5.0, skip_until: int = -1
+    ):
         self.client, self.run_id, self.every = client, run_id, flush_every_s
-        self._queue: queue.Queue[Metric | None] = queue.Queue()
+        self.skip_until = skip_until
+        self._queue: queue.Queue[Metric | threading.Event | None] = queue.Queue()
         self._error: Exception | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="metric-sink")
         self._thread.start()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if step <= self.skip_until:
+            return
         stamp = int(time.time() * 1000)
         for key, value in metrics.items():
             self._queue.put(Metric(key, float(value), stamp, int(step)))
+
+    def flush(self) -> None:
+        """Block until everything logged so far is in the store (before a checkpoint)."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
 
     def _loop(self) -> None:
         pending: list[Metric] = []
@@ -123,12 +143,14 @@ class MetricSink:
             if item is None:
                 self._send(pending)
                 return
-            if item != "tick":
-                pending.append(item)  # type: ignore[arg-type]
-            if item == "tick" or time.monotonic() >= deadline:
+            if isinstance(item, Metric):
+                pending.append(item)
+            if item == "tick" or isinstance(item, threading.Event) or time.monotonic() >= deadline:
                 self._send(pending)
                 pending = []
                 deadline = time.monotonic() + self.every
+                if isinstance(item, threading.Event):
+                    item.set()
 
     def _send(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), 1000):

@@ -334,15 +334,16 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     assert [r["run_id"] for r in summary["runs"]] == [seed_run.info.run_id]
     assert mlflow.get_run(seed_run.info.run_id).info.status == "FINISHED"
     assert mlflow.get_run(parent_id).info.status == "FINISHED"
-    after = [
-        m.step
-        for m in mlflow.get_metric_history(seed_run.info.run_id, "loss/policy")
-        if m.timestamp > crashed_at
-    ]
+    resumed = mlflow.get_run(seed_run.info.run_id)
     # Training went on from the last checkpoint before the crash (one every 2,000 steps),
     # not from the start, and ran to the end of the budget.
-    assert steps_before - 2_000 - 80 <= min(after) <= steps_before + 80
-    assert max(after) > 15_000
+    resumed_from = int(resumed.data.tags["marlctl.resumed_from_step"])
+    assert steps_before - 2_000 - 80 <= resumed_from <= steps_before
+    history = mlflow.get_metric_history(seed_run.info.run_id, "loss/policy")
+    after = [m.step for m in history if m.timestamp > crashed_at]
+    # Steps the store already held are not logged twice.
+    assert min(after) > steps_before and max(after) > 15_000
+    assert len({m.step for m in history}) == len(history)
     evals = sorted(
         m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "eval/return_mean")
     )
@@ -419,12 +420,17 @@ def test_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", [1, 2])
-def test_ctrl_c_checkpoints_marks_killed_and_exits_130(parallel, tmp_path):
+@pytest.mark.parametrize(
+    ("parallel", "how"),
+    [(1, "ctrl-c"), (2, "ctrl-c"), (2, "sigterm")],
+)
+def test_interrupt_checkpoints_marks_killed_and_exits_130(parallel, how, tmp_path):
+    """Ctrl-C reaches the whole job; a scheduler's SIGTERM only the marlctl process."""
+    seeds = [0, 1, 2] if parallel > 1 else [0, 1]  # one seed more than runs at once
     spec = write_spec(
         tmp_path,
         {
-            "seeds": list(range(parallel)),
+            "seeds": seeds,
             "env": {"id": "mpe/simple_spread", "params": SPREAD},
             "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
             "train": {
@@ -450,24 +456,87 @@ def test_ctrl_c_checkpoints_marks_killed_and_exits_130(parallel, tmp_path):
 
     store = tmp_path / "mlflow.db"
     deadline = time.monotonic() + 120
-    seeds = []
-    while time.monotonic() < deadline and len(seeds) < parallel:
+    started = []
+    while time.monotonic() < deadline and len(started) < parallel:
         time.sleep(1.0)
         if store_has_runs(store):
             mlflow = MlflowClient(f"sqlite:///{store}")
-            seeds = [
+            started = [
                 r
                 for e in mlflow.search_experiments()
                 for r in mlflow.search_runs([e.experiment_id])
                 if r.data.tags.get("marlctl.role") == "seed" and "loss/policy" in r.data.metrics
             ]
-    assert len(seeds) == parallel, "training did not start"
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the whole job on Ctrl-C
+    assert len(started) == parallel, "training did not start"
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal sends SIGINT to the whole job
+    else:
+        proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130
+    summary = json.loads(stdout)
+    assert sorted(r["seed"] for r in summary["runs"]) == seeds
+    assert {r["status"] for r in summary["runs"]} == {"KILLED"}
     mlflow = MlflowClient(f"sqlite:///{store}")
-    for seed_run in seeds:
-        run = mlflow.get_run(seed_run.info.run_id)
+    started_ids = {r.info.run_id for r in started}
+    for result in summary["runs"]:
+        run = mlflow.get_run(result["run_id"])
         assert run.info.status == "KILLED"
         artifacts = {a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoints")}
-        assert "checkpoints/latest.pt" in artifacts
+        if result["run_id"] in started_ids:
+            assert "checkpoints/latest.pt" in artifacts
+        else:  # queued behind the running seeds: never trained, resumable from scratch
+            assert run.data.tags["marlctl.error"] == "interrupted before it started"
+            assert "loss/policy" not in run.data.metrics
+    assert mlflow.get_run(summary["parent_run_id"]).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_a_crashed_run_process_leaves_the_other_seeds_running(tmp_path):
+    marker = tmp_path / "one-died"
+    spec = write_spec(
+        tmp_path,
+        {
+            "seeds": [0, 1],
+            "env": {
+                "id": "toy_envs:dying_spread",
+                "params": {**SPREAD, "die_at": 300, "marker": str(marker)},
+            },
+            "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1},
+            "train": {
+                "total_env_steps": 6_000,
+                "eval_every": 0,
+                "eval_episodes": 4,
+                "checkpoint_every": 0,
+            },
+            "hardware": {"num_envs": 4, "parallel_runs": 2},
+        },
+    )
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", str(spec), "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    runs = json.loads(done.stdout)["runs"]
+    assert sorted(r["status"] for r in runs) == ["FAILED", "FINISHED"]
+    failed = next(r for r in runs if r["status"] == "FAILED")
+    assert "exit code -9" in failed["error"]
+    finished = next(r for r in runs if r["status"] == "FINISHED")
+    assert finished["env_steps"] >= 6_000
+
+
+def test_readme_override_examples_are_valid():
+    readme = (TESTS.parent / "README.md").read_text()
+    commands = [
+        line.split()[1:] for line in readme.splitlines() if line.startswith("marlctl run specs/")
+    ]
+    assert len(commands) >= 3
+    for command in commands:
+        spec, *overrides = command[1:]
+        result = run_cli("validate", str(TESTS.parent / spec), *overrides)
+        assert result.exit_code == 0, (command, result.output)

@@ -42,7 +42,10 @@ def dying_spread(die_at: int = 500, marker: str = "", **params):
     def dying_step(actions):
         count["n"] += 1
         if count["n"] >= die_at and marker and not Path(marker).exists():
-            Path(marker).touch()
+            try:  # atomic: of several processes only the one that creates the marker dies
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return step(actions)
             os.kill(os.getpid(), signal.SIGKILL)
         return step(actions)
 

@@ -36,7 +36,9 @@ class PPOConfig(AlgoConfig):
         10.0, gt=0, description="Huber loss delta for the critic; null = squared error."
     )
     value_norm: bool = Field(True, description="Normalise value targets by running statistics.")
-    normalize_advantages: bool = Field(True, description="Standardise advantages per minibatch.")
+    normalize_advantages: bool = Field(
+        True, description="Standardise advantages over each rollout, per agent group."
+    )
     share_params: bool | dict[str, bool] = Field(
         True,
         description="One network per agent group (agent id appended) or one per agent; "

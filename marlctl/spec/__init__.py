@@ -28,14 +28,13 @@ class Provenance:
 
     spec: SourceFile
     presets: list[SourceFile] = field(default_factory=list)
-    overrides: list[tuple[str, str]] = field(default_factory=list)  # (key, text)
+    overrides: list[tuple[str, str, int]] = field(default_factory=list)  # key, text, position
     failed: list[Problem] = field(default_factory=list)  # overrides that could not apply
 
     def locate(self, dotted: str) -> tuple[str, int | None]:
-        for index in range(len(self.overrides) - 1, -1, -1):
-            key = self.overrides[index][0]
+        for key, _, position in reversed(self.overrides):
             if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
-                return OVERRIDES, index + 1
+                return OVERRIDES, position
         if self.spec.defines(dotted):
             return str(self.spec.path), self.spec.line_of(dotted)
         for preset in self.presets:
@@ -107,9 +106,9 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         if not parsed.key_or_group:
             problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
             continue
-        provenance.overrides.append((parsed.key_or_group, text))
-    if problems:
-        raise SpecError(problems)
+        provenance.overrides.append((parsed.key_or_group, text, index))
+    # Overrides that do not parse are reported with whatever else is wrong; the rest apply.
+    active = [text for _, text, _ in provenance.overrides]
 
     data = dict(source.data)
     defaults = data.get("defaults", [])
@@ -132,7 +131,7 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     search = ",".join(f"'file://{r}'" for r in roots[1:])
     group_overrides = [
         text
-        for key, text in provenance.overrides
+        for key, text, _ in provenance.overrides
         if key.lstrip("+~").split("@")[0] in PRESET_GROUPS
     ]
 
@@ -150,14 +149,14 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         # that plain overrides such as `algo.lr=3e-4` reach keys the file leaves out.
         first = run_compose(data, group_overrides)
     except errors as err:
-        raise SpecError([_composition_problem(err, source, provenance)]) from None
+        problems.append(_composition_problem(err, source, provenance))
+        raise SpecError(sort_problems(problems)) from None
     algo_name = OmegaConf.select(first, "algo.name", default=None)
-    for key, text in provenance.overrides:
+    for key, text, _ in provenance.overrides:
         if key.lstrip("+") == "algo.name":
             algo_name = text.split("=", 1)[1]
     base = f"marlctl_base_{next(_store_counter)}"
     store.store(name=base, node=_defaults_skeleton(algo_name))
-    active = list(overrides)
     while True:
         # Hydra stops at the first override it cannot apply: drop it and go on, so every
         # bad override is reported at once.
@@ -221,7 +220,7 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
         if message.startswith("In '")
         else message
     )
-    for index, (key, text) in enumerate(provenance.overrides, start=1):
+    for key, text, index in provenance.overrides:
         if text in str(err) or f"'{key}'" in str(err):
             bare = key.lstrip("+~")
             if "not in struct" in str(err) or "Could not override" in message:

@@ -89,21 +89,22 @@ def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     last_value: torch.Tensor,
-    dones: torch.Tensor,
+    continues: torch.Tensor,
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over the time axis.
 
-    rewards, values: [T, E, n]; dones: [T, E] (episode ended after step t); last_value: [E, n].
-    Returns (advantages, returns) shaped like rewards.
+    rewards, values, continues: [T, E, n]; last_value: [E, n]. `continues[t]` is false where
+    the agent's episode ended after step t: the whole env's, or the agent's own when it left
+    early. Returns (advantages, returns) shaped like rewards.
     """
     steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     running = torch.zeros_like(last_value)
     next_value = last_value
     for t in reversed(range(steps)):
-        keep = (~dones[t]).to(rewards.dtype).unsqueeze(-1)
+        keep = continues[t].to(rewards.dtype)
         delta = rewards[t] + gamma * next_value * keep - values[t]
         running = delta + gamma * lam * keep * running
         advantages[t] = running

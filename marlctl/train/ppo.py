@@ -217,7 +217,11 @@ class PPOTrainer:
             for name, pol in self.policies.items():
                 r = rollouts[name]
                 last = pol.value_norm.denormalize(pol.value(pol.critic_input(last_ob)))
-                adv, ret = gae(r.rewards, r.values, last, dones, cfg.gamma, cfg.gae_lambda)
+                # An agent continues past step t if its env did not end and it still acts at
+                # t + 1; one that left early must not bootstrap from its blank observation.
+                next_active = torch.cat([r.active[1:], last_ob.active[name].unsqueeze(0)])
+                continues = (~dones).unsqueeze(-1) & next_active
+                adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
                 active = r.active.to(torch.float32)
                 if cfg.normalize_advantages:
                     count = active.sum().clamp_min(1.0)

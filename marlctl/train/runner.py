@@ -32,6 +32,7 @@ from marlctl.train.core import EpisodeStats
 CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
 EVAL_ENVS = 32
+LOGGED_EVERY_ITERATION = ("loss/policy", "eval/return_mean")
 
 
 @dataclass
@@ -120,8 +121,12 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
     result = RunResult(plan.index, plan.seed, request.run_id, "RUNNING")
     sink = None
     try:
+        skip_until = -1
         if request.resume:
             client.update_run(request.run_id, status="RUNNING")
+            if tracking.ERROR_TAG in client.get_run(request.run_id).data.tags:
+                client.delete_tag(request.run_id, tracking.ERROR_TAG)
+            skip_until = tracking.last_logged_step(client, request.run_id, LOGGED_EVERY_ITERATION)
         spec = Spec.model_validate(request.resolved)
         torch.set_num_threads(plan.threads)
         random.seed(plan.seed)
@@ -130,7 +135,7 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
         device = torch.device(plan.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {plan.device} requested but CUDA is not available")
-        sink = tracking.MetricSink(client, request.run_id, spec.tracking.flush_every_s)
+        sink = tracking.MetricSink(client, request.run_id, spec.tracking.flush_every_s, skip_until)
         _train(spec, request, client, sink, device, result, progress)
         sink.close()
         sink = None
@@ -191,13 +196,18 @@ def _train(
             env_steps = int(state["env_steps"])
             next_eval, next_ckpt = int(state["next_eval"]), int(state["next_checkpoint"])
             torch.set_rng_state(state["torch_rng"])
+            client.set_tag(request.run_id, "marlctl.resumed_from_step", str(env_steps))
+            if device.type == "cuda" and "cuda_rng" in state:
+                torch.cuda.set_rng_state_all(list(state["cuda_rng"]))
         next_log = env_steps
 
     env = make_env(spec, info, hw.num_envs, device, hw.env_workers)
     eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device)
-    eval_seed = plan.seed * 1_000_003 + 17
+    # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
+    # the two never replay the same episodes.
+    eval_seed = _derive_seed(plan.seed, 1)
     try:
-        ob = env.reset(plan.seed * 1_000_003 + env_steps)
+        ob = env.reset(_derive_seed(plan.seed, 0, env_steps))
         trainer.stats.reset_running()
         started, start_steps = time.perf_counter(), env_steps
         last_return = None
@@ -233,6 +243,7 @@ def _train(
                     next_eval = (env_steps // train.eval_every + 1) * train.eval_every
                 if train.checkpoint_every and env_steps >= next_ckpt:
                     next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
+                    sink.flush()  # a checkpoint never gets ahead of the metrics before it
                     _save_checkpoint(
                         client, request.run_id, trainer, env_steps, next_eval, next_ckpt
                     )
@@ -247,6 +258,11 @@ def _train(
                         }
                     )
         except KeyboardInterrupt:
+            # A second Ctrl-C or SIGTERM must not cut the checkpoint short.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sink.flush()
             _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
             raise
         elapsed = time.perf_counter() - started
@@ -263,6 +279,10 @@ def _train(
         eval_env.close()
 
 
+def _derive_seed(*entropy: int) -> int:
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % 2**31)
+
+
 def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seed: int) -> dict[str, float]:
     return {f"eval/{k}": v for k, v in evaluate(trainer, env, episodes, seed).items()}
 
@@ -271,6 +291,7 @@ def _save_checkpoint(
     client, run_id: str, trainer, env_steps: int, next_eval: int, next_ckpt: int
 ) -> None:
     state = {
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "trainer": trainer.state_dict(),
         "env_steps": env_steps,
         "next_eval": next_eval,
