@@ -192,6 +192,47 @@ def test_heterogeneous_groups_and_masks(tmp_path, monkeypatch):
     assert toy_envs.MaskedRelay.violations == 0  # masked actions are never taken
 
 
+def test_agents_that_leave_early_are_inactive_until_the_episode_ends(monkeypatch):
+    import torch
+
+    from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.envs.registry import probe
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    params = {"max_cycles": 6, "leave_at": 2}
+    info = probe("toy_envs:masked_relay", params)
+    env = PettingZooEnv("toy_envs:masked_relay", params, info, 3, torch.device("cpu"))
+    ob = env.reset(0)
+    active = []
+    for step in range(6):
+        actions = {"scout": torch.zeros(3, 2, dtype=torch.long), "carrier": torch.zeros(3, 1, 2)}
+        actions["scout"][:] = ob.masks["scout"].float().argmax(-1)
+        tr = env.step(actions)
+        active.append(tr.next.active["scout"][:, 1].tolist())
+        if 2 <= step <= 4:  # after its last observation, a departed agent is blank
+            assert (tr.next.obs["scout"][:, 1] == 0).all()
+        ob = tr.next
+    # scout_1 acts for two steps, sits out the rest, and is back after the auto-reset.
+    assert active == [[True] * 3, [False] * 3, [False] * 3, [False] * 3, [False] * 3, [True] * 3]
+    env.close()
+
+
+def test_training_with_agents_leaving_early(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(TESTS))
+    spec = write_spec(
+        tmp_path,
+        {
+            "env": {"id": "toy_envs:masked_relay", "params": {"max_cycles": 8, "leave_at": 3}},
+            "algo": {"name": "mappo", "rollout_steps": 8, "epochs": 2},
+            "train": {"total_env_steps": 512, "eval_every": 0, "eval_episodes": 4},
+            "hardware": {"num_envs": 4},
+        },
+    )
+    out = run_json("run", str(spec))
+    assert out["exit_code"] == 0, out
+
+
 @pytest.mark.parametrize("env_id", ["mpe/simple_speaker_listener", "mpe/simple_adversary"])
 def test_mpe_envs_with_distinct_groups_train(env_id, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

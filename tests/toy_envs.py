@@ -66,9 +66,10 @@ class MaskedRelay(ParallelEnv):
     metadata = {"name": "masked_relay_v0"}
     violations = 0
 
-    def __init__(self, max_cycles: int = 8):
+    def __init__(self, max_cycles: int = 8, leave_at: int = 0):
         self.possible_agents = ["scout_0", "scout_1", "carrier_0"]
         self.max_cycles = max_cycles
+        self.leave_at = leave_at  # scout_1 leaves the episode after this many steps (0: never)
         self._obs = {
             a: spaces.Dict(
                 {
@@ -116,6 +117,8 @@ class MaskedRelay(ParallelEnv):
     def step(self, actions):
         rewards = {}
         for i, agent in enumerate(self.possible_agents[:2]):
+            if agent not in actions:
+                continue
             action = int(actions[agent])
             if action == self.forbidden[i]:
                 MaskedRelay.violations += 1
@@ -125,12 +128,15 @@ class MaskedRelay(ParallelEnv):
         self.t += 1
         done = self.t >= self.max_cycles
         self._draw()
-        obs = self._observe()
-        terms = {a: False for a in self.agents}
+        obs = {a: o for a, o in self._observe().items() if a in self.agents}
+        leaving = self.leave_at and self.t == self.leave_at and "scout_1" in self.agents
+        terms = {a: bool(leaving and a == "scout_1") for a in self.agents}
         truncs = {a: done for a in self.agents}
         infos = {a: {} for a in self.agents}
         if done:
             self.agents = []
+        elif leaving:
+            self.agents.remove("scout_1")
         return obs, rewards, terms, truncs, infos
 
     def state(self):
