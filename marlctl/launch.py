@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import signal
 import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
@@ -213,20 +211,14 @@ def _execute_all(
                 break
         return results
     ctx = mp.get_context("spawn")
-    # The manager serves the progress queue; it ignores Ctrl-C so that run processes can
-    # still report while they checkpoint.
-    manager = SyncManager(ctx=ctx)
-    manager.start(signal.signal, (signal.SIGINT, signal.SIG_IGN))
-    with manager:
-        events = manager.Queue()
-        pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
-        pump.start()
-        try:
-            results = _schedule(ctx, requests, parallel, events)
-        finally:
-            events.put(None)
-            pump.join()
-    return results
+    events = ctx.Queue()  # progress from the run processes
+    pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
+    pump.start()
+    try:
+        return _schedule(ctx, requests, parallel, events)
+    finally:
+        events.put(None)
+        pump.join()
 
 
 def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[RunResult]:
