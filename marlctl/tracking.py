@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -96,10 +96,6 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
 def last_logged_step(client: MlflowClient, run_id: str, keys: tuple[str, ...]) -> int:
     steps = [m.step for key in keys for m in client.get_metric_history(run_id, key)]
     return max(steps, default=-1)
-
-
-def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
-    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
 
 
 class MetricSink:

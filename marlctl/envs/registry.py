@@ -165,10 +165,6 @@ class EnvInfo:
     def n_agents(self) -> int:
         return sum(g.n_agents for g in self.groups)
 
-    @property
-    def action_kinds(self) -> set[str]:
-        return {"discrete" if g.discrete else "continuous" for g in self.groups}
-
 
 def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None) -> Any:
     factory = resolve_factory(lookup(env_id))

@@ -79,10 +79,6 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     return LoadedSpec(spec, spec.model_dump(mode="json"), provenance)
 
 
-def validate_data(data: dict[str, Any], provenance: Provenance) -> Spec:
-    return _validate(data, provenance)
-
-
 _store_counter = itertools.count()
 
 

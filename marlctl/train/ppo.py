@@ -46,9 +46,6 @@ class GroupPolicy(nn.Module):
             None if group.discrete else nn.Parameter(torch.zeros(copies, group.n_actions))
         )
         self.value_norm = RunningMeanStd()
-        if group.discrete:
-            self.register_buffer("low", torch.zeros(0))
-            self.register_buffer("high", torch.zeros(0))
 
     def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
         if not self.id_dim:
@@ -165,7 +162,7 @@ class PPOTrainer:
     @torch.no_grad()
     def collect(
         self, env: BatchedEnv, ob: Observation
-    ) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor, dict]:
+    ) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor]:
         steps, gamma = self.cfg.rollout_steps, self.cfg.gamma
         buf: dict[str, dict[str, list]] = {
             n: {k: [] for k in GroupRollout.__annotations__} for n in self.policies
@@ -200,7 +197,7 @@ class PPOTrainer:
         for name, b in buf.items():
             fields = {k: (torch.stack(v) if v[0] is not None else None) for k, v in b.items()}
             rollouts[name] = GroupRollout(**fields)
-        return rollouts, ob, torch.stack(dones), {}
+        return rollouts, ob, torch.stack(dones)
 
     # ------------------------------------------------------------ update
 
@@ -316,7 +313,7 @@ class PPOTrainer:
     # ------------------------------------------------------------ one iteration
 
     def train_iteration(self, env: BatchedEnv, ob: Observation):
-        rollouts, ob, dones, _ = self.collect(env, ob)
+        rollouts, ob, dones = self.collect(env, ob)
         losses = self.update(rollouts, ob, dones)
         return ob, {f"loss/{k}": v for k, v in losses.items()}
 
@@ -335,15 +332,3 @@ class PPOTrainer:
         self.policies.load_state_dict(state["policies"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
-
-
-def build(
-    algo,
-    model: ModelSpec,
-    info: EnvInfo,
-    num_envs: int,
-    device,
-    total_iterations: int,
-    centralised: bool,
-) -> PPOTrainer:
-    return PPOTrainer(algo, model, info, num_envs, device, total_iterations, centralised)
