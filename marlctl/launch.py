@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,8 +227,9 @@ def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[Ru
     waiting = list(requests)
     running: dict[str, tuple[Any, Any, RunRequest]] = {}
     results: dict[str, RunResult] = {}
-    stopping = False
-    while running or (waiting and not stopping):
+    stopping_since: float | None = None
+    while running or (waiting and stopping_since is None):
+        stopping = stopping_since is not None
         try:
             while waiting and len(running) < parallel and not stopping:
                 request = waiting.pop(0)
@@ -238,13 +240,15 @@ def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[Ru
                 running[request.run_id] = (proc, receive, request)
             for run_id, (proc, receive, request) in list(running.items()):
                 proc.join(timeout=0.1)
+                if proc.exitcode is None and stopping:
+                    _escalate(proc, time.monotonic() - stopping_since)
                 if proc.exitcode is None:
                     continue
                 results[run_id] = _result_of(proc, receive, request, stopping)
                 del running[run_id]
         except KeyboardInterrupt as interrupt:
             # Ctrl-C reached every process of the terminal's job; a SIGTERM only this one.
-            stopping = True
+            stopping_since = stopping_since or time.monotonic()
             if isinstance(interrupt, Terminated):
                 for proc, _, _ in running.values():
                     if proc.exitcode is None:
@@ -252,6 +256,17 @@ def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[Ru
     for request in waiting:
         results[request.run_id] = _never_started(request)
     return [results[r.run_id] for r in requests]
+
+
+STOP_GRACE_S = 60.0  # time a run process gets to checkpoint after an interrupt
+
+
+def _escalate(proc, waited: float) -> None:
+    """A run process that has not stopped long after an interrupt is terminated, then killed."""
+    if waited > 2 * STOP_GRACE_S:
+        proc.kill()
+    elif waited > STOP_GRACE_S:
+        proc.terminate()
 
 
 def _result_of(proc, receive, request: RunRequest, stopping: bool) -> RunResult:
@@ -295,4 +310,7 @@ def _pump(events, progress: Progress | None) -> None:
         if event is None:
             return
         if progress is not None:
-            progress(event)
+            try:
+                progress(event)
+            except Exception:  # a display problem must not stop draining the queue
+                pass

@@ -491,7 +491,7 @@ def test_interrupt_checkpoints_marks_killed_and_exits_130(parallel, how, tmp_pat
         [sys.executable, "-m", "marlctl", "run", str(spec), "--json"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr.txt").open("w"),
         text=True,
         start_new_session=True,
     )
@@ -521,7 +521,7 @@ def test_interrupt_checkpoints_marks_killed_and_exits_130(parallel, how, tmp_pat
         if proc.poll() is None:  # never leave a training process behind
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, (tmp_path / "stderr.txt").read_text()[-3000:]
     summary = json.loads(stdout)
     assert sorted(r["seed"] for r in summary["runs"]) == seeds
     assert {r["status"] for r in summary["runs"]} == {"KILLED"}
