@@ -81,6 +81,7 @@ def validate(
         err.print(
             f"[green]ok[/green] {spec}: {plan.algo} on {plan.env.id}, {len(plan.runs)} run(s)",
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -220,11 +221,13 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
         f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
         f"state dim {env.state_dim}",
         highlight=False,
+        soft_wrap=True,
     )
     out.print(
         f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
         f"{plan.steps_per_iteration:,} env steps per iteration",
         highlight=False,
+        soft_wrap=True,
     )
     table = Table(
         "run", "seed", "device", "threads", "num_envs", "env steps", "iterations", "est. memory"
@@ -343,7 +346,9 @@ def list_(
             row["summary"],
         )
     out.print(table)
-    out.print("Any PettingZoo ParallelEnv also works as env.id: package.module:factory")
+    out.print(
+        "Any PettingZoo ParallelEnv also works as env.id: package.module:factory", soft_wrap=True
+    )
 
 
 def main() -> None:
