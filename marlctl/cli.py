@@ -352,14 +352,17 @@ def list_(
 
 
 def main() -> None:
-    import click
+    from typer.exceptions import TyperException
 
     try:
         code = app(standalone_mode=False)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         err.print("[yellow]interrupted[/yellow]")
         code = 130
-    except click.ClickException as error:  # usage errors: bad option, missing argument
-        error.show()
+    except TyperException as error:  # usage errors: bad option, missing argument
+        if hasattr(error, "show"):
+            error.show()
+        else:
+            err.print(f"[red]error:[/red] {error.format_message()}", highlight=False)
         code = 2
     raise SystemExit(code or 0)

@@ -96,12 +96,19 @@ def compile_plan(
             raise SpecError([_env_problem(spec.env.id, err, prov)]) from None
     algo = registered_algos()[spec.algo.name]
     if spec.env.backend == "native":
-        problems.append(
-            prov.problem(
-                "env.backend",
-                f"env '{spec.env.id}' has no native implementation; use backend: pettingzoo",
+        from marlctl.envs.native import native_problem
+
+        problem = native_problem(env_info.id, dict(spec.env.params))
+        if problem is not None:
+            problems.append(prov.problem(*problem))
+        if spec.hardware.env_workers:
+            problems.append(
+                prov.problem(
+                    "hardware.env_workers",
+                    "worker processes step PettingZoo envs only; backend: native steps every "
+                    "env in one batch on the run's device (set env_workers: 0)",
+                )
             )
-        )
     for group in env_info.groups:
         kind = "discrete" if group.discrete else "continuous"
         if kind not in algo.action_kinds:

@@ -27,14 +27,46 @@ CASES: dict[str, list[dict]] = {
         {"num_agent_neighbors": 1, "num_landmark_neighbors": 2},
         {"terminate_on_success": True, "max_cycles": 40},
     ],
-    "mpe/simple": [],
-    "mpe/simple_adversary": [],
-    "mpe/simple_tag": [],
-    "mpe/simple_push": [],
-    "mpe/simple_reference": [],
-    "mpe/simple_speaker_listener": [],
-    "mpe/simple_crypto": [],
-    "mpe/simple_world_comm": [],
+    "mpe/simple": [{}, {"continuous_actions": True}, {"max_cycles": 30}],
+    "mpe/simple_adversary": [
+        {},
+        {"continuous_actions": True},
+        {"N": 3, "max_cycles": 30},
+        {"N": 1},
+        {"num_agent_neighbors": 1, "num_landmark_neighbors": 1},
+        {"N": 3, "num_agent_neighbors": 5, "num_landmark_neighbors": 4, "continuous_actions": True},
+    ],
+    "mpe/simple_tag": [
+        {},
+        {"continuous_actions": True},
+        {"num_good": 2, "num_adversaries": 2, "num_obstacles": 3, "max_cycles": 30},
+        {"num_good": 3, "num_adversaries": 1, "num_obstacles": 0},
+        {"num_agent_neighbors": 2, "num_landmark_neighbors": 1},
+        {"num_good": 2, "num_agent_neighbors": 6, "num_landmark_neighbors": 3},
+        {"terminate_on_success": True, "num_adversaries": 6, "max_cycles": 60},
+    ],
+    "mpe/simple_push": [{}, {"continuous_actions": True}, {"max_cycles": 30}],
+    "mpe/simple_reference": [
+        {},
+        {"continuous_actions": True},
+        {"local_ratio": 0.2, "max_cycles": 30},
+    ],
+    "mpe/simple_speaker_listener": [{}, {"continuous_actions": True}, {"max_cycles": 40}],
+    "mpe/simple_crypto": [{}, {"continuous_actions": True}, {"max_cycles": 10}],
+    "mpe/simple_world_comm": [
+        {},
+        {"continuous_actions": True},
+        {
+            "num_good": 3,
+            "num_adversaries": 2,
+            "num_obstacles": 2,
+            "num_food": 3,
+            "num_forests": 4,
+            "max_cycles": 40,
+        },
+        {"num_adversaries": 1, "num_obstacles": 0, "num_forests": 0, "continuous_actions": True},
+        {"num_adversaries": 0, "num_good": 3, "num_food": 1, "num_forests": 1},
+    ],
 }
 
 
@@ -103,7 +135,10 @@ def test_native_matches_pettingzoo_step_for_step(case):
             for g in info.groups:
                 theirs = np.array([rew[a] for a in g.agents])
                 np.testing.assert_allclose(
-                    tr.rewards[g.name][i].numpy(), theirs, atol=TOL, rtol=0,
+                    tr.rewards[g.name][i].numpy(),
+                    theirs,
+                    atol=TOL,
+                    rtol=0,
                     err_msg=f"step {t} env {i} rewards {g.name}",
                 )
             done = any(term.values()) or any(trunc.values())
@@ -113,12 +148,18 @@ def test_native_matches_pettingzoo_step_for_step(case):
             for g in info.groups:
                 theirs = np.array([ob[a] for a in g.agents])
                 np.testing.assert_allclose(
-                    view.obs[g.name][i].numpy(), theirs, atol=TOL, rtol=0,
+                    view.obs[g.name][i].numpy(),
+                    theirs,
+                    atol=TOL,
+                    rtol=0,
                     err_msg=f"step {t} env {i} obs {g.name}",
                 )
             if not done:
                 np.testing.assert_allclose(
-                    tr.next.state[i].numpy(), env.state(), atol=TOL, rtol=0,
+                    tr.next.state[i].numpy(),
+                    env.state(),
+                    atol=TOL,
+                    rtol=0,
                     err_msg=f"step {t} env {i} state",
                 )
             else:

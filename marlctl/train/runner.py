@@ -84,9 +84,31 @@ def build_trainer(
 def make_env(
     spec: Spec, info: EnvInfo, num_envs: int, device: torch.device, workers: int = 0
 ) -> BatchedEnv:
+    return open_env(
+        spec.env.backend, spec.env.id, dict(spec.env.params), info, num_envs, device, workers
+    )
+
+
+def open_env(
+    backend: str,
+    env_id: str,
+    params: dict[str, Any],
+    info: EnvInfo,
+    num_envs: int,
+    device: torch.device,
+    workers: int = 0,
+) -> BatchedEnv:
+    """A batched env of `backend`; a native one must present the same spaces as `info`."""
+    if backend == "native":
+        from marlctl.envs.native import native_class
+
+        env = native_class(info.id)(params, num_envs, device)
+        if env.info.groups != info.groups or env.info.state_dim != info.state_dim:
+            raise RuntimeError(f"native '{info.id}' does not match its PettingZoo original")
+        return env
     from marlctl.envs.pettingzoo import PettingZooEnv
 
-    return PettingZooEnv(spec.env.id, dict(spec.env.params), info, num_envs, device, workers)
+    return PettingZooEnv(env_id, params, info, num_envs, device, workers)
 
 
 @torch.no_grad()

@@ -125,9 +125,18 @@ class MPEWorld:
         inf = float("inf")
         self.max_speed = const([inf if b.max_speed is None else b.max_speed for b in bodies])
         collide = const([b.collide for b in bodies], torch.bool)
-        pair = collide[:, None] & collide[None, :]
-        self.contact = pair & ~torch.eye(self.n_entities, dtype=torch.bool, device=self.device)
         self.sum_size = self.size[:, None] + self.size[None, :]
+        # Contact forces only between colliding entities: the smallest index range holding
+        # them all (agents and landmarks that collide usually sit together).
+        colliding = [i for i, b in enumerate(bodies) if b.collide]
+        self._colliders = None
+        if len(colliding) >= 2:
+            first, last = colliding[0], colliding[-1] + 1
+            self._colliders = (first, last)
+            span = collide[first:last]
+            pair = span[:, None] & span[None, :]
+            self._contact = pair & ~torch.eye(last - first, dtype=torch.bool, device=self.device)
+            self._contact_size = self.sum_size[first:last, first:last]
         agents = layout.agents
         self.accel = const([5.0 if a.accel is None else a.accel for a in agents])
         self.moves = const(MOVES)
@@ -159,7 +168,9 @@ class MPEWorld:
             bounds = () if discrete else (0.0,) * n_actions
             high = () if discrete else (1.0,) * n_actions
             groups.append(
-                GroupInfo(name, tuple(names), (obs_dim,), "float32", discrete, n_actions, bounds, high)
+                GroupInfo(
+                    name, tuple(names), (obs_dim,), "float32", discrete, n_actions, bounds, high
+                )
             )
             self.group_index[name] = torch.tensor(members, device=self.device)
             flags = {(layout.agents[i].movable, layout.agents[i].silent) for i in members}
@@ -220,9 +231,7 @@ class MPEWorld:
             return Transition(self._observe(), per_group, no, flag, final)
         truncated = self.steps >= self.max_cycles
         solved = self.terminal()
-        terminated = (
-            torch.zeros_like(truncated) if solved is None else solved & ~truncated
-        )
+        terminated = torch.zeros_like(truncated) if solved is None else solved & ~truncated
         self._restart(truncated | terminated)
         return Transition(self._observe(), per_group, terminated, truncated, final)
 
@@ -290,17 +299,21 @@ class MPEWorld:
         """`World.step`: action and contact forces, integrate, damp, cap speed."""
         force = torch.zeros_like(self.vel)
         force[:, : self.n_agents] = u
-        delta = self.pos[:, :, None, :] - self.pos[:, None, :, :]  # [E, n, n, 2]: a - b
-        dist = delta.square().sum(-1).sqrt()
-        k = self.contact_margin
-        penetration = torch.logaddexp(torch.zeros_like(dist), -(dist - self.sum_size) / k) * k
-        safe = torch.where(self.contact, dist, torch.ones_like(dist))
-        push = self.contact_force * delta / safe[..., None] * penetration[..., None]
-        force = force + (push * self.contact[..., None]).sum(2)
+        if self._colliders is not None:
+            first, last = self._colliders
+            pos = self.pos[:, first:last]
+            delta = pos[:, :, None, :] - pos[:, None, :, :]  # [E, c, c, 2]: a - b
+            dist = torch.linalg.vector_norm(delta, dim=-1)
+            k = self.contact_margin
+            overlap = -(dist - self._contact_size) / k
+            penetration = torch.logaddexp(torch.zeros_like(dist), overlap) * k
+            scale = self.contact_force * penetration / torch.where(self._contact, dist, 1.0)
+            push = delta * (scale * self._contact)[..., None]
+            force[:, first:last] += push.sum(2)
         movable = self.movable[None, :, None]
         pos = self.pos + self.vel * self.dt
         vel = self.vel * (1 - self.damping) + force / self.mass[None, :, None] * self.dt
-        speed = vel.square().sum(-1, keepdim=True).sqrt()
+        speed = torch.linalg.vector_norm(vel, dim=-1, keepdim=True)
         cap = self.max_speed[None, :, None]
         vel = torch.where(speed > cap, vel / speed * cap, vel)
         self.pos = torch.where(movable, pos, self.pos)
@@ -360,7 +373,10 @@ class MPEWorld:
         self.pos = stack([[e.state.p_pos for e in ents] for ents in entities])
         self.vel = stack([[e.state.p_vel for e in ents] for ents in entities])
         self.comm = stack(
-            [[np.asarray(a.state.c, dtype=float).reshape(self.dim_c) for a in w.agents] for w in worlds]
+            [
+                [np.asarray(a.state.c, dtype=float).reshape(self.dim_c) for a in w.agents]
+                for w in worlds
+            ]
         ).reshape(len(worlds), self.n_agents, self.dim_c)
         self.steps = torch.full((self.num_envs,), steps, dtype=torch.long, device=self.device)
         self._host_steps = steps
