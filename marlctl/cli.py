@@ -283,6 +283,137 @@ class ListWhat(StrEnum):
     envs = "envs"
 
 
+class Backend(StrEnum):
+    native = "native"
+    pettingzoo = "pettingzoo"
+
+
+@app.command("eval")
+def eval_(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="A seed's run or a parent run.")],
+    backend: Annotated[
+        Backend | None,
+        typer.Option("--backend", help="Env backend to evaluate on (default: the run's)."),
+    ] = None,
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes per run.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation episodes.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "cpu",
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option("--tracking-uri", help="MLflow store holding the run (default: ./mlflow.db)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a trained policy (deterministic actions) on either env backend."""
+    _stop_on_sigterm()
+    try:
+        from marlctl.evaluation import evaluate_runs
+
+        summary = evaluate_runs(
+            run_id, tracking_uri, backend.value if backend else None, episodes, seed, device
+        )
+    except MarlctlError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
+    if as_json:
+        _emit_json(summary.to_dict())
+        return
+    table = Table("seed", "backend", "episodes", "eval return", "groups", "MLflow run")
+    for r in summary.runs:
+        groups = ", ".join(f"{g} {v:.2f}" for g, v in r.returns.items())
+        table.add_row(
+            str(r.seed), r.backend, str(r.episodes), f"{r.return_mean:.2f}", groups, r.run_id
+        )
+    out.print(table)
+
+
+@app.command()
+def bench(
+    spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml).")],
+    overrides: Overrides = None,
+    num_envs: Annotated[
+        str | None,
+        typer.Option(
+            "--num-envs",
+            metavar="N,N,...",
+            help="num_envs values to measure (default: a sweep for the backend and device).",
+        ),
+    ] = None,
+    seconds: Annotated[
+        float, typer.Option("--seconds", min=0.1, max=600, help="Measured time per point.")
+    ] = 2.0,
+    env_only: Annotated[
+        bool, typer.Option("--env-only", help="Measure env stepping only, no training.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure env-only and training throughput of the spec's env and algorithm."""
+    _stop_on_sigterm()
+    try:
+        sweep = _parse_sizes(num_envs)
+        loaded, plan = _load(spec, overrides)
+        from marlctl.bench import run_bench
+
+        console = err if as_json else out
+        console.print(
+            f"[bold]{plan.env.id}[/bold] ({loaded.spec.env.backend}) · {plan.algo} · "
+            f"{plan.runs[0].device} · {plan.runs[0].threads} thread(s)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+        def show(point) -> None:
+            err.print(
+                f"  {point.kind:5} num_envs={point.num_envs:<7} "
+                f"{point.env_steps_per_s:>14,.0f} env steps/s",
+                highlight=False,
+            )
+
+        result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
+    except MarlctlError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
+    data = result.to_dict()
+    if not as_json:
+        table = Table("measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB")
+        for p in result.points:
+            table.add_row(
+                p.kind,
+                str(p.num_envs),
+                f"{p.env_steps_per_s:,.0f}",
+                f"{p.agent_steps_per_s:,.0f}",
+                f"{p.peak_memory_mb:,.0f}",
+            )
+        out.print(table)
+        if data["suggested_num_envs"] is not None:
+            best = result.best("train")
+            out.print(
+                f"suggested: hardware.num_envs={best.num_envs} "
+                f"({best.env_steps_per_s:,.0f} training env steps/s)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        sys.stdout.write(json.dumps(data) + "\n")
+    else:
+        _emit_json(data)
+
+
+def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise SpecError([_arg_problem(f"--num-envs: '{text}' is not a list of positive integers")])
+    return sizes
+
+
 @app.command("list")
 def list_(
     what: Annotated[ListWhat, typer.Argument(help="algos or envs")] = ListWhat.algos,

@@ -83,6 +83,16 @@ class HardwareSpec(Strict):
     devices: list[str] | None = Field(
         None, min_length=1, description="Placement pool; runs are spread over it round-robin."
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the networks' forward passes (pays off on CUDA with the "
+        "native backend; measure with `marlctl bench`).",
+    )
+    batch_seeds: bool = Field(
+        False,
+        description="Train all seeds in one process as one batched model set on one device "
+        "(native backend); each seed keeps its own MLflow run and its own results.",
+    )
 
     @field_validator("device")
     @classmethod

@@ -50,7 +50,10 @@ class BatchedMLP(nn.Module):
             x = F.layer_norm(x, x.shape[-1:]) * self.norm + self.norm_bias
         last = len(self.weights) - 1
         for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            x = x @ w[0] + b[0] if self.copies == 1 else torch.einsum("...ni,nio->...no", x, w) + b
+            if self.copies == 1:  # one fused multiply-add over every row
+                x = torch.addmm(b[0], x.reshape(-1, x.shape[-1]), w[0]).view(*x.shape[:-1], -1)
+            else:
+                x = torch.einsum("...ni,nio->...no", x, w) + b
             if index < last:
                 x = self.activation(x)
         return x

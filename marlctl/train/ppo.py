@@ -21,6 +21,9 @@ from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.core import BatchedMLP, EpisodeStats, RunningMeanStd, gae, one_hot_ids
 
+# Argument validation costs a host sync and a pass over every tensor on each call.
+torch.distributions.Distribution.set_default_validate_args(False)
+
 # ---------------------------------------------------------------- networks
 
 
@@ -188,6 +191,9 @@ class PPOTrainer:
             self.stats.record(tr.rewards, done)
             trunc = tr.truncated.to(torch.float32).unsqueeze(-1)
             for name, pol in self.policies.items():
+                if tr.final is tr.next:  # no episode ended: nothing to bootstrap
+                    buf[name]["rewards"].append(tr.rewards[name])
+                    continue
                 # A time limit is not a terminal state: fold gamma * V(final obs) into the reward.
                 final_v = pol.value_norm.denormalize(pol.value(pol.critic_input(tr.final)))
                 buf[name]["rewards"].append(tr.rewards[name] + gamma * final_v * trunc)

@@ -1,0 +1,190 @@
+"""`marlctl bench`: env-only and end-to-end training throughput of a spec over `num_envs`.
+
+Nothing is tracked: the measurements run in this process on the plan's first run's device
+and threads, for a fixed wall-clock budget per point after a warm-up.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from marlctl.plan import Plan
+from marlctl.spec import LoadedSpec
+
+CPU_SWEEP = (16, 64, 256, 1024, 4096, 16384)
+CUDA_SWEEP = (256, 1024, 4096, 16384, 65536, 262144)
+PETTINGZOO_SWEEP = (1, 4, 16, 64)
+
+
+@dataclass
+class Point:
+    kind: str  # "env" | "train"
+    num_envs: int
+    env_steps_per_s: float
+    agent_steps_per_s: float
+    peak_memory_mb: float
+    seconds: float
+
+
+@dataclass
+class BenchResult:
+    env_id: str
+    backend: str
+    algo: str
+    device: str
+    threads: int
+    compile: bool
+    points: list[Point]
+
+    def best(self, kind: str) -> Point | None:
+        rows = [p for p in self.points if p.kind == kind]
+        return max(rows, key=lambda p: p.env_steps_per_s) if rows else None
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        best_env, best_train = self.best("env"), self.best("train")
+        data["best_env_num_envs"] = best_env.num_envs if best_env else None
+        data["suggested_num_envs"] = best_train.num_envs if best_train else None
+        return data
+
+
+def default_sweep(backend: str, device: str) -> tuple[int, ...]:
+    if backend == "pettingzoo":
+        return PETTINGZOO_SWEEP
+    return CUDA_SWEEP if device.startswith("cuda") else CPU_SWEEP
+
+
+def run_bench(
+    loaded: LoadedSpec,
+    plan: Plan,
+    sweep: tuple[int, ...] | None,
+    seconds: float,
+    train: bool = True,
+    report: Callable[[Point], None] | None = None,
+) -> BenchResult:
+    import torch
+
+    from marlctl.train.runner import open_env
+
+    spec, info, run = loaded.spec, plan.env, plan.runs[0]
+    device = torch.device(run.device)
+    torch.set_num_threads(run.threads)
+    torch.manual_seed(run.seed)
+    sizes = sweep or default_sweep(spec.env.backend, run.device)
+    result = BenchResult(
+        info.id,
+        spec.env.backend,
+        spec.algo.name,
+        run.device,
+        run.threads,
+        spec.hardware.compile,
+        [],
+    )
+    params, workers = dict(spec.env.params), spec.hardware.env_workers
+
+    def record(point: Point) -> None:
+        result.points.append(point)
+        if report is not None:
+            report(point)
+
+    def open_(num_envs: int):
+        return open_env(
+            spec.env.backend, info.id, params, info, num_envs, device, min(workers, num_envs)
+        )
+
+    for num_envs in sizes:
+        record(_env_point(open_, info, num_envs, run.seed, device, seconds))
+    if train:
+        for num_envs in sizes:
+            record(_train_point(open_, spec, info, num_envs, run.seed, device, seconds))
+    return result
+
+
+def _env_point(open_, info, num_envs: int, seed: int, device, seconds: float) -> Point:
+    _reset_peak(device)
+    env = open_(num_envs)
+    try:
+        env.reset(seed)
+        actions = _random_actions(info, num_envs, device)
+        steps, elapsed = _timed(lambda: env.step(actions), seconds, device)
+    finally:
+        env.close()
+    rate = steps * num_envs / elapsed
+    return Point("env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed)
+
+
+def _train_point(open_, spec, info, num_envs: int, seed: int, device, seconds: float) -> Point:
+    from marlctl.train.runner import build_trainer
+
+    _reset_peak(device)
+    trainer = build_trainer(spec, info, num_envs, device, total_iterations=1_000)
+    env = open_(num_envs)
+    try:
+        state = {"ob": env.reset(seed)}
+
+        def iteration() -> None:
+            state["ob"], _ = trainer.train_iteration(env, state["ob"])
+            trainer.stats.take()
+
+        iters, elapsed = _timed(iteration, seconds, device, warmup=1)
+    finally:
+        env.close()
+    rate = iters * trainer.steps_per_iteration / elapsed
+    return Point("train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed)
+
+
+def _timed(fn: Callable[[], object], seconds: float, device, warmup: int = 3) -> tuple[int, float]:
+    """Call `fn` for about `seconds` after a warm-up; (calls, elapsed). Syncs the device
+    only around the timed block, so asynchronous CUDA work is measured end to end."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    fn()
+    _sync(device)
+    per_call = (time.perf_counter() - start) / 2
+    calls = 2 + max(0, int((seconds - 2 * per_call) / max(per_call, 1e-9)))
+    for _ in range(calls - 2):
+        fn()
+    _sync(device)
+    return calls, time.perf_counter() - start
+
+
+def _random_actions(info, num_envs: int, device) -> dict:
+    import torch
+
+    actions = {}
+    for g in info.groups:
+        if g.discrete:
+            actions[g.name] = torch.randint(0, g.n_actions, (num_envs, g.n_agents), device=device)
+        else:
+            actions[g.name] = torch.rand(num_envs, g.n_agents, g.n_actions, device=device)
+    return actions
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_mb(device) -> float:
+    """Peak CUDA memory of this measurement, or this process's peak resident set on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,164 @@
+"""Training on the native backend, evaluating across backends, and `marlctl bench`."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_training import client, random_policy_return, run_cli, run_json, write_spec
+
+SPREAD = {"N": 2, "max_cycles": 10}
+
+
+def native_spec(folder, **sections) -> dict:
+    body = {
+        "seeds": [0],
+        "env": {"id": "mpe/simple_spread", "backend": "native", "params": SPREAD},
+        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 5, "minibatches": 4, "lr": 2e-3},
+        "train": {
+            "total_env_steps": 120_000,
+            "eval_every": 60_000,
+            "eval_episodes": 256,
+            "checkpoint_every": 0,
+        },
+        "hardware": {"num_envs": 256, "device": "cpu"},
+    }
+    for key, value in sections.items():
+        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
+    return body
+
+
+def test_native_policy_learns_and_scores_the_same_on_pettingzoo(tmp_path):
+    spec = write_spec(tmp_path, native_spec(tmp_path))
+    out = run_json("run", str(spec))
+    assert out["exit_code"] == 0, out
+    run_id = out["runs"][0]["run_id"]
+    baseline = random_policy_return(SPREAD)  # about -7.8 per agent
+    assert out["runs"][0]["final_return"] > baseline + 0.6, (out["runs"][0], baseline)
+
+    scores = {}
+    for backend in ("native", "pettingzoo"):
+        result = run_json("eval", run_id, "--backend", backend, "--episodes", "400")
+        assert result["exit_code"] == 0, result
+        (row,) = result["runs"]
+        assert row["backend"] == backend and row["episodes"] == 400
+        scores[backend] = row["return_mean"]
+    # Per-episode returns have a std of about 2.5: the two 400-episode means of the same
+    # policy differ by less than 4 standard errors of their difference.
+    assert abs(scores["native"] - scores["pettingzoo"]) < 4 * 2.5 * math.sqrt(2 / 400), scores
+    assert scores["pettingzoo"] > baseline + 0.6, scores
+
+
+def test_eval_of_a_parent_run_covers_every_seed(tmp_path):
+    body = native_spec(tmp_path, seeds=[0, 1])
+    body["train"] = {"total_env_steps": 5_000, "eval_every": 0, "eval_episodes": 8}
+    body["hardware"] = {"num_envs": 50, "parallel_runs": 2}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    result = run_json("eval", out["parent_run_id"], "--episodes", "20")
+    assert result["exit_code"] == 0, result
+    assert sorted(r["seed"] for r in result["runs"]) == [0, 1]
+    assert all(r["backend"] == "native" for r in result["runs"])
+
+
+def test_eval_of_an_unknown_run_is_a_clean_error(tmp_path):
+    run_json(
+        "run",
+        str(
+            write_spec(
+                tmp_path, native_spec(tmp_path, train={"total_env_steps": 1000, "eval_every": 0})
+            )
+        ),
+    )
+    result = run_cli("eval", "0123456789abcdef")
+    assert result.exit_code == 2
+    assert "no run '0123456789abcdef'" in result.output
+
+
+def test_native_training_is_deterministic_per_seed(tmp_path):
+    body = native_spec(tmp_path)
+    body["train"] = {"total_env_steps": 20_000, "eval_every": 0, "eval_episodes": 16}
+    spec = write_spec(tmp_path, body)
+    first, second = run_json("run", str(spec)), run_json("run", str(spec))
+    metrics = [client().get_run(o["runs"][0]["run_id"]).data.metrics for o in (first, second)]
+    assert metrics[0]["loss/value"] == metrics[1]["loss/value"]
+    assert first["runs"][0]["final_return"] == second["runs"][0]["final_return"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "message"),
+    [
+        ({"env": {"id": "butterfly/cooperative_pong", "params": {}}}, "env.backend", "no native"),
+        ({"hardware": {"env_workers": 2}}, "hardware.env_workers", "backend: native"),
+        ({"env": {"params": {"curriculum": True}}}, "env.params.curriculum", "not supported"),
+    ],
+)
+def test_native_backend_problems_are_reported_before_launch(tmp_path, change, key, message):
+    body = native_spec(tmp_path)
+    for section, values in change.items():
+        if section == "env" and "params" in values and "id" not in values:
+            body["env"]["params"] = {**body["env"]["params"], **values["params"]}
+        else:
+            body[section] = {**body[section], **values}
+    result = run_cli("validate", str(write_spec(tmp_path, body)))
+    assert result.exit_code == 2, result.output
+    assert f": {key}: " in result.output and message in result.output, result.output
+
+
+def test_bench_measures_env_and_training_and_suggests_num_envs(tmp_path):
+    spec = write_spec(tmp_path, native_spec(tmp_path))
+    result = run_cli("bench", str(spec), "--num-envs", "8,32", "--seconds", "0.2")
+    assert result.exit_code == 0, result.output
+    assert "suggested: hardware.num_envs=" in result.output
+    data = run_json("bench", str(spec), "--num-envs", "8,32", "--seconds", "0.2")
+    assert data["exit_code"] == 0
+    points = data["points"]
+    assert [(p["kind"], p["num_envs"]) for p in points] == [
+        ("env", 8),
+        ("env", 32),
+        ("train", 8),
+        ("train", 32),
+    ]
+    assert all(p["env_steps_per_s"] > 0 and p["peak_memory_mb"] > 0 for p in points)
+    assert all(p["agent_steps_per_s"] == pytest.approx(2 * p["env_steps_per_s"]) for p in points)
+    best = max((p for p in points if p["kind"] == "train"), key=lambda p: p["env_steps_per_s"])
+    assert data["suggested_num_envs"] == best["num_envs"]
+    assert not (tmp_path / "mlflow.db").exists()  # bench tracks nothing
+
+
+def test_bench_rejects_a_bad_sweep(tmp_path):
+    spec = write_spec(tmp_path, native_spec(tmp_path))
+    result = run_cli("bench", str(spec), "--num-envs", "8,x")
+    assert result.exit_code == 2
+    assert "--num-envs" in result.output
+
+
+def test_usage_errors_exit_2_without_traceback():
+    for args in (["run", "x.yaml", "--no-such-option"], ["no-such-command"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "marlctl", *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "No such" in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_native_rollout_never_syncs_with_the_host_on_cuda():
+    from marlctl.algos.ppo import MAPPOConfig
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import ModelSpec
+    from marlctl.train.ppo import PPOTrainer
+
+    device = torch.device("cuda")
+    env = native_class("mpe/simple_spread")({}, 64, device)
+    trainer = PPOTrainer(MAPPOConfig(name="mappo"), ModelSpec(), env.info, 64, device, 10, True)
+    ob = env.reset(0)
+    trainer.collect(env, ob)  # warm-up: lazy CUDA initialisation may sync
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trainer.collect(env, ob)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
