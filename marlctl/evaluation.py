@@ -85,7 +85,6 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
         except Exception:
             raise _problem(f"run '{run_id}' has no {SPEC_ARTIFACT} artifact") from None
         overrides = [f"hardware.device={device}", "hardware.devices=null"]
-        overrides.append("hardware.batch_seeds=false")
         if backend is not None:
             overrides.append(f"env.backend={backend}")
         if backend == "native":

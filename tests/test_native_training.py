@@ -162,3 +162,17 @@ def test_native_rollout_never_syncs_with_the_host_on_cuda():
         trainer.collect(env, ob)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.slow
+def test_compiled_networks_train_and_checkpoint_under_the_same_names(tmp_path):
+    body = native_spec(tmp_path, hardware={"compile": True, "num_envs": 32})
+    body["train"] = {"total_env_steps": 640, "eval_every": 0, "eval_episodes": 4}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    run_id = out["runs"][0]["run_id"]
+    path = client().download_artifacts(run_id, "policy/final.pt", str(tmp_path))
+    state = torch.load(path, weights_only=True)
+    assert all("_orig_mod" not in key for key in state["policies"])
+    result = run_json("eval", run_id, "--episodes", "8")
+    assert result["exit_code"] == 0, result

@@ -85,13 +85,8 @@ class HardwareSpec(Strict):
     )
     compile: bool = Field(
         False,
-        description="torch.compile the networks' forward passes (pays off on CUDA with the "
-        "native backend; measure with `marlctl bench`).",
-    )
-    batch_seeds: bool = Field(
-        False,
-        description="Train all seeds in one process as one batched model set on one device "
-        "(native backend); each seed keeps its own MLflow run and its own results.",
+        description="torch.compile the networks (meant for CUDA with the native backend; on "
+        "CPU it compiles for about 30 s and trains slower). Measure with `marlctl bench`.",
     )
 
     @field_validator("device")

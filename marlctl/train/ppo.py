@@ -147,6 +147,12 @@ class PPOTrainer:
         self.iteration = 0
         self.stats = EpisodeStats({g.name: g.n_agents for g in info.groups}, num_envs, self.device)
 
+    def compile(self) -> None:
+        """torch.compile every network in place (parameter names and checkpoints unchanged)."""
+        for pol in self.policies.values():
+            pol.actor.compile(dynamic=False)
+            pol.critic.compile(dynamic=False)
+
     # ------------------------------------------------------------ acting
 
     @torch.no_grad()

@@ -70,7 +70,7 @@ def build_trainer(
     algo = registered_algos()[spec.algo.name]
     module, _, name = algo.trainer.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls(
+    trainer = cls(
         spec.algo,
         spec.model,
         info,
@@ -79,6 +79,9 @@ def build_trainer(
         total_iterations,
         centralised=algo.centralised_critic,
     )
+    if spec.hardware.compile:
+        trainer.compile()
+    return trainer
 
 
 def make_env(
