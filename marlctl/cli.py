@@ -452,13 +452,14 @@ def list_(
             )
         out.print(table)
         return
+    from marlctl.envs.native import NATIVE
     from marlctl.envs.registry import ENVS
 
     rows = [
         {
             "id": e.id,
             "suite": e.suite,
-            "backends": ["pettingzoo"],
+            "backends": ["pettingzoo", "native"] if e.id in NATIVE else ["pettingzoo"],
             "factory": e.factory,
             "installed": e.installed,
             "summary": e.summary,

@@ -176,3 +176,12 @@ def test_compiled_networks_train_and_checkpoint_under_the_same_names(tmp_path):
     assert all("_orig_mod" not in key for key in state["policies"])
     result = run_json("eval", run_id, "--episodes", "8")
     assert result["exit_code"] == 0, result
+
+
+def test_list_envs_shows_the_native_backend():
+    from marlctl.envs.native import NATIVE
+
+    data = run_json("list", "envs")
+    backends = {row["id"]: row["backends"] for row in data["envs"]}
+    assert all(backends[env_id] == ["pettingzoo", "native"] for env_id in NATIVE)
+    assert backends["sisl/pursuit"] == ["pettingzoo"]
