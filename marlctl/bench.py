@@ -120,7 +120,7 @@ def _train_point(open_, spec, info, num_envs: int, seed: int, device, seconds: f
     from marlctl.train.runner import build_trainer
 
     _reset_peak(device)
-    trainer = build_trainer(spec, info, num_envs, device, total_iterations=1_000)
+    trainer = build_trainer(spec, info, num_envs, device, 1_000, (seed,))
     env = open_(num_envs)
     try:
         state = {"ob": env.reset(seed)}

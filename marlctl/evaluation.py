@@ -109,7 +109,7 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
         spec.env.backend, spec.env.id, dict(spec.env.params), plan.env, num_envs, torch_device
     )
     try:
-        result = evaluate(trainer, env, episodes, seed)
+        (result,) = evaluate(trainer, env, episodes, [seed])
     finally:
         env.close()
     returns = {k.removeprefix("return/"): v for k, v in result.items() if k.startswith("return/")}

@@ -17,7 +17,7 @@ from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.spec import LoadedSpec, load_spec
-from marlctl.train.runner import RunRequest, RunResult, execute
+from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
 SPEC_ARTIFACT = "spec.yaml"
 Progress = Callable[[dict[str, Any]], None]
@@ -100,7 +100,7 @@ def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -
         _log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
         requests.append(RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id))
     summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
-    summary.runs = _execute_all(requests, plan.parallel_runs, progress)
+    summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     _finish_parent(client, parent_id, summary)
     return summary
 
@@ -156,7 +156,7 @@ def resume(
     if requests:
         client.update_run(parent_id, status="RUNNING")
         progress = progress_factory(plan) if progress_factory else None
-        summary.runs = _execute_all(requests, plan.parallel_runs, progress)
+        summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
     for child in children:
         if child.info.run_id in done:
@@ -200,15 +200,26 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM to the CLI: stop like Ctrl-C, and pass the signal on to the run processes."""
 
 
-def _execute_all(
-    requests: list[RunRequest], parallel: int, progress: Progress | None
-) -> list[RunResult]:
-    if parallel <= 1 or len(requests) <= 1:
-        results = []
-        for request in requests:
-            results.append(execute(request, progress))
-            if results[-1].status == "KILLED":
-                results += [_never_started(r) for r in requests[len(results) :]]
+Job = list[RunRequest]  # runs trained together in one process: one, or a seed batch
+
+
+def _jobs(requests: list[RunRequest], plan: Plan) -> list[Job]:
+    """One job per run, or with `hardware.batch_seeds` one job per device."""
+    if not plan.batch_seeds:
+        return [[r] for r in requests]
+    by_device: dict[str, Job] = {}
+    for request in requests:
+        by_device.setdefault(request.run.device, []).append(request)
+    return list(by_device.values())
+
+
+def _execute_all(jobs: list[Job], parallel: int, progress: Progress | None) -> list[RunResult]:
+    if parallel <= 1 or len(jobs) <= 1:
+        results: list[RunResult] = []
+        for index, job in enumerate(jobs):
+            results += execute_batch(job, progress)
+            if any(r.status == "KILLED" for r in results):
+                results += [_never_started(r) for later in jobs[index + 1 :] for r in later]
                 break
         return results
     ctx = mp.get_context("spawn")
@@ -216,36 +227,36 @@ def _execute_all(
     pump = threading.Thread(target=_pump, args=(events, progress), daemon=True)
     pump.start()
     try:
-        return _schedule(ctx, requests, parallel, events)
+        return _schedule(ctx, jobs, parallel, events)
     finally:
         events.put(None)
         pump.join()
 
 
-def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[RunResult]:
-    """One process per run, at most `parallel` at once; a crashed process harms no other run."""
-    waiting = list(requests)
-    running: dict[str, tuple[Any, Any, RunRequest]] = {}
-    results: dict[str, RunResult] = {}
+def _schedule(ctx, jobs: list[Job], parallel: int, events) -> list[RunResult]:
+    """One process per job, at most `parallel` at once; a crashed process harms no other."""
+    waiting = list(jobs)
+    running: dict[str, tuple[Any, Any, Job]] = {}
+    results: dict[str, list[RunResult]] = {}
     stopping_since: float | None = None
     while running or (waiting and stopping_since is None):
         stopping = stopping_since is not None
         try:
             while waiting and len(running) < parallel and not stopping:
-                request = waiting.pop(0)
+                job = waiting.pop(0)
                 receive, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_run_process, args=(request, events, send))
+                proc = ctx.Process(target=_run_process, args=(job, events, send))
                 proc.start()
                 send.close()
-                running[request.run_id] = (proc, receive, request)
-            for run_id, (proc, receive, request) in list(running.items()):
+                running[job[0].run_id] = (proc, receive, job)
+            for key, (proc, receive, job) in list(running.items()):
                 proc.join(timeout=0.1)
                 if proc.exitcode is None and stopping:
                     _escalate(proc, time.monotonic() - stopping_since)
                 if proc.exitcode is None:
                     continue
-                results[run_id] = _result_of(proc, receive, request, stopping)
-                del running[run_id]
+                results[key] = _result_of(proc, receive, job, stopping)
+                del running[key]
         except KeyboardInterrupt as interrupt:
             # Ctrl-C reached every process of the terminal's job; a SIGTERM only this one.
             stopping_since = stopping_since or time.monotonic()
@@ -253,9 +264,9 @@ def _schedule(ctx, requests: list[RunRequest], parallel: int, events) -> list[Ru
                 for proc, _, _ in running.values():
                     if proc.exitcode is None:
                         proc.terminate()
-    for request in waiting:
-        results[request.run_id] = _never_started(request)
-    return [results[r.run_id] for r in requests]
+    for job in waiting:
+        results[job[0].run_id] = [_never_started(r) for r in job]
+    return [result for job in jobs for result in results[job[0].run_id]]
 
 
 STOP_GRACE_S = 60.0  # time a run process gets to checkpoint after an interrupt
@@ -269,7 +280,7 @@ def _escalate(proc, waited: float) -> None:
         proc.terminate()
 
 
-def _result_of(proc, receive, request: RunRequest, stopping: bool) -> RunResult:
+def _result_of(proc, receive, job: Job, stopping: bool) -> list[RunResult]:
     try:
         if receive.poll():
             return receive.recv()
@@ -278,10 +289,15 @@ def _result_of(proc, receive, request: RunRequest, stopping: bool) -> RunResult:
     # The process died without reporting (killed, out of memory, a crash in native code).
     status = "KILLED" if stopping else "FAILED"
     reason = f"run process ended with exit code {proc.exitcode} before reporting"
-    client = tracking.client_for(request.tracking_uri)
-    client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
-    client.set_terminated(request.run_id, status)
-    return RunResult(request.run.index, request.run.seed, request.run_id, status, error=reason)
+    client = tracking.client_for(job[0].tracking_uri)
+    results = []
+    for request in job:
+        client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
+        client.set_terminated(request.run_id, status)
+        results.append(
+            RunResult(request.run.index, request.run.seed, request.run_id, status, error=reason)
+        )
+    return results
 
 
 def _never_started(request: RunRequest) -> RunResult:
@@ -293,14 +309,14 @@ def _never_started(request: RunRequest) -> RunResult:
     return RunResult(request.run.index, request.run.seed, request.run_id, "KILLED", error=reason)
 
 
-def _run_process(request: RunRequest, events, send) -> None:
+def _run_process(job: Job, events, send) -> None:
     def report(event: dict[str, Any]) -> None:
         try:
             events.put(event)
         except (OSError, EOFError):  # progress display gone; training goes on
             pass
 
-    send.send(execute(request, report))
+    send.send(execute_batch(job, report))
     send.close()
 
 

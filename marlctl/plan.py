@@ -38,11 +38,13 @@ class Plan:
     parallel_runs: int
     cores: int
     steps_per_iteration: int
+    batch_seeds: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "experiment": self.experiment,
             "algo": self.algo,
+            "batch_seeds": self.batch_seeds,
             "env": {
                 "id": self.env.id,
                 "agents": self.env.n_agents,
@@ -154,6 +156,14 @@ def compile_plan(
                 "set device: auto or list it in hardware.devices",
             )
         )
+    if hw.batch_seeds and spec.env.backend != "native":
+        problems.append(
+            prov.problem(
+                "hardware.batch_seeds",
+                "seeds are batched on env.backend: native only (PettingZoo envs step one "
+                "at a time in Python)",
+            )
+        )
     if hw.env_workers > hw.num_envs:
         problems.append(
             prov.problem(
@@ -176,12 +186,15 @@ def compile_plan(
         raise SpecError(sort_problems(problems))
 
     cores = available_cores()
-    if hw.threads_per_run * min(hw.parallel_runs, len(spec.seeds)) > cores:
+    # Batched seeds share one process per device.
+    processes = min(len(pool), len(spec.seeds)) if hw.batch_seeds else len(spec.seeds)
+    concurrent = min(hw.parallel_runs, processes)
+    if hw.threads_per_run * concurrent > cores:
         problems.append(
             prov.problem(
                 "hardware.threads_per_run",
-                f"{hw.threads_per_run} threads × hardware.parallel_runs="
-                f"{min(hw.parallel_runs, len(spec.seeds))} runs oversubscribe this machine's "
+                f"{hw.threads_per_run} threads × {concurrent} concurrent run processes "
+                f"(hardware.parallel_runs={hw.parallel_runs}) oversubscribe this machine's "
                 f"{cores} cores",
             )
         )
@@ -189,7 +202,6 @@ def compile_plan(
         from marlctl.spec import sort_problems
 
         raise SpecError(sort_problems(problems))
-    concurrent = min(hw.parallel_runs, len(spec.seeds))
     threads = hw.threads_per_run
     rollout = getattr(spec.algo, "rollout_steps", 1)
     per_iter = rollout * hw.num_envs
@@ -208,7 +220,9 @@ def compile_plan(
         )
         for i, seed in enumerate(spec.seeds)
     )
-    return Plan(loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter)
+    return Plan(
+        loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter, hw.batch_seeds
+    )
 
 
 def _resolve_device(device: str, gpus: int) -> str:

@@ -185,3 +185,38 @@ def test_list_envs_shows_the_native_backend():
     backends = {row["id"]: row["backends"] for row in data["envs"]}
     assert all(backends[env_id] == ["pettingzoo", "native"] for env_id in NATIVE)
     assert backends["sisl/pursuit"] == ["pettingzoo"]
+
+
+def test_batched_seeds_compute_what_each_seed_computes_alone(tmp_path):
+    body = native_spec(tmp_path, seeds=[0, 1, 2], hardware={"batch_seeds": True, "num_envs": 32})
+    body["train"] = {
+        "total_env_steps": 9_600,
+        "eval_every": 3_200,
+        "eval_episodes": 16,
+        "checkpoint_every": 6_400,
+    }
+    batched = run_json("run", str(write_spec(tmp_path, body, "batched.yaml")))
+    assert batched["exit_code"] == 0, batched
+    assert [r["seed"] for r in batched["runs"]] == [0, 1, 2]
+    assert len({r["run_id"] for r in batched["runs"]}) == 3
+    body.update(seeds=[1], hardware={**body["hardware"], "batch_seeds": False})
+    alone = run_json("run", str(write_spec(tmp_path, body, "alone.yaml")))
+    assert alone["exit_code"] == 0, alone
+    from test_training import history
+
+    ours, theirs = batched["runs"][1], alone["runs"][0]
+    assert ours["final_return"] == theirs["final_return"]
+    for key in ("loss/value", "loss/policy", "eval/return_mean", "train/return_mean"):
+        assert history(ours["run_id"], key) == history(theirs["run_id"], key), key
+    # Seeds differ from one another, and each seed's policy evaluates on its own.
+    assert len({r["final_return"] for r in batched["runs"]}) == 3
+    result = run_json("eval", batched["parent_run_id"], "--episodes", "8")
+    assert result["exit_code"] == 0 and len(result["runs"]) == 3, result
+
+
+def test_batched_seeds_need_the_native_backend(tmp_path):
+    body = native_spec(tmp_path, hardware={"batch_seeds": True})
+    body["env"]["backend"] = "pettingzoo"
+    result = run_cli("validate", str(write_spec(tmp_path, body)))
+    assert result.exit_code == 2
+    assert ": hardware.batch_seeds: " in result.output

@@ -13,14 +13,17 @@ ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu, "elu": F.elu, "gelu": F.gelu,
 
 
 class BatchedMLP(nn.Module):
-    """`copies` independent MLPs applied to `[B, copies, in]` in one batched matmul per layer.
+    """`seeds` × `copies` independent MLPs in one batched matmul per layer.
 
-    copies == 1 is one network shared by every agent of the group (input `[B, n, in]`);
-    copies == n gives each agent its own weights without a Python loop over agents.
+    Input `[S, ..., n, in]` -> `[S, ..., n, out]`, seed first. copies == 1 is one network
+    shared by every agent of the group; copies == n gives each agent its own weights. Seeds
+    trained together (`hardware.batch_seeds`) each own a slice of every parameter; a seed's
+    slice is computed exactly as it would be alone.
     """
 
     def __init__(
         self,
+        seeds: int,
         copies: int,
         n_in: int,
         hidden: list[int],
@@ -28,52 +31,73 @@ class BatchedMLP(nn.Module):
         activation: str,
         layer_norm: bool,
         out_gain: float,
+        generators: list[torch.Generator],
     ):
         super().__init__()
-        self.copies, self.activation = copies, ACTIVATIONS[activation]
+        self.seeds, self.copies, self.activation = seeds, copies, ACTIVATIONS[activation]
         sizes = [n_in, *hidden, n_out]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for index, (a, b) in enumerate(itertools.pairwise(sizes)):
             gain = out_gain if index == len(sizes) - 2 else math.sqrt(2)
-            weight = torch.empty(copies, b, a)
-            for k in range(copies):
-                nn.init.orthogonal_(weight[k], gain)
-            self.weights.append(nn.Parameter(weight.transpose(1, 2).contiguous()))
-            self.biases.append(nn.Parameter(torch.zeros(copies, b)))
-        self.norm = nn.Parameter(torch.ones(copies, n_in)) if layer_norm else None
-        self.norm_bias = nn.Parameter(torch.zeros(copies, n_in)) if layer_norm else None
+            weight = torch.empty(seeds, copies, b, a)
+            for s in range(seeds):
+                for k in range(copies):
+                    nn.init.orthogonal_(weight[s, k], gain, generator=generators[s])
+            self.weights.append(nn.Parameter(weight.transpose(-1, -2).contiguous()))
+            self.biases.append(nn.Parameter(torch.zeros(seeds, copies, b)))
+        self.norm = nn.Parameter(torch.ones(seeds, copies, n_in)) if layer_norm else None
+        self.norm_bias = nn.Parameter(torch.zeros(seeds, copies, n_in)) if layer_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., n, in] -> [..., n, out]."""
+        S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
         if self.norm is not None:
-            x = F.layer_norm(x, x.shape[-1:]) * self.norm + self.norm_bias
+            shape = (S, *([1] * len(lead)), self.copies, x.shape[-1])
+            x = F.layer_norm(x, x.shape[-1:]) * self.norm.view(shape) + self.norm_bias.view(shape)
         last = len(self.weights) - 1
+        if self.copies == 1:  # one fused multiply-add per seed over every row
+            h = x.reshape(S, -1, x.shape[-1])
+            for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+                if w.shape[-1] == 1:  # a matrix-vector product takes a batch-dependent path
+                    h = (h * w[:, 0, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, :1]
+                else:
+                    h = torch.baddbmm(b[:, :1], h, w[:, 0])
+                if index < last:
+                    h = self.activation(h)
+            return h.view(S, *lead, n, -1)
+        h = x.reshape(S, -1, n, x.shape[-1])
         for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            if self.copies == 1:  # one fused multiply-add over every row
-                x = torch.addmm(b[0], x.reshape(-1, x.shape[-1]), w[0]).view(*x.shape[:-1], -1)
+            if w.shape[-1] == 1:
+                h = (h * w[:, :, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, None]
             else:
-                x = torch.einsum("...ni,nio->...no", x, w) + b
+                h = torch.einsum("sbni,snio->sbno", h, w) + b[:, None]
             if index < last:
-                x = self.activation(x)
-        return x
+                h = self.activation(h)
+        return h.view(S, *lead, n, -1)
+
+
+def per_seed(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[S] values shaped to broadcast against a seed-first tensor."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
 
 
 class RunningMeanStd(nn.Module):
-    """Mean and variance over everything seen (Chan et al. parallel update), kept as buffers."""
+    """Per-seed mean and variance of everything seen (Chan et al. parallel update)."""
 
-    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4):
+    def __init__(self, seeds: int = 1, epsilon: float = 1e-4):
         super().__init__()
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("var", torch.ones(shape))
-        self.register_buffer("count", torch.tensor(epsilon))
+        self.register_buffer("mean", torch.zeros(seeds))
+        self.register_buffer("var", torch.ones(seeds))
+        self.register_buffer("count", torch.full((seeds,), epsilon))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        """x, weight: seed first, `[S, ...]`."""
         w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
-        count = w.sum().clamp_min(1.0)
-        mean = (x * w).sum() / count
-        var = ((x - mean) ** 2 * w).sum() / count
+        x, w = x.flatten(1), w.flatten(1)
+        count = w.sum(1).clamp_min(1.0)
+        mean = (x * w).sum(1) / count
+        var = ((x - mean[:, None]) ** 2 * w).sum(1) / count
         delta, total = mean - self.mean, self.count + count
         self.mean += delta * count / total
         self.var.copy_(
@@ -82,10 +106,10 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
+        return (x - per_seed(self.mean, x)) / torch.sqrt(per_seed(self.var, x) + 1e-8)
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sqrt(self.var + 1e-8) + self.mean
+        return x * torch.sqrt(per_seed(self.var, x) + 1e-8) + per_seed(self.mean, x)
 
 
 def gae(
@@ -120,13 +144,18 @@ def one_hot_ids(n: int, device: torch.device) -> torch.Tensor:
 
 
 class EpisodeStats:
-    """Per-agent episode returns accumulated on the device; read once per iteration."""
+    """Per-agent episode returns of each seed, accumulated on the device; read once per
+    iteration. Rewards `[S, E, n]` per group, done `[S, E]`."""
 
-    def __init__(self, group_sizes: dict[str, int], num_envs: int, device: torch.device):
+    def __init__(
+        self, group_sizes: dict[str, int], num_envs: int, device: torch.device, seeds: int = 1
+    ):
         self.groups = group_sizes
-        self.running = {g: torch.zeros(num_envs, n, device=device) for g, n in group_sizes.items()}
-        self.sums = torch.zeros(len(group_sizes) + 1, device=device)  # per group, then all agents
-        self.count = torch.zeros((), device=device)
+        self.running = {
+            g: torch.zeros(seeds, num_envs, n, device=device) for g, n in group_sizes.items()
+        }
+        self.sums = torch.zeros(seeds, len(group_sizes) + 1, device=device)  # groups, all
+        self.count = torch.zeros(seeds, device=device)
 
     def record(self, rewards: dict[str, torch.Tensor], done: torch.Tensor) -> None:
         finished = done.to(torch.float32)
@@ -135,25 +164,29 @@ class EpisodeStats:
         for index, (group, running) in enumerate(self.running.items()):
             running += rewards[group]
             per_env = running.sum(-1)
-            self.sums[index] += (per_env / running.shape[-1] * finished).sum()
+            self.sums[:, index] += (per_env / running.shape[-1] * finished).sum(-1)
             all_agents += per_env
             running.mul_(1.0 - finished.unsqueeze(-1))
-        self.sums[-1] += (all_agents / total_agents * finished).sum()
-        self.count += finished.sum()
+        self.sums[:, -1] += (all_agents / total_agents * finished).sum(-1)
+        self.count += finished.sum(-1)
 
     def reset_running(self) -> None:
         for running in self.running.values():
             running.zero_()
 
-    def take(self) -> dict[str, float] | None:
-        """Mean per-agent return of episodes finished since the last call, or None."""
-        values = torch.cat([self.sums, self.count.unsqueeze(0)]).tolist()
+    def take(self) -> list[dict[str, float] | None]:
+        """Per seed: mean per-agent return of episodes finished since the last call, or None."""
+        values = torch.cat([self.sums, self.count.unsqueeze(-1)], dim=-1).tolist()
         self.sums.zero_()
         self.count.zero_()
-        count = values[-1]
-        if count == 0:
-            return None
-        out = {f"return/{g}": values[i] / count for i, g in enumerate(self.groups)}
-        out["return_mean"] = values[len(self.groups)] / count
-        out["episodes"] = count
+        out: list[dict[str, float] | None] = []
+        for row in values:
+            count = row[-1]
+            if count == 0:
+                out.append(None)
+                continue
+            result = {f"return/{g}": row[i] / count for i, g in enumerate(self.groups)}
+            result["return_mean"] = row[len(self.groups)] / count
+            result["episodes"] = count
+            out.append(result)
         return out

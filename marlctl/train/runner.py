@@ -65,8 +65,14 @@ class NonFiniteLoss(RuntimeError):
 
 
 def build_trainer(
-    spec: Spec, info: EnvInfo, num_envs: int, device: torch.device, total_iterations: int
+    spec: Spec,
+    info: EnvInfo,
+    num_envs: int,
+    device: torch.device,
+    total_iterations: int,
+    seeds: tuple[int, ...] = (0,),
 ):
+    """The spec's algorithm for `seeds` (one, or several trained as one batch)."""
     algo = registered_algos()[spec.algo.name]
     module, _, name = algo.trainer.partition(":")
     cls = getattr(importlib.import_module(module), name)
@@ -78,6 +84,7 @@ def build_trainer(
         device,
         total_iterations,
         centralised=algo.centralised_critic,
+        seeds=tuple(seeds),
     )
     if spec.hardware.compile:
         trainer.compile()
@@ -85,10 +92,16 @@ def build_trainer(
 
 
 def make_env(
-    spec: Spec, info: EnvInfo, num_envs: int, device: torch.device, workers: int = 0
+    spec: Spec,
+    info: EnvInfo,
+    num_envs: int,
+    device: torch.device,
+    workers: int = 0,
+    seeds: int = 1,
 ) -> BatchedEnv:
+    """`num_envs` envs for each of `seeds` seeds, seed-major."""
     return open_env(
-        spec.env.backend, spec.env.id, dict(spec.env.params), info, num_envs, device, workers
+        spec.env.backend, spec.env.id, dict(spec.env.params), info, num_envs, device, workers, seeds
     )
 
 
@@ -100,59 +113,99 @@ def open_env(
     num_envs: int,
     device: torch.device,
     workers: int = 0,
+    seeds: int = 1,
 ) -> BatchedEnv:
     """A batched env of `backend`; a native one must present the same spaces as `info`."""
     if backend == "native":
         from marlctl.envs.native import native_class
 
-        env = native_class(info.id)(params, num_envs, device)
+        env = native_class(info.id)(params, num_envs * seeds, device, seeds=seeds)
         if env.info.groups != info.groups or env.info.state_dim != info.state_dim:
             raise RuntimeError(f"native '{info.id}' does not match its PettingZoo original")
         return env
+    if seeds != 1:
+        raise ValueError("seeds are batched on the native backend only")
     from marlctl.envs.pettingzoo import PettingZooEnv
 
     return PettingZooEnv(env_id, params, info, num_envs, device, workers)
 
 
+def _reset_seed(seeds: list[int]) -> int | list[int]:
+    return seeds[0] if len(seeds) == 1 else seeds
+
+
 @torch.no_grad()
-def evaluate(trainer, env: BatchedEnv, episodes: int, seed: int) -> dict[str, float]:
-    """Mean per-agent return over exactly `episodes` deterministic episodes."""
-    n = env.num_envs
-    quota = torch.full((n,), episodes // n, device=env.device)
-    quota[: episodes % n] += 1
-    finished = torch.zeros(n, dtype=torch.long, device=env.device)
-    stats = EpisodeStats({g.name: g.n_agents for g in env.info.groups}, n, env.device)
-    ob = env.reset(seed)
+def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[dict[str, float]]:
+    """Per seed: mean per-agent return over exactly `episodes` deterministic episodes."""
+    S = len(seeds)
+    n = env.num_envs // S
+    quota = torch.full((S, n), episodes // n, device=env.device)
+    quota[:, : episodes % n] += 1
+    finished = torch.zeros(S, n, dtype=torch.long, device=env.device)
+    stats = EpisodeStats({g.name: g.n_agents for g in env.info.groups}, n, env.device, S)
+    ob = env.reset(_reset_seed(seeds))
     while bool((finished < quota).any()):
         tr = env.step(trainer.act(ob, deterministic=True))
-        done = tr.terminated | tr.truncated
-        stats.record(tr.rewards, done & (finished < quota))
+        done = (tr.terminated | tr.truncated).view(S, n)
+        rewards = {k: v.view(S, n, *v.shape[1:]) for k, v in tr.rewards.items()}
+        stats.record(rewards, done & (finished < quota))
         finished += done.long()
         ob = tr.next
-    result = stats.take() or {}
-    result.pop("episodes", None)
-    return result
+    results = []
+    for result in stats.take():
+        result = result or {}
+        result.pop("episodes", None)
+        results.append(result)
+    return results
 
 
 def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
-    """Train one run to completion; never raises for a training failure (returns FAILED)."""
+    return execute_batch([request], progress)[0]
+
+
+def execute_batch(requests: list[RunRequest], progress: Progress | None = None) -> list[RunResult]:
+    """Train one run, or several seeds of one spec as one batch, to completion.
+
+    Never raises for a training failure: every run of the batch is marked FAILED (or KILLED
+    on Ctrl-C / SIGTERM, after a checkpoint) in its own MLflow run.
+    """
     from marlctl import tracking
 
-    client = tracking.client_for(request.tracking_uri)
-    plan = request.run
+    client = tracking.client_for(requests[0].tracking_uri)
+    plan = requests[0].run
     if threading.current_thread() is threading.main_thread():
         # A scheduler's SIGTERM (SLURM, `kill`) stops a run the way Ctrl-C does.
         signal.signal(signal.SIGTERM, _raise_interrupt)
-    result = RunResult(plan.index, plan.seed, request.run_id, "RUNNING")
-    sink = None
+    results = [RunResult(r.run.index, r.run.seed, r.run_id, "RUNNING") for r in requests]
+    sinks: list = []
+
+    def finish(status: str, error: str | None, tag: str | None, trace: str | None) -> None:
+        for sink in sinks:
+            _close_quietly(sink)
+        for result in results:
+            result.status, result.error = status, error
+            if tag is not None:
+                client.set_tag(result.run_id, tracking.ERROR_TAG, tag)
+            if trace is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "error.txt"
+                    path.write_text(trace)
+                    client.log_artifact(result.run_id, str(path))
+            client.set_terminated(result.run_id, status)
+
     try:
-        skip_until = -1
-        if request.resume:
-            client.update_run(request.run_id, status="RUNNING")
-            if tracking.ERROR_TAG in client.get_run(request.run_id).data.tags:
-                client.delete_tag(request.run_id, tracking.ERROR_TAG)
-            skip_until = tracking.last_logged_step(client, request.run_id, LOGGED_EVERY_ITERATION)
-        spec = Spec.model_validate(request.resolved)
+        skip = []
+        for request in requests:
+            skip_until = -1
+            if request.resume:
+                client.update_run(request.run_id, status="RUNNING")
+                if tracking.ERROR_TAG in client.get_run(request.run_id).data.tags:
+                    client.delete_tag(request.run_id, tracking.ERROR_TAG)
+                skip_until = tracking.last_logged_step(
+                    client, request.run_id, LOGGED_EVERY_ITERATION
+                )
+            skip.append(skip_until)
+        spec = Spec.model_validate(requests[0].resolved)
         torch.set_num_threads(plan.threads)
         random.seed(plan.seed)
         np.random.seed(plan.seed % 2**32)
@@ -160,29 +213,22 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
         device = torch.device(plan.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {plan.device} requested but CUDA is not available")
-        sink = tracking.MetricSink(client, request.run_id, spec.tracking.flush_every_s, skip_until)
-        _train(spec, request, client, sink, device, result, progress)
-        sink.close()
-        sink = None
-        client.set_terminated(request.run_id, "FINISHED")
-        result.status = "FINISHED"
+        every = spec.tracking.flush_every_s
+        for request, skip_until in zip(requests, skip, strict=True):
+            sinks.append(tracking.MetricSink(client, request.run_id, every, skip_until))
+        _train(spec, requests, client, sinks, device, results, progress)
+        for sink in sinks:
+            sink.close()
+        sinks = []
+        for result in results:
+            client.set_terminated(result.run_id, "FINISHED")
+            result.status = "FINISHED"
     except KeyboardInterrupt:
-        result.status = "KILLED"
-        result.error = "interrupted"
-        _close_quietly(sink)
-        client.set_tag(request.run_id, tracking.ERROR_TAG, "interrupted by the user")
-        client.set_terminated(request.run_id, "KILLED")
-    except Exception as err:  # recorded, not raised: other seeds go on
-        result.status = "FAILED"
-        result.error = f"{type(err).__name__}: {err}"
-        _close_quietly(sink)
-        client.set_tag(request.run_id, tracking.ERROR_TAG, result.error[:5000])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "error.txt"
-            path.write_text(traceback.format_exc())
-            client.log_artifact(request.run_id, str(path))
-        client.set_terminated(request.run_id, "FAILED")
-    return result
+        finish("KILLED", "interrupted", "interrupted by the user", None)
+    except Exception as err:  # recorded, not raised: other runs go on
+        error = f"{type(err).__name__}: {err}"
+        finish("FAILED", error, error[:5000], traceback.format_exc())
+    return results
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -199,106 +245,141 @@ def _close_quietly(sink) -> None:
 
 def _train(
     spec: Spec,
-    request: RunRequest,
+    requests: list[RunRequest],
     client,
-    sink,
+    sinks: list,
     device: torch.device,
-    result: RunResult,
+    results: list[RunResult],
     progress: Progress | None,
 ) -> None:
-    plan, info = request.run, request.env_info
+    plans, info = [r.run for r in requests], requests[0].env_info
+    seeds = [p.seed for p in plans]
     hw, train = spec.hardware, spec.train
-    iterations = plan.iterations
-    trainer = build_trainer(spec, info, hw.num_envs, device, iterations)
-    per_iter = trainer.steps_per_iteration
+    plan = plans[0]
+    trainer = build_trainer(spec, info, hw.num_envs, device, plan.iterations, tuple(seeds))
+    per_iter = trainer.steps_per_iteration  # per seed
     agents = info.n_agents
 
     env_steps, next_eval, next_ckpt, next_log = 0, train.eval_every, train.checkpoint_every, 0
-    if request.resume:
-        state = _load_checkpoint(client, request.run_id)
-        if state is not None:
-            trainer.load_state_dict(state["trainer"])
+    if requests[0].resume:
+        states = [_load_checkpoint(client, r.run_id) for r in requests]
+        if any(state is not None for state in states):
+            steps = {None if st is None else int(st["env_steps"]) for st in states}
+            if len(steps) != 1:
+                raise RuntimeError(
+                    "the seeds of this batch have checkpoints at different steps "
+                    f"({sorted(map(str, steps))}); resume them with hardware.batch_seeds: false"
+                )
+            state = states[0]
+            trainer.load_seed_states([st["trainer"] for st in states])
             env_steps = int(state["env_steps"])
             next_eval, next_ckpt = int(state["next_eval"]), int(state["next_checkpoint"])
             torch.set_rng_state(state["torch_rng"])
-            client.set_tag(request.run_id, "marlctl.resumed_from_step", str(env_steps))
-            if device.type == "cuda" and "cuda_rng" in state:
+            for request in requests:
+                client.set_tag(request.run_id, "marlctl.resumed_from_step", str(env_steps))
+            if device.type == "cuda" and state.get("cuda_rng"):
                 torch.cuda.set_rng_state_all(list(state["cuda_rng"]))
         next_log = env_steps
 
-    env = make_env(spec, info, hw.num_envs, device, hw.env_workers)
-    eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device)
+    S = len(seeds)
+    env = make_env(spec, info, hw.num_envs, device, hw.env_workers, S)
+    eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device, 0, S)
     # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
     # the two never replay the same episodes.
-    eval_seed = _derive_seed(plan.seed, 1)
+    eval_seeds = [_derive_seed(seed, 1) for seed in seeds]
+
+    def save() -> None:
+        for index, request in enumerate(requests):
+            _save_checkpoint(
+                client, request.run_id, trainer, index, env_steps, next_eval, next_ckpt
+            )
+
     try:
-        ob = env.reset(_derive_seed(plan.seed, 0, env_steps))
+        ob = env.reset(_reset_seed([_derive_seed(seed, 0, env_steps) for seed in seeds]))
         trainer.stats.reset_running()
         started, start_steps = time.perf_counter(), env_steps
-        last_return = None
+        last_return: list[float | None] = [None] * S
         try:
             while env_steps < plan.total_env_steps:
                 tick = time.perf_counter()
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
-                values = torch.stack(list(losses.values())).tolist()
-                if not all(math.isfinite(v) for v in values):
-                    bad = [k for k, v in zip(losses, values, strict=True) if not math.isfinite(v)]
-                    raise NonFiniteLoss(
-                        f"non-finite loss at env step {env_steps}: {', '.join(bad)}"
-                    )
+                values = torch.stack(list(losses.values())).tolist()  # [loss][seed]
+                for index, seed in enumerate(seeds):
+                    bad = [
+                        k
+                        for k, v in zip(losses, values, strict=True)
+                        if not math.isfinite(v[index])
+                    ]
+                    if bad:
+                        raise NonFiniteLoss(
+                            f"non-finite loss at env step {env_steps} (seed {seed}): "
+                            f"{', '.join(bad)}"
+                        )
                 rate = per_iter / max(time.perf_counter() - tick, 1e-9)
                 episodes = trainer.stats.take()
-                if episodes is not None:
-                    last_return = episodes["return_mean"]
-                if env_steps >= next_log:
-                    metrics = dict(zip(losses, values, strict=True))
-                    metrics["perf/env_steps_per_s"] = rate
-                    metrics["perf/agent_steps_per_s"] = rate * agents
-                    if episodes is not None:
-                        metrics.update(
-                            {f"train/{k}": v for k, v in episodes.items() if k != "episodes"}
-                        )
-                    sink.log(metrics, env_steps)
+                log_now = env_steps >= next_log
+                for index in range(S):
+                    if episodes[index] is not None:
+                        last_return[index] = episodes[index]["return_mean"]
+                    if log_now:
+                        metrics = {k: v[index] for k, v in zip(losses, values, strict=True)}
+                        metrics["perf/env_steps_per_s"] = rate
+                        metrics["perf/agent_steps_per_s"] = rate * agents
+                        if episodes[index] is not None:
+                            metrics.update(
+                                {
+                                    f"train/{k}": v
+                                    for k, v in episodes[index].items()
+                                    if k != "episodes"
+                                }
+                            )
+                        sinks[index].log(metrics, env_steps)
+                if log_now:
                     next_log = env_steps + train.log_every
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
-                    sink.log(
-                        _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seed), env_steps
-                    )
+                    scores = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
+                    for index in range(S):
+                        sinks[index].log(scores[index], env_steps)
                     next_eval = (env_steps // train.eval_every + 1) * train.eval_every
                 if train.checkpoint_every and env_steps >= next_ckpt:
                     next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
-                    sink.flush()  # a checkpoint never gets ahead of the metrics before it
-                    _save_checkpoint(
-                        client, request.run_id, trainer, env_steps, next_eval, next_ckpt
-                    )
+                    for sink in sinks:
+                        sink.flush()  # a checkpoint never gets ahead of the metrics before it
+                    save()
                 if progress is not None:
-                    progress(
-                        {
-                            "index": plan.index,
-                            "seed": plan.seed,
-                            "step": env_steps,
-                            "total": plan.total_env_steps,
-                            "return": last_return,
-                        }
-                    )
+                    for index, p in enumerate(plans):
+                        progress(
+                            {
+                                "index": p.index,
+                                "seed": p.seed,
+                                "step": env_steps,
+                                "total": p.total_env_steps,
+                                "return": last_return[index],
+                            }
+                        )
         except KeyboardInterrupt:
             # A second Ctrl-C or SIGTERM must not cut the checkpoint short.
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            sink.flush()
-            _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
+            for sink in sinks:
+                sink.flush()
+            save()
             raise
         elapsed = time.perf_counter() - started
-        final = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seed)
-        result.steps_per_s = (env_steps - start_steps) / max(elapsed, 1e-9)
-        final["perf/env_steps_per_s_mean"] = result.steps_per_s
-        sink.log(final, env_steps)
-        result.final_return = final.get("eval/return_mean")
-        result.env_steps = env_steps
-        _save_checkpoint(client, request.run_id, trainer, env_steps, next_eval, next_ckpt)
-        _save_policy(client, request.run_id, trainer)
+        finals = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
+        rate = (env_steps - start_steps) / max(elapsed, 1e-9)
+        for index, result in enumerate(results):
+            final = finals[index]
+            final["perf/env_steps_per_s_mean"] = rate
+            sinks[index].log(final, env_steps)
+            result.steps_per_s = rate
+            result.final_return = final.get("eval/return_mean")
+            result.env_steps = env_steps
+        save()
+        for index, request in enumerate(requests):
+            _save_policy(client, request.run_id, trainer, index)
     finally:
         env.close()
         eval_env.close()
@@ -308,16 +389,19 @@ def _derive_seed(*entropy: int) -> int:
     return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % 2**31)
 
 
-def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seed: int) -> dict[str, float]:
-    return {f"eval/{k}": v for k, v in evaluate(trainer, env, episodes, seed).items()}
+def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[dict]:
+    return [
+        {f"eval/{k}": v for k, v in result.items()}
+        for result in evaluate(trainer, env, episodes, seeds)
+    ]
 
 
 def _save_checkpoint(
-    client, run_id: str, trainer, env_steps: int, next_eval: int, next_ckpt: int
+    client, run_id: str, trainer, index: int, env_steps: int, next_eval: int, next_ckpt: int
 ) -> None:
     state = {
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "trainer": trainer.state_dict(),
+        "trainer": trainer.seed_state(index),
         "env_steps": env_steps,
         "next_eval": next_eval,
         "next_checkpoint": next_ckpt,
@@ -326,8 +410,8 @@ def _save_checkpoint(
     _log_torch(client, run_id, state, CHECKPOINT)
 
 
-def _save_policy(client, run_id: str, trainer) -> None:
-    _log_torch(client, run_id, {"policies": trainer.policies.state_dict()}, POLICY)
+def _save_policy(client, run_id: str, trainer, index: int) -> None:
+    _log_torch(client, run_id, {"policies": trainer.seed_state(index)["policies"]}, POLICY)
 
 
 def _log_torch(client, run_id: str, state: dict, artifact: str) -> None:

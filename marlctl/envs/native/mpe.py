@@ -13,7 +13,9 @@ no reset work at all. Otherwise ended envs are reset with a masked select.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -64,7 +66,10 @@ class MPEWorld:
         num_envs: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        seeds: int = 1,
     ):
+        """`num_envs` envs in all; with `seeds` > 1 they form that many equal blocks, each
+        drawing its start states from its own generator (`reset` takes one seed per block)."""
         params = dict(params)
         self.max_cycles = int(params.pop("max_cycles", 25))
         self.continuous = bool(params.pop("continuous_actions", False))
@@ -77,8 +82,9 @@ class MPEWorld:
         self.local_ratio: float | None = None
         layout = self.build(**params)
         self._setup(layout)
-        self.gen = torch.Generator(device=self.device)
-        self.gen.manual_seed(0)
+        if num_envs % seeds:
+            raise ValueError(f"num_envs={num_envs} does not split into {seeds} seed blocks")
+        self.generators = [torch.Generator(device=self.device) for _ in range(seeds)]
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._host_steps = 0
         self._synchronous = False
@@ -198,8 +204,12 @@ class MPEWorld:
 
     # ------------------------------------------------------------ BatchedEnv
 
-    def reset(self, seed: int) -> Observation:
-        self.gen.manual_seed(int(seed))
+    def reset(self, seed: int | Sequence[int]) -> Observation:
+        seeds = [seed] if isinstance(seed, int) else list(seed)
+        if len(seeds) != len(self.generators):
+            raise ValueError(f"reset needs {len(self.generators)} seed(s), got {len(seeds)}")
+        for generator, value in zip(self.generators, seeds, strict=True):
+            generator.manual_seed(int(value))
         self._assign(self.sample(self.num_envs))
         self.vel = torch.zeros(self.num_envs, self.n_entities, DIM_P, **self._like)
         self.comm = torch.zeros(self.num_envs, self.n_agents, self.dim_c, **self._like)
@@ -245,12 +255,19 @@ class MPEWorld:
         return {"dtype": self.dtype, "device": self.device}
 
     def rand(self, *shape: int, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
-        """Uniform [low, high) from this env's generator (`np_random.uniform`)."""
-        return torch.rand(*shape, generator=self.gen, **self._like) * (high - low) + low
+        """Uniform [low, high) (`np_random.uniform`); shape[0] runs over all envs."""
+        return self._draw(torch.rand, shape, self._like) * (high - low) + low
 
     def randint(self, high: int, *shape: int) -> torch.Tensor:
-        """Uniform integers in [0, high) (`np_random.integers`)."""
-        return torch.randint(high, shape, generator=self.gen, device=self.device)
+        """Uniform integers in [0, high) (`np_random.integers`); shape[0] runs over all envs."""
+        return self._draw(partial(torch.randint, high), shape, {"device": self.device})
+
+    def _draw(self, fn, shape: tuple[int, ...], like: dict[str, Any]) -> torch.Tensor:
+        """Each seed block's rows from its own generator."""
+        if len(self.generators) == 1:
+            return fn(shape, generator=self.generators[0], **like)
+        rows = shape[0] // len(self.generators)
+        return torch.cat([fn((rows, *shape[1:]), generator=g, **like) for g in self.generators])
 
     def _assign(self, state: dict[str, torch.Tensor], where: torch.Tensor | None = None) -> None:
         for key, value in state.items():
