@@ -22,11 +22,16 @@ PETTINGZOO_SWEEP = (1, 4, 16, 64)
 @dataclass
 class Point:
     kind: str  # "env" | "train"
-    num_envs: int
-    env_steps_per_s: float
+    num_envs: int  # per seed
+    env_steps_per_s: float  # all seeds together
     agent_steps_per_s: float
     peak_memory_mb: float
     seconds: float
+    seeds: int = 1  # trained as one batch (`hardware.batch_seeds`)
+
+    @property
+    def per_seed(self) -> float:
+        return self.env_steps_per_s / self.seeds
 
 
 @dataclass
@@ -48,6 +53,8 @@ class BenchResult:
         best_env, best_train = self.best("env"), self.best("train")
         data["best_env_num_envs"] = best_env.num_envs if best_env else None
         data["suggested_num_envs"] = best_train.num_envs if best_train else None
+        for point, row in zip(self.points, data["points"], strict=True):
+            row["env_steps_per_s_per_seed"] = point.per_seed
         return data
 
 
@@ -98,8 +105,9 @@ def run_bench(
     for num_envs in sizes:
         record(_env_point(open_, info, num_envs, run.seed, device, seconds))
     if train:
+        seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
         for num_envs in sizes:
-            record(_train_point(open_, spec, info, num_envs, run.seed, device, seconds))
+            record(_train_point(spec, info, num_envs, seeds, device, seconds))
     return result
 
 
@@ -116,14 +124,16 @@ def _env_point(open_, info, num_envs: int, seed: int, device, seconds: float) ->
     return Point("env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed)
 
 
-def _train_point(open_, spec, info, num_envs: int, seed: int, device, seconds: float) -> Point:
-    from marlctl.train.runner import build_trainer
+def _train_point(spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds) -> Point:
+    from marlctl.train.runner import build_trainer, make_env
 
     _reset_peak(device)
-    trainer = build_trainer(spec, info, num_envs, device, 1_000, (seed,))
-    env = open_(num_envs)
+    trainer = build_trainer(spec, info, num_envs, device, 1_000, seeds)
+    env = make_env(
+        spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
+    )
     try:
-        state = {"ob": env.reset(seed)}
+        state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}
 
         def iteration() -> None:
             state["ob"], _ = trainer.train_iteration(env, state["ob"])
@@ -132,8 +142,10 @@ def _train_point(open_, spec, info, num_envs: int, seed: int, device, seconds: f
         iters, elapsed = _timed(iteration, seconds, device, warmup=1)
     finally:
         env.close()
-    rate = iters * trainer.steps_per_iteration / elapsed
-    return Point("train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed)
+    rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
+    return Point(
+        "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds)
+    )
 
 
 def _timed(fn: Callable[[], object], seconds: float, device, warmup: int = 3) -> tuple[int, float]:

@@ -379,15 +379,18 @@ def bench(
         raise typer.Exit(130) from None
     data = result.to_dict()
     if not as_json:
-        table = Table("measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB")
+        batched = any(p.seeds > 1 for p in result.points)
+        columns = ["measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB"]
+        table = Table(*columns, *(["seeds", "env steps/s per seed"] if batched else []))
         for p in result.points:
-            table.add_row(
+            row = [
                 p.kind,
                 str(p.num_envs),
                 f"{p.env_steps_per_s:,.0f}",
                 f"{p.agent_steps_per_s:,.0f}",
                 f"{p.peak_memory_mb:,.0f}",
-            )
+            ]
+            table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []))
         out.print(table)
         if data["suggested_num_envs"] is not None:
             best = result.best("train")

@@ -220,3 +220,61 @@ def test_batched_seeds_need_the_native_backend(tmp_path):
     result = run_cli("validate", str(write_spec(tmp_path, body)))
     assert result.exit_code == 2
     assert ": hardware.batch_seeds: " in result.output
+
+
+def test_a_killed_seed_batch_resumes_together(tmp_path):
+    import json
+    import signal
+    import time
+
+    body = native_spec(tmp_path, seeds=[0, 1, 2], hardware={"batch_seeds": True, "num_envs": 16})
+    body["algo"]["epochs"] = 1
+    body["train"] = {
+        "total_env_steps": 30_000,
+        "eval_every": 10_000,
+        "eval_episodes": 8,
+        "checkpoint_every": 5_000,
+        "log_every": 1_000,
+    }
+    body["tracking"] = {"flush_every_s": 0.1}
+    spec = write_spec(tmp_path, body)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marlctl", "run", str(spec)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("mlruns/**/checkpoints/latest.pt"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoints appeared"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    mlflow = client()
+    seeds = [
+        r
+        for e in mlflow.search_experiments()
+        for r in mlflow.search_runs([e.experiment_id])
+        if r.data.tags.get("marlctl.role") == "seed"
+    ]
+    assert len(seeds) == 3 and all(r.info.status == "RUNNING" for r in seeds)
+    parent = seeds[0].data.tags["mlflow.parentRunId"]
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", "--resume", parent, "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert sorted(r["seed"] for r in summary["runs"]) == [0, 1, 2]
+    resumed = {mlflow.get_run(r.info.run_id).data.tags["marlctl.resumed_from_step"] for r in seeds}
+    assert len(resumed) == 1 and int(resumed.pop()) >= 5_000  # one step for the whole batch
+    for run in seeds:
+        assert mlflow.get_run(run.info.run_id).info.status == "FINISHED"
+        history = mlflow.get_metric_history(run.info.run_id, "loss/policy")
+        assert len({m.step for m in history}) == len(history)
+        evals = mlflow.get_metric_history(run.info.run_id, "eval/return_mean")
+        assert max(m.step for m in evals) >= 30_000
