@@ -5,9 +5,11 @@ simple_spread env-only throughput over num_envs at 1 and 2 threads (`marlctl ben
 --env-only`); (3) every native MPE task at 4,096 envs; (4) MAPPO training throughput over
 num_envs for `specs/spread_mappo_native.yaml` (`marlctl bench`); (5) a full
 `marlctl run specs/spread_mappo_native.yaml`: throughput, eval curve and the wall-clock time
-to a per-agent eval return better than -15. Writes `bench/results/native_mappo.md`.
+to a per-agent eval return better than -15; (6) 8 seeds trained as one batch
+(`hardware.batch_seeds`) against one seed, per seed, over num_envs. Writes
+`bench/results/native_mappo.md`.
 
-    .venv/bin/python bench/native_mappo.py          # about 8 minutes on 2 cores
+    .venv/bin/python bench/native_mappo.py          # about 10 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ OUT = ROOT / "bench" / "results" / "native_mappo.md"
 WORKDIR = ROOT / "bench" / "runs"  # the MLflow store of benchmark runs (not committed)
 ENV_SWEEP = "16,64,256,1024,4096,16384"
 TRAIN_SWEEP = "128,256,512,1024,2048"
+SEED_SWEEP = "8,16,32,64,256"
 
 
 def marlctl(*args: str) -> dict:
@@ -66,6 +69,23 @@ def train_sweep() -> dict:
     )
 
 
+def seed_batches() -> dict[int, dict]:
+    return {
+        seeds: marlctl(
+            "bench",
+            str(SPEC),
+            "--num-envs",
+            SEED_SWEEP,
+            "--seconds",
+            "4",
+            f"seeds=[{','.join(map(str, range(seeds)))}]",
+            "hardware.batch_seeds=true",
+            "hardware.device=cpu",
+        )  # fmt: skip
+        for seeds in (1, 8)
+    }
+
+
 def full_run() -> dict:
     from mlflow.tracking import MlflowClient
 
@@ -98,6 +118,7 @@ def main() -> None:
     sweeps = {threads: env_sweep(threads) for threads in (1, 2)}
     tasks = every_task()
     training = train_sweep()
+    batches = seed_batches()
     run = full_run()
 
     env_rows = []
@@ -123,6 +144,20 @@ def main() -> None:
         for p in training["points"]
         if p["kind"] == "train"
     ]
+    seed_rows = []
+    alone = [p for p in batches[1]["points"] if p["kind"] == "train"]
+    together = [p for p in batches[8]["points"] if p["kind"] == "train"]
+    for one, eight in zip(alone, together, strict=True):
+        share = eight["env_steps_per_s_per_seed"] / one["env_steps_per_s"]
+        seed_rows.append(
+            [
+                f"{one['num_envs']:,}",
+                f"{one['env_steps_per_s']:,.0f}",
+                f"{eight['env_steps_per_s']:,.0f}",
+                f"{eight['env_steps_per_s_per_seed']:,.0f}",
+                f"{share:.0%}",
+            ]
+        )
     if run["first_below"]:
         step, seconds = run["first_below"]
         reached = f"{step:,} env steps, {seconds / 60:.1f} min after the run started"
@@ -162,6 +197,19 @@ def main() -> None:
         *table(train_rows, ["num_envs", "env steps/s", "agent steps/s", "peak RSS MB"]),
         "",
         f"Suggested num_envs: {training['suggested_num_envs']:,}.",
+        "",
+        "## 8 seeds as one batch (`hardware.batch_seeds: true`) against one seed, 2 threads",
+        "",
+        *table(
+            seed_rows,
+            [
+                "num_envs per seed",
+                "1 seed: env steps/s",
+                "8 seeds: env steps/s, all",
+                "8 seeds: per seed",
+                "per seed vs alone",
+            ],
+        ),
         "",
         "## MAPPO end to end: `marlctl run specs/spread_mappo_native.yaml`",
         "",
