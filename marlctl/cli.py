@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -111,7 +112,7 @@ def run(
 ) -> None:
     """Validate, compile and train every seed; log to MLflow; print a summary."""
     _stop_on_sigterm()
-    try:
+    with _exit_codes(as_json):
         if resume is not None:
             if spec is not None:
                 raise SpecError([_arg_problem("--resume takes a run id, not a spec file")])
@@ -128,11 +129,6 @@ def run(
             from marlctl.launch import run_plan
 
             summary = _with_progress(lambda make: run_plan(loaded, plan, make(plan)), as_json)
-    except MarlctlError as error:
-        _fail(error, as_json)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]")
-        raise typer.Exit(130) from None
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -141,6 +137,18 @@ def run(
         raise typer.Exit(130)
     if not summary.ok:
         raise typer.Exit(1)
+
+
+@contextmanager
+def _exit_codes(as_json: bool):
+    """The project's errors and Ctrl-C become messages and exit codes (DESIGN.md §2)."""
+    try:
+        yield
+    except MarlctlError as error:
+        _fail(error, as_json)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
 
 
 def _stop_on_sigterm() -> None:
@@ -306,17 +314,12 @@ def eval_(
 ) -> None:
     """Evaluate a trained policy (deterministic actions) on either env backend."""
     _stop_on_sigterm()
-    try:
+    with _exit_codes(as_json):
         from marlctl.evaluation import evaluate_runs
 
         summary = evaluate_runs(
             run_id, tracking_uri, backend.value if backend else None, episodes, seed, device
         )
-    except MarlctlError as error:
-        _fail(error, as_json)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]")
-        raise typer.Exit(130) from None
     if as_json:
         _emit_json(summary.to_dict())
         return
@@ -351,7 +354,7 @@ def bench(
 ) -> None:
     """Measure env-only and training throughput of the spec's env and algorithm."""
     _stop_on_sigterm()
-    try:
+    with _exit_codes(as_json):
         sweep = _parse_sizes(num_envs)
         loaded, plan = _load(spec, overrides)
         from marlctl.bench import run_bench
@@ -372,11 +375,6 @@ def bench(
             )
 
         result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
-    except MarlctlError as error:
-        _fail(error, as_json)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]")
-        raise typer.Exit(130) from None
     data = result.to_dict()
     if not as_json:
         batched = any(p.seeds > 1 for p in result.points)
