@@ -233,7 +233,8 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
     )
     out.print(
         f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
-        f"{plan.steps_per_iteration:,} env steps per iteration",
+        f"{plan.steps_per_iteration:,} env steps per iteration"
+        + ("; seeds batched in one process per device" if plan.batch_seeds else ""),
         highlight=False,
         soft_wrap=True,
     )

@@ -442,7 +442,13 @@ class PPOTrainer:
         }
         self.policies.load_state_dict(policies)
         if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+            optimizer = state["optimizer"]
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            for index, entry in optimizer["state"].items():
+                for key, value in entry.items():
+                    if torch.is_tensor(value) and value.dim() == params[index].dim() - 1:
+                        entry[key] = value.unsqueeze(0)
+            self.optimizer.load_state_dict(optimizer)
         self.iteration = int(state.get("iteration", 0))
         for g, saved in zip(self.generators, state.get("generators", []), strict=False):
             g.set_state(saved)
