@@ -486,7 +486,13 @@ def list_(
 
 
 def main() -> None:
+    import faulthandler
+    import signal
+
     from typer.exceptions import TyperException
+
+    # `kill -USR1 PID` prints every thread's stack: where a stuck run is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     try:
         code = app(standalone_mode=False)

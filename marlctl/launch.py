@@ -310,6 +310,11 @@ def _never_started(request: RunRequest) -> RunResult:
 
 
 def _run_process(job: Job, events, send) -> None:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the CLI process does
+
     def report(event: dict[str, Any]) -> None:
         try:
             events.put(event)

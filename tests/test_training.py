@@ -516,7 +516,15 @@ def test_interrupt_checkpoints_marks_killed_and_exits_130(parallel, how, tmp_pat
             os.killpg(proc.pid, signal.SIGINT)  # a terminal sends SIGINT to the whole job
         else:
             proc.send_signal(signal.SIGTERM)
-        stdout, _ = proc.communicate(timeout=120)
+        try:
+            stdout, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGUSR1)  # every process prints its threads' stacks
+            time.sleep(2)
+            pytest.fail(
+                "no exit 120 s after the interrupt:\n"
+                + (tmp_path / "stderr.txt").read_text()[-12000:]
+            )
     finally:
         if proc.poll() is None:  # never leave a training process behind
             os.killpg(proc.pid, signal.SIGKILL)
