@@ -10,6 +10,7 @@ really needs the repository as its working directory is marked `@pytest.mark.rep
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,22 @@ def _working_dir(
     where = REPO_ROOT if request.node.get_closest_marker("repo_cwd") else tmp_path
     monkeypatch.chdir(where)
     return where
+
+
+@pytest.fixture(autouse=True)
+def _signal_state():
+    """Commands run in-process install signal handlers (SIGTERM stops a run like Ctrl-C);
+    each test starts from the handlers and signal mask the session began with."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def foreground_job() -> None:
+    """`preexec_fn` for a CLI subprocess that stands for a terminal's foreground job: default
+    SIGINT handling and nothing blocked, whatever the test process itself has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import foreground_job
 from typer.testing import CliRunner
 
 from marlctl.cli import app
@@ -494,6 +495,7 @@ def test_interrupt_checkpoints_marks_killed_and_exits_130(parallel, how, tmp_pat
         stderr=(tmp_path / "stderr.txt").open("w"),
         text=True,
         start_new_session=True,
+        preexec_fn=foreground_job,
     )
     try:
         from mlflow.tracking import MlflowClient

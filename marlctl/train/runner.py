@@ -173,7 +173,9 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
 
     client = tracking.client_for(requests[0].tracking_uri)
     plan = requests[0].run
-    if threading.current_thread() is threading.main_thread():
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    if main_thread:
         # A scheduler's SIGTERM (SLURM, `kill`) stops a run the way Ctrl-C does.
         signal.signal(signal.SIGTERM, _raise_interrupt)
     results = [RunResult(r.run.index, r.run.seed, r.run_id, "RUNNING") for r in requests]
@@ -228,6 +230,10 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
     except Exception as err:  # recorded, not raised: other runs go on
         error = f"{type(err).__name__}: {err}"
         finish("FAILED", error, error[:5000], traceback.format_exc())
+    finally:
+        if main_thread:  # the caller's handlers again (a run may be one of several)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return results
 
 
