@@ -91,8 +91,8 @@ class HardwareSpec(Strict):
     )
     compile: bool = Field(
         False,
-        description="torch.compile the networks (meant for CUDA with the native backend; on "
-        "CPU it compiles for about 30 s and trains slower). Measure with `marlctl bench`.",
+        description="torch.compile the networks: about 30 s of compilation first, then faster "
+        "updates (native backend). Measure with `marlctl bench SPEC hardware.compile=true`.",
     )
 
     @field_validator("device")
