@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -27,6 +27,13 @@ from marlctl.envs.registry import EnvInfo, GroupInfo, _group_name, lookup
 DIM_P = 2
 MOVE = 5  # no-op, left, right, down, up
 MOVES = ((0.0, 0.0), (-1.0, 0.0), (1.0, 0.0), (0.0, -1.0), (0.0, 1.0))
+
+
+@lru_cache
+def _off_diagonal(n: int, device: torch.device) -> torch.Tensor:
+    """Flat indices of (i, j), j != i, of an n × n grid, row by row."""
+    flat = [i * n + j for i in range(n) for j in range(n) if i != j]
+    return torch.tensor(flat, dtype=torch.long, device=device)
 
 
 @dataclass
@@ -87,7 +94,8 @@ class MPEWorld:
         self.generators = [torch.Generator(device=self.device) for _ in range(seeds)]
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._host_steps = 0
-        self._synchronous = False
+        self._no = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        self._all = torch.ones(num_envs, dtype=torch.bool, device=self.device)
 
     # ------------------------------------------------------------ scenario interface
 
@@ -215,30 +223,26 @@ class MPEWorld:
         self.comm = torch.zeros(self.num_envs, self.n_agents, self.dim_c, **self._like)
         self.steps.zero_()
         self._host_steps = 0
-        self._synchronous = not self.can_terminate
         return self._observe()
 
     def step(self, actions: dict[str, torch.Tensor]) -> Transition:
         u, c = self._decode(actions)
         self._physics(u)
         self.comm = c  # silent agents' utterances are zero already
-        self.steps += 1
-        self._host_steps += 1
         rewards = self.rewards()
         if self.local_ratio is not None:
             shared = self.global_reward().unsqueeze(-1)
             rewards = shared * (1 - self.local_ratio) + rewards * self.local_ratio
         final = self._observe()
         per_group = {g: rewards.index_select(1, idx) for g, idx in self.group_index.items()}
-        if self._synchronous:
-            ended = self._host_steps >= self.max_cycles
-            flag = torch.full((self.num_envs,), ended, dtype=torch.bool, device=self.device)
-            no = torch.zeros_like(flag)
-            if not ended:
-                return Transition(final, per_group, no, no, final)
-            self._restart(torch.ones_like(flag))
+        if not self.can_terminate:  # every env is at the same step, counted on the host
+            self._host_steps += 1
+            if self._host_steps < self.max_cycles:
+                return Transition(final, per_group, self._no, self._no, final)
+            self._restart(self._all)
             self._host_steps = 0
-            return Transition(self._observe(), per_group, no, flag, final)
+            return Transition(self._observe(), per_group, self._no, self._all, final)
+        self.steps += 1
         truncated = self.steps >= self.max_cycles
         solved = self.terminal()
         terminated = torch.zeros_like(truncated) if solved is None else solved & ~truncated
@@ -283,7 +287,8 @@ class MPEWorld:
         fresh["vel"] = torch.zeros_like(self.vel)
         fresh["comm"] = torch.zeros_like(self.comm)
         self._assign(fresh, ended)
-        self.steps = torch.where(ended, torch.zeros_like(self.steps), self.steps)
+        if self.can_terminate:
+            self.steps = torch.where(ended, torch.zeros_like(self.steps), self.steps)
 
     def _decode(self, actions: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Group actions -> physical force u [E, n_agents, 2] and utterance c [E, n, dim_c].
@@ -351,11 +356,13 @@ class MPEWorld:
         return self.pos[:, self.n_agents :]
 
     @staticmethod
-    def others(x: torch.Tensor, members: int | None = None) -> torch.Tensor:
-        """x [E, n, n, ...] (row = observer) -> [E, n, n - 1, ...] without the diagonal."""
-        n = x.shape[1] if members is None else members
-        keep = ~torch.eye(n, dtype=torch.bool, device=x.device)
-        return x[:, keep].view(x.shape[0], n, n - 1, *x.shape[3:])
+    def others(x: torch.Tensor) -> torch.Tensor:
+        """x [E, n, n, ...] (row = observer) -> [E, n, n - 1, ...] without the diagonal.
+
+        One index_select: a boolean mask would make CUDA sync with the host to count it."""
+        E, n = x.shape[:2]
+        picked = x.flatten(1, 2).index_select(1, _off_diagonal(n, x.device))
+        return picked.view(E, n, n - 1, *x.shape[3:])
 
     @staticmethod
     def nearest(rel: torch.Tensor, count: int | None, *extra: torch.Tensor):
@@ -397,7 +404,6 @@ class MPEWorld:
         ).reshape(len(worlds), self.n_agents, self.dim_c)
         self.steps = torch.full((self.num_envs,), steps, dtype=torch.long, device=self.device)
         self._host_steps = steps
-        self._synchronous = not self.can_terminate
         self.load_extra(worlds)
 
     def load_extra(self, worlds: list[Any]) -> None:
