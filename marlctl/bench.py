@@ -74,8 +74,6 @@ def run_bench(
 ) -> BenchResult:
     import torch
 
-    from marlctl.train.runner import open_env
-
     spec, info, run = loaded.spec, plan.env, plan.runs[0]
     device = torch.device(run.device)
     torch.set_num_threads(run.threads)
@@ -90,20 +88,14 @@ def run_bench(
         spec.hardware.compile,
         [],
     )
-    params, workers = dict(spec.env.params), spec.hardware.env_workers
 
     def record(point: Point) -> None:
         result.points.append(point)
         if report is not None:
             report(point)
 
-    def open_(num_envs: int):
-        return open_env(
-            spec.env.backend, info.id, params, info, num_envs, device, min(workers, num_envs)
-        )
-
     for num_envs in sizes:
-        record(_env_point(open_, info, num_envs, run.seed, device, seconds))
+        record(_env_point(spec, info, num_envs, run.seed, device, seconds))
     if train:
         seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
         for num_envs in sizes:
@@ -111,9 +103,11 @@ def run_bench(
     return result
 
 
-def _env_point(open_, info, num_envs: int, seed: int, device, seconds: float) -> Point:
+def _env_point(spec, info, num_envs: int, seed: int, device, seconds: float) -> Point:
+    from marlctl.train.runner import make_env
+
     _reset_peak(device)
-    env = open_(num_envs)
+    env = make_env(spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs))
     try:
         env.reset(seed)
         actions = _random_actions(info, num_envs, device)

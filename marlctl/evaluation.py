@@ -76,7 +76,7 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
     from marlctl.launch import SPEC_ARTIFACT
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
-    from marlctl.train.runner import CHECKPOINT, POLICY, build_trainer, evaluate, open_env
+    from marlctl.train.runner import CHECKPOINT, POLICY, build_trainer, evaluate, make_env
 
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,9 +105,7 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
     num_envs = max(1, min(episodes, 32 if spec.env.backend == "pettingzoo" else episodes))
     trainer = build_trainer(spec, plan.env, num_envs, torch_device, total_iterations=1)
     trainer.policies.load_state_dict(policies)
-    env = open_env(
-        spec.env.backend, spec.env.id, dict(spec.env.params), plan.env, num_envs, torch_device
-    )
+    env = make_env(spec, plan.env, num_envs, torch_device)
     try:
         (result,) = evaluate(trainer, env, episodes, [seed])
     finally:

@@ -24,7 +24,9 @@ class Transition(NamedTuple):
     rewards: dict[str, torch.Tensor]  # group -> [E, n]
     terminated: torch.Tensor  # [E] bool: episode ended for good
     truncated: torch.Tensor  # [E] bool: episode cut by a time limit
-    final: Observation  # the last observation of an ended episode (rows where done)
+    # The last observation of an ended episode (rows where done); `next` itself when no
+    # episode ended this step, so a trainer can skip bootstrapping without a host sync.
+    final: Observation
 
 
 class BatchedEnv(Protocol):

@@ -209,6 +209,8 @@ class PPOTrainer:
     def _noise(self, shape: torch.Size, normal: bool) -> torch.Tensor:
         """Per-seed random numbers, shape [S, ...], each seed from its own generator."""
         draw = torch.randn if normal else torch.rand
+        if len(self.generators) == 1:  # the same numbers as the stack below, without a copy
+            return draw(shape, generator=self.generators[0], device=self.device)
         return torch.stack(
             [draw(shape[1:], generator=g, device=self.device) for g in self.generators]
         )

@@ -99,24 +99,10 @@ def make_env(
     workers: int = 0,
     seeds: int = 1,
 ) -> BatchedEnv:
-    """`num_envs` envs for each of `seeds` seeds, seed-major."""
-    return open_env(
-        spec.env.backend, spec.env.id, dict(spec.env.params), info, num_envs, device, workers, seeds
-    )
-
-
-def open_env(
-    backend: str,
-    env_id: str,
-    params: dict[str, Any],
-    info: EnvInfo,
-    num_envs: int,
-    device: torch.device,
-    workers: int = 0,
-    seeds: int = 1,
-) -> BatchedEnv:
-    """A batched env of `backend`; a native one must present the same spaces as `info`."""
-    if backend == "native":
+    """`num_envs` envs for each of `seeds` seeds, seed-major, on the spec's backend; a native
+    env must present the same spaces as its PettingZoo original (`info`)."""
+    params = dict(spec.env.params)
+    if spec.env.backend == "native":
         from marlctl.envs.native import native_class
 
         env = native_class(info.id)(params, num_envs * seeds, device, seeds=seeds)
@@ -127,7 +113,7 @@ def open_env(
         raise ValueError("seeds are batched on the native backend only")
     from marlctl.envs.pettingzoo import PettingZooEnv
 
-    return PettingZooEnv(env_id, params, info, num_envs, device, workers)
+    return PettingZooEnv(spec.env.id, params, info, num_envs, device, workers)
 
 
 def _reset_seed(seeds: list[int]) -> int | list[int]:
