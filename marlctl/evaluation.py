@@ -76,7 +76,14 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
     from marlctl.launch import SPEC_ARTIFACT
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
-    from marlctl.train.runner import CHECKPOINT, POLICY, build_trainer, evaluate, make_env
+    from marlctl.train.runner import (
+        CHECKPOINT,
+        EVAL_ENVS,
+        POLICY,
+        build_trainer,
+        evaluate,
+        make_env,
+    )
 
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +109,8 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
     spec = loaded.spec
     policies = state["policies"] if artifact == POLICY else state["trainer"]["policies"]
     torch_device = torch.device(plan.runs[0].device)
-    num_envs = max(1, min(episodes, 32 if spec.env.backend == "pettingzoo" else episodes))
+    # Native envs run every episode at once; PettingZoo ones step in Python, a few at a time.
+    num_envs = episodes if spec.env.backend == "native" else min(episodes, EVAL_ENVS)
     trainer = build_trainer(spec, plan.env, num_envs, torch_device, total_iterations=1)
     trainer.policies.load_state_dict(policies)
     env = make_env(spec, plan.env, num_envs, torch_device)

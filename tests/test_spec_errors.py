@@ -638,7 +638,9 @@ runner = CliRunner()
 for args in (["--help"], ["validate", "specs/spread_mappo.yaml"], ["list", "algos"],
              ["list", "envs"], ["list", "algos", "--json"],
              ["run", "specs/spread_mappo.yaml", "--dry-run"],
-             ["run", "specs/spread_mappo.yaml", "--dry-run", "--json"]):
+             ["run", "specs/spread_mappo.yaml", "--dry-run", "--json"],
+             ["validate", "specs/spread_mappo_native.yaml"],
+             ["run", "specs/spread_mappo_native.yaml", "--dry-run"]):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, (args, result.output, result.exception)
     assert not heavy(), (args, heavy())
