@@ -121,18 +121,27 @@ def compile_plan(
                     f"'{spec.env.id}' group '{group.name}' has (env.id)",
                 )
             )
-    share = spec.algo.share_params if hasattr(spec.algo, "share_params") else None
-    if isinstance(share, dict):
+    sharing = spec.model.sharing
+    if isinstance(sharing, dict):
         names = {g.name for g in env_info.groups}
-        for key in share:
+        for key in sharing:
             if key not in names:
                 problems.append(
                     prov.problem(
-                        f"algo.share_params.{key}",
+                        f"model.sharing.{key}",
                         f"no agent group '{key}' in env '{spec.env.id}'; "
                         f"groups: {', '.join(sorted(names))}",
                     )
                 )
+    if spec.model.recurrent is not None and not algo.recurrent:
+        able = ", ".join(name for name, a in registered_algos().items() if a.recurrent)
+        problems.append(
+            prov.problem(
+                "model.recurrent",
+                f"algorithm '{algo.name}' has no recurrent agents (env '{spec.env.id}'): it "
+                f"trains on single transitions; set model.recurrent: null or use one of {able}",
+            )
+        )
 
     hw, train = spec.hardware, spec.train
     gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices
@@ -260,11 +269,10 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
 
     params, floats = 0, 0
     for g in env.groups:
-        copies = 1
-        share = getattr(spec.algo, "share_params", True)
-        shared = share.get(g.name, True) if isinstance(share, dict) else share
-        copies = 1 if shared else g.n_agents
-        extra = g.n_agents if shared and g.n_agents > 1 else 0
+        sharing = spec.model.sharing
+        mode = sharing.get(g.name, "shared") if isinstance(sharing, dict) else sharing
+        copies = 1 if mode == "shared" else g.n_agents
+        extra = g.n_agents if mode == "shared" and g.n_agents > 1 else 0
         critic_in = (
             env.state_dim if registered_algos()[spec.algo.name].centralised_critic else g.obs_dim
         )
@@ -275,4 +283,10 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
             * g.n_agents
             * (g.obs_dim + critic_in + g.n_actions + 8)
         )
+    buffer = getattr(spec.algo, "buffer_size", 0)
+    if buffer:  # a stored transition: observations, next observations, state, next state
+        per_step = 2 * env.state_dim + sum(
+            g.n_agents * (2 * g.obs_dim + g.n_actions + 4) for g in env.groups
+        )
+        floats += buffer * per_step
     return round((params * 4 + floats) * 4 / 2**20, 2)

@@ -25,6 +25,7 @@ def discrete_only_algo():
         continuous_actions=False,
         centralised_critic=False,
         on_policy=False,
+        recurrent=False,
     )
     class DiscreteOnly(AlgoConfig):
         name: Literal["discreteonly"] = "discreteonly"

@@ -68,31 +68,3 @@ def test_a_seed_in_a_batch_computes_exactly_what_it_computes_alone():
             assert torch.equal(mine[0], theirs[1])  # same initialisation from the same seed
         x = torch.randn(3, 6, 3, 4)
         assert torch.equal(alone(x[1:2])[0], batch(x)[1])
-
-
-def test_checkpoints_without_the_seed_axis_still_load():
-    from marlctl.algos.ppo import MAPPOConfig
-    from marlctl.envs.native import native_class
-    from marlctl.spec.models import ModelSpec
-    from marlctl.train.ppo import PPOTrainer
-
-    env = native_class("mpe/simple_spread")({"N": 2}, 4, "cpu")
-    config = MAPPOConfig(name="mappo", rollout_steps=5, epochs=1)
-
-    def trainer(seed: int) -> PPOTrainer:
-        return PPOTrainer(config, ModelSpec(), env.info, 4, torch.device("cpu"), 5, True, (seed,))
-
-    source = trainer(0)
-    source.train_iteration(env, env.reset(0))
-    state = source.state_dict()
-    state["policies"] = {k: v[0] for k, v in state["policies"].items()}  # the older layout
-    for entry in state["optimizer"]["state"].values():
-        for key in ("exp_avg", "exp_avg_sq"):
-            entry[key] = entry[key][0]
-    target = trainer(1)
-    target.load_state_dict(state)
-    for mine, theirs in zip(
-        target.policies.parameters(), source.policies.parameters(), strict=True
-    ):
-        assert torch.equal(mine, theirs)
-    target.train_iteration(env, env.reset(1))  # the optimiser state has the right shapes

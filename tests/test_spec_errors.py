@@ -408,10 +408,15 @@ CASES = {
         "spec.yaml:11: hardware.devices.1:",
         f"cuda:99 requested but this machine has {GPUS} visible CUDA device(s)",
     ),
-    "unknown-group-in-share-params": Case(
-        {"spec.yaml": BASE.replace("name: mappo", "name: mappo\n  share_params: {agentz: true}")},
-        "spec.yaml:5: algo.share_params.agentz:",
+    "unknown-group-in-sharing": Case(
+        {"spec.yaml": BASE + "model:\n  sharing: {agentz: independent}\n"},
+        "spec.yaml:9: model.sharing.agentz:",
         "no agent group 'agentz' in env",
+    ),
+    "unknown-sharing-mode": Case(
+        {"spec.yaml": BASE + "model:\n  sharing: pooled\n"},
+        "spec.yaml:9: model.sharing:",
+        "shared",
     ),
     # ------------------------------------------------------------- presets (defaults:)
     "preset-does-not-exist": Case(

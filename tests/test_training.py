@@ -243,7 +243,8 @@ def test_mpe_envs_with_distinct_groups_train(env_id, tmp_path, monkeypatch):
         tmp_path,
         {
             "env": {"id": env_id, "params": {"max_cycles": 10}},
-            "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1, "share_params": False},
+            "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1},
+            "model": {"sharing": "independent"},
             "train": {"total_env_steps": 400, "eval_every": 0, "eval_episodes": 4},
             "hardware": {"num_envs": 4, "env_workers": 2},
         },
@@ -460,7 +461,7 @@ def test_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
     )
     state = torch.load(path, weights_only=True)
     assert state["env_steps"] == out["runs"][0]["env_steps"]
-    assert any(k.endswith("actor.weights.0") for k in state["trainer"]["policies"])
+    assert any(k.endswith("actor.mlp.weights.0") for k in state["trainer"]["policies"])
 
 
 @pytest.mark.slow

@@ -29,8 +29,10 @@ class AlgoInfo:
     summary: str
     discrete_actions: bool
     continuous_actions: bool
-    centralised_critic: bool
+    centralised_critic: bool  # a critic or mixer that sees the global state
     on_policy: bool
+    recurrent: bool  # supports `model.recurrent`
+    replay: bool  # keeps a replay buffer (`train.checkpoint_replay` applies)
 
     @property
     def action_kinds(self) -> list[str]:
@@ -56,6 +58,7 @@ def register_algo(
     continuous_actions: bool,
     centralised_critic: bool,
     on_policy: bool,
+    recurrent: bool,
 ):
     def decorate(config: type[AlgoConfig]) -> type[AlgoConfig]:
         ALGOS[name] = AlgoInfo(
@@ -67,6 +70,8 @@ def register_algo(
             continuous_actions,
             centralised_critic,
             on_policy,
+            recurrent,
+            not on_policy,
         )
         return config
 

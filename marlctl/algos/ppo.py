@@ -39,11 +39,6 @@ class PPOConfig(AlgoConfig):
     normalize_advantages: bool = Field(
         True, description="Standardise advantages over each rollout, per agent group."
     )
-    share_params: bool | dict[str, bool] = Field(
-        True,
-        description="One network per agent group (agent id appended) or one per agent; "
-        "a mapping sets it per group name.",
-    )
     anneal_lr: bool = Field(False, description="Decay learning rates linearly to zero.")
 
 
@@ -52,6 +47,7 @@ _COMMON = dict(
     discrete_actions=True,
     continuous_actions=True,
     on_policy=True,
+    recurrent=True,
 )
 
 

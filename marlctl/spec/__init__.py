@@ -261,6 +261,8 @@ def _validate(data: dict[str, Any], provenance: Provenance) -> Spec:
 
 
 _PYDANTIC_LOC = re.compile(r"^(function-\w+\[.*\]|range|choices)$")
+# The member a plain union names in an error's path: model.sharing.literal[...] -> model.sharing
+_UNION_MEMBER = re.compile(r"^(literal\[.*\]|dict\[.*\]|list\[.*\]|str|int|float|bool)$")
 
 
 def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[Problem]:
@@ -275,6 +277,7 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
         tag = loc.pop(1) if len(loc) >= 2 and loc[0] == "algo" and loc[1] in algos else None
         if loc[:2] == ["sweep", "space"]:
             loc = [p for p in loc if not _PYDANTIC_LOC.match(p)]
+        loc = [p for p in loc if not _UNION_MEMBER.match(p)]
         dotted = ".".join(loc)
         kind = item["type"]
         if kind == "extra_forbidden":

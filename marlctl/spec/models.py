@@ -34,6 +34,9 @@ class EnvSpec(Strict):
     )
 
 
+Sharing = Literal["shared", "independent", "federated"]
+
+
 class ModelSpec(Strict):
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=lambda: [64, 64],
@@ -46,6 +49,21 @@ class ModelSpec(Strict):
     )
     layer_norm: bool = Field(
         True, description="LayerNorm on network inputs (MAPPO's feature norm)."
+    )
+    sharing: Sharing | dict[str, Sharing] = Field(
+        "shared",
+        description="Parameters per agent group: shared (one network, agent id appended), "
+        "independent (one per agent) or federated (one per agent, averaged every "
+        "`federated_every` updates); a mapping sets it per group name, others stay shared.",
+    )
+    federated_every: int = Field(
+        10, ge=1, le=1_000_000, description="Updates between federated averaging rounds."
+    )
+    recurrent: Literal["gru"] | None = Field(
+        None,
+        description="gru = a GRU cell after the hidden layers, trained on sequences with the "
+        "state reset at episode starts (algorithms whose `list algos` says recurrent); "
+        "null = feed-forward.",
     )
 
 

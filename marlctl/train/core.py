@@ -55,25 +55,27 @@ class BatchedMLP(nn.Module):
             shape = (S, *([1] * len(lead)), self.copies, x.shape[-1])
             x = F.layer_norm(x, x.shape[-1:]) * self.norm.view(shape) + self.norm_bias.view(shape)
         last = len(self.weights) - 1
-        if self.copies == 1:  # one fused multiply-add per seed over every row
-            h = x.reshape(S, -1, x.shape[-1])
-            for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-                if w.shape[-1] == 1:  # a matrix-vector product takes a batch-dependent path
-                    h = (h * w[:, 0, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, :1]
-                else:
-                    h = torch.baddbmm(b[:, :1], h, w[:, 0])
-                if index < last:
-                    h = self.activation(h)
-            return h.view(S, *lead, n, -1)
-        h = x.reshape(S, -1, n, x.shape[-1])
+        h = x.reshape(S, -1, x.shape[-1]) if self.copies == 1 else x.reshape(S, -1, n, x.shape[-1])
         for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            if w.shape[-1] == 1:
-                h = (h * w[:, :, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, None]
-            else:
-                h = torch.einsum("sbni,snio->sbno", h, w) + b[:, None]
+            h = batched_linear(h, w, b)
             if index < last:
                 h = self.activation(h)
         return h.view(S, *lead, n, -1)
+
+
+def batched_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One layer of `seeds` × `copies` linear maps: w `[S, copies, in, out]`, b `[S, copies, out]`.
+
+    h is `[S, rows, in]` when copies == 1 (one fused multiply-add per seed over every row),
+    else `[S, rows, copies, in]`.
+    """
+    if h.dim() == 3:
+        if w.shape[-1] == 1:  # a matrix-vector product takes a batch-dependent path
+            return (h * w[:, 0, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, :1]
+        return torch.baddbmm(b[:, :1], h, w[:, 0])
+    if w.shape[-1] == 1:
+        return (h * w[:, :, :, 0].unsqueeze(1)).sum(-1, keepdim=True) + b[:, None]
+    return torch.einsum("sbni,snio->sbno", h, w) + b[:, None]
 
 
 def per_seed(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

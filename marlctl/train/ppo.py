@@ -19,79 +19,50 @@ from marlctl.algos.ppo import PPOConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.core import (
-    BatchedMLP,
-    EpisodeStats,
-    RunningMeanStd,
-    gae,
-    one_hot_ids,
-    per_seed,
-)
-
-# Argument validation costs a host sync and a pass over every tensor on each call.
-torch.distributions.Distribution.set_default_validate_args(False)
+from marlctl.train.base import Trainer, clip_grad_norm_per_seed, flat_obs
+from marlctl.train.core import RunningMeanStd, gae, per_seed
+from marlctl.train.networks import reset_where
 
 # ---------------------------------------------------------------- networks
 
 
 class GroupPolicy(nn.Module):
-    """Actor and critic of one agent group, shared across its agents or one per agent."""
+    """Actor and critic of one agent group (`model.sharing`, `model.recurrent` apply)."""
 
-    def __init__(
-        self,
-        group: GroupInfo,
-        critic_dim: int,
-        shared: bool,
-        model: ModelSpec,
-        centralised: bool,
-        generators: list[torch.Generator],
-    ):
+    def __init__(self, trainer: Trainer, group: GroupInfo, critic_dim: int, centralised: bool):
         super().__init__()
-        self.group, self.shared, self.centralised = group, shared, centralised
-        n, seeds = group.n_agents, len(generators)
-        self.copies = copies = 1 if shared else n
-        self.id_dim = n if shared and n > 1 else 0
-        hidden, act, norm = list(model.hidden), model.activation, model.layer_norm
-        common = {"activation": act, "layer_norm": norm, "generators": generators}
-        self.actor = BatchedMLP(
-            seeds, copies, group.obs_dim + self.id_dim, hidden, group.n_actions, out_gain=0.01,
-            **common,
-        )  # fmt: skip
-        self.critic = BatchedMLP(
-            seeds, copies, critic_dim + self.id_dim, hidden, 1, out_gain=1.0, **common
-        )
+        self.group, self.centralised = group, centralised
+        self.actor = trainer.agent_net(group, group.obs_dim, group.n_actions, out_gain=0.01)
+        self.critic = trainer.agent_net(group, critic_dim, 1, out_gain=1.0)
+        copies = self.actor.copies
         self.log_std = (
-            None if group.discrete else nn.Parameter(torch.zeros(seeds, copies, group.n_actions))
+            None
+            if group.discrete
+            else nn.Parameter(torch.zeros(len(trainer.seeds), copies, group.n_actions))
         )
-        self.value_norm = RunningMeanStd(seeds)
-
-    def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.id_dim:
-            return x
-        ids = one_hot_ids(self.id_dim, x.device).expand(*x.shape[:-2], -1, -1)
-        return torch.cat([x, ids], dim=-1)
+        self.value_norm = RunningMeanStd(len(trainer.seeds))
 
     def actor_input(self, ob: Observation) -> torch.Tensor:
-        obs = ob.obs[self.group.name]
-        return self._with_ids(obs.flatten(start_dim=obs.dim() - len(self.group.obs_shape)))
+        return flat_obs(ob, self.group)
 
     def critic_input(self, ob: Observation) -> torch.Tensor:
         if not self.centralised:
             return self.actor_input(ob)
-        state = ob.state.unsqueeze(-2).expand(*ob.state.shape[:-1], self.group.n_agents, -1)
-        return self._with_ids(state)
+        return ob.state.unsqueeze(-2).expand(*ob.state.shape[:-1], self.group.n_agents, -1)
 
-    def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None):
-        out = self.actor(actor_in)
+    def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None):
+        """The action distribution, and the actor's next recurrent state."""
+        out, h = self.actor(actor_in, h)
         if self.group.discrete:
             if mask is not None:
                 out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
-            return Categorical(logits=out)
-        shape = (out.shape[0], *([1] * (out.dim() - 3)), self.copies, out.shape[-1])
-        return Normal(out, self.log_std.exp().view(shape).expand_as(out))
+            return Categorical(logits=out), h
+        shape = (out.shape[0], *([1] * (out.dim() - 3)), self.actor.copies, out.shape[-1])
+        return Normal(out, self.log_std.exp().view(shape).expand_as(out)), h
 
-    def value(self, critic_in: torch.Tensor) -> torch.Tensor:
-        return self.critic(critic_in).squeeze(-1)
+    def value(self, critic_in: torch.Tensor, h=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, h = self.critic(critic_in, h)
+        return out.squeeze(-1), h
 
 
 def _log_prob(dist, action: torch.Tensor, discrete: bool) -> torch.Tensor:
@@ -115,6 +86,7 @@ class GroupRollout:
     rewards: torch.Tensor  # [T, S, E, n], with truncation bootstrap
     active: torch.Tensor  # [T, S, E, n]
     masks: torch.Tensor | None
+    first: torch.Tensor  # [T, S, E]: an episode starts at this step (recurrent state resets)
 
 
 def seed_first(x: torch.Tensor) -> torch.Tensor:
@@ -122,15 +94,19 @@ def seed_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).flatten(1, 2)
 
 
+def env_first(x: torch.Tensor) -> torch.Tensor:
+    """[T, S, E, ...] -> [S, E, T, ...]: one env's sequence together (recurrent minibatches)."""
+    return x.permute(1, 2, 0, *range(3, x.dim()))
+
+
 # ---------------------------------------------------------------- trainer
 
 
-class PPOTrainer:
+class PPOTrainer(Trainer):
     """Collect `rollout_steps` from every env, then `epochs` of minibatch PPO updates.
 
-    Trains one seed, or several at once (`hardware.batch_seeds`): env rows are seed-major,
-    `[S * E, ...]`, and every network, normaliser, random stream, minibatch order and
-    gradient clip is per seed, so a seed's numbers do not depend on the others.
+    Recurrent agents carry their state across rollouts (reset at episode starts) and are
+    trained on whole rollout sequences, minibatched over envs.
     """
 
     def __init__(
@@ -144,26 +120,12 @@ class PPOTrainer:
         centralised: bool,
         seeds: tuple[int, ...] = (0,),
     ):
-        self.cfg, self.info, self.device = config, info, torch.device(device)
-        self.num_envs, self.total_iterations = num_envs, max(1, total_iterations)
-        self.seeds = tuple(seeds)
-        S = len(self.seeds)
-        init = [torch.Generator().manual_seed(seed) for seed in self.seeds]
-        self.generators = [
-            torch.Generator(device=self.device).manual_seed(seed + 1) for seed in self.seeds
-        ]
-        share = config.share_params
-        critic_dim = info.state_dim if centralised else 0
+        super().__init__(model, info, num_envs, device, seeds)
+        self.cfg, self.total_iterations = config, max(1, total_iterations)
+        self.recurrent = model.recurrent is not None
         self.policies = nn.ModuleDict(
             {
-                g.name: GroupPolicy(
-                    g,
-                    critic_dim if centralised else g.obs_dim,
-                    share.get(g.name, True) if isinstance(share, dict) else share,
-                    model,
-                    centralised,
-                    init,
-                )
+                g.name: GroupPolicy(self, g, info.state_dim if centralised else g.obs_dim, centralised)
                 for g in info.groups
             }
         ).to(self.device)
@@ -178,65 +140,38 @@ class PPOTrainer:
             ],
             eps=1e-5,
         )
-        self.iteration = 0
-        self._rows = torch.arange(S, device=self.device).unsqueeze(1)
-        self.stats = EpisodeStats(
-            {g.name: g.n_agents for g in info.groups}, num_envs, self.device, S
-        )
-
-    def compile(self) -> None:
-        """torch.compile every network in place (parameter names and checkpoints unchanged)."""
-        for pol in self.policies.values():
-            pol.actor.compile(dynamic=False)
-            pol.critic.compile(dynamic=False)
-
-    # ------------------------------------------------------------ seeds
-
-    def split(self, ob: Observation) -> Observation:
-        """Env rows [S * E, ...] -> [S, E, ...]."""
+        self.optimizers = {"adam": self.optimizer}
         S = len(self.seeds)
-
-        def view(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.view(S, -1, *x.shape[1:])
-
-        return Observation(
-            {k: view(v) for k, v in ob.obs.items()},
-            view(ob.state),
-            {k: view(v) for k, v in ob.masks.items()},
-            {k: view(v) for k, v in ob.active.items()},
-        )
-
-    def _noise(self, shape: torch.Size, normal: bool) -> torch.Tensor:
-        """Per-seed random numbers, shape [S, ...], each seed from its own generator."""
-        draw = torch.randn if normal else torch.rand
-        if len(self.generators) == 1:  # the same numbers as the stack below, without a copy
-            return draw(shape, generator=self.generators[0], device=self.device)
-        return torch.stack(
-            [draw(shape[1:], generator=g, device=self.device) for g in self.generators]
-        )
-
-    def _sample(self, pol: GroupPolicy, dist) -> torch.Tensor:
-        if pol.group.discrete:  # inverse CDF: masked actions have zero mass
-            probs = dist.probs
-            u = self._noise(probs.shape[:-1], normal=False).unsqueeze(-1)
-            return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
-        return dist.mean + dist.stddev * self._noise(dist.mean.shape, normal=True)
+        self._hidden = {
+            name: (
+                pol.actor.initial_state(S, num_envs, device=self.device),
+                pol.critic.initial_state(S, num_envs, device=self.device),
+            )
+            for name, pol in self.policies.items()
+        }
 
     # ------------------------------------------------------------ acting
 
-    @torch.no_grad()
-    def act(self, ob: Observation, deterministic: bool = True) -> dict[str, torch.Tensor]:
-        """Actions for env rows [S * E, ...]."""
-        split = self.split(ob)
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
         for name, pol in self.policies.items():
-            dist = pol.distribution(pol.actor_input(split), split.masks[name])
+            h = None
+            if self.recurrent:
+                h = self.acting_state(name, pol.actor, first, ob.state.shape[1])
+            dist, h = pol.distribution(pol.actor_input(ob), ob.masks[name], h)
+            if h is not None:
+                self._acting[name] = h
             if deterministic:
                 action = dist.probs.argmax(-1) if pol.group.discrete else dist.mean
             else:
                 action = self._sample(pol, dist)
-            actions[name] = action.flatten(0, 1)
+            actions[name] = action
         return actions
+
+    def _sample(self, pol: GroupPolicy, dist) -> torch.Tensor:
+        if pol.group.discrete:
+            return self.sample_categorical(dist.probs)
+        return dist.mean + dist.stddev * self.noise(dist.mean.shape, normal=True)
 
     # ------------------------------------------------------------ rollout
 
@@ -248,22 +183,33 @@ class PPOTrainer:
         buf: dict[str, dict[str, list]] = {
             n: {k: [] for k in GroupRollout.__annotations__} for n in self.policies
         }
+        self._start_hidden = {}
         dones = []
-        for _ in range(steps):
+        for t in range(steps):
             split = self.split(ob)
-            actions = {}
+            actions, critic_h = {}, {}
             for name, pol in self.policies.items():
                 a_in, c_in = pol.actor_input(split), pol.critic_input(split)
-                dist = pol.distribution(a_in, split.masks[name])
+                h_a = h_c = None
+                if self.recurrent:
+                    h_a, h_c = (reset_where(h, self._first) for h in self._hidden[name])
+                    if t == 0:
+                        self._start_hidden[name] = (h_a, h_c)
+                dist, h_a = pol.distribution(a_in, split.masks[name], h_a)
+                value, h_c = pol.value(c_in, h_c)
+                if self.recurrent:
+                    self._hidden[name] = (h_a, h_c)
+                critic_h[name] = h_c
                 action = self._sample(pol, dist)
                 b = buf[name]
                 b["actor_in"].append(a_in)
                 b["critic_in"].append(c_in)
                 b["actions"].append(action)
                 b["log_probs"].append(_log_prob(dist, action, pol.group.discrete))
-                b["values"].append(pol.value_norm.denormalize(pol.value(c_in)))
+                b["values"].append(pol.value_norm.denormalize(value))
                 b["active"].append(split.active[name])
                 b["masks"].append(split.masks[name])
+                b["first"].append(self._first)
                 actions[name] = action.flatten(0, 1)
             tr = env.step(actions)
             done = (tr.terminated | tr.truncated).view(S, -1)
@@ -276,9 +222,11 @@ class PPOTrainer:
                     buf[name]["rewards"].append(rewards[name])
                     continue
                 # A time limit is not a terminal state: fold gamma * V(final obs) into the reward.
-                final_v = pol.value_norm.denormalize(pol.value(pol.critic_input(final)))
+                final_v, _ = pol.value(pol.critic_input(final), critic_h[name])
+                final_v = pol.value_norm.denormalize(final_v)
                 buf[name]["rewards"].append(rewards[name] + gamma * final_v * trunc)
             dones.append(done)
+            self._first = done
             ob = tr.next
         rollouts = {}
         for name, b in buf.items():
@@ -298,38 +246,45 @@ class PPOTrainer:
             self.optimizer.param_groups[0]["lr"] = cfg.lr * frac
             self.optimizer.param_groups[1]["lr"] = (cfg.critic_lr or cfg.lr) * frac
         last_split = self.split(last_ob)
+        layout = env_first if self.recurrent else seed_first
         data = {}
         with torch.no_grad():
             for name, pol in self.policies.items():
                 r = rollouts[name]
-                last = pol.value_norm.denormalize(pol.value(pol.critic_input(last_split)))
+                h_c = reset_where(self._hidden[name][1], self._first) if self.recurrent else None
+                last, _ = pol.value(pol.critic_input(last_split), h_c)
+                last = pol.value_norm.denormalize(last)
                 # An agent continues past step t if its env did not end and it still acts at
                 # t + 1; one that left early must not bootstrap from its blank observation.
                 next_active = torch.cat([r.active[1:], last_split.active[name].unsqueeze(0)])
                 continues = (~dones).unsqueeze(-1) & next_active
                 adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
-                adv, ret, active = seed_first(adv), seed_first(ret), seed_first(r.active)
+                adv, ret, active = layout(adv), layout(ret), layout(r.active)
                 weight = active.to(torch.float32)
                 if cfg.normalize_advantages:
-                    count = weight.sum((1, 2)).clamp_min(1.0)
-                    mean = (adv * weight).sum((1, 2)) / count
-                    std = (((adv - per_seed(mean, adv)) ** 2 * weight).sum((1, 2)) / count).sqrt()
+                    dims = tuple(range(1, adv.dim()))
+                    count = weight.sum(dims).clamp_min(1.0)
+                    mean = (adv * weight).sum(dims) / count
+                    std = (((adv - per_seed(mean, adv)) ** 2 * weight).sum(dims) / count).sqrt()
                     adv = (adv - per_seed(mean, adv)) / (per_seed(std, adv) + 1e-8)
                 if cfg.value_norm:
                     pol.value_norm.update(ret, active)
                 data[name] = {
-                    "actor_in": seed_first(r.actor_in),
-                    "critic_in": seed_first(r.critic_in),
-                    "actions": seed_first(r.actions),
-                    "log_probs": seed_first(r.log_probs),
-                    "values": seed_first(r.values),
-                    "masks": None if r.masks is None else seed_first(r.masks),
+                    "actor_in": layout(r.actor_in),
+                    "critic_in": layout(r.critic_in),
+                    "actions": layout(r.actions),
+                    "log_probs": layout(r.log_probs),
+                    "values": layout(r.values),
+                    "masks": None if r.masks is None else layout(r.masks),
                     "active": weight,
                     "adv": adv,
                     "ret": ret,
+                    "first": layout(r.first),
+                    "hidden": self._start_hidden.get(name),
                 }
 
-        batch = dones.shape[0] * dones.shape[2]  # samples per seed
+        # Samples per seed: single steps, or whole env sequences for recurrent agents.
+        batch = dones.shape[2] if self.recurrent else dones.shape[0] * dones.shape[2]
         size = max(1, batch // cfg.minibatches)
         keys = ("policy", "value", "entropy", "approx_kl", "clip_frac", "grad_norm")
         totals = {k: torch.zeros(S, device=self.device) for k in keys}
@@ -356,10 +311,37 @@ class PPOTrainer:
                 grad = clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
                 clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
                 self.optimizer.step()
+                self.after_update()
                 totals["grad_norm"] += grad
                 updates += 1
         self.iteration += 1
         return {k: v / max(updates, 1) for k, v in totals.items()}
+
+    def _forward(self, pol: GroupPolicy, d: dict, take, mask):
+        """Action distribution and value on the minibatch, `[S, B, n, ...]`."""
+        if not self.recurrent:
+            dist, _ = pol.distribution(take(d["actor_in"]), mask)
+            value, _ = pol.value(take(d["critic_in"]))
+            return dist, value
+        # Sequences [S, B, T, ...]: run the recurrent nets through time from the stored state.
+        actor_in, critic_in, first = take(d["actor_in"]), take(d["critic_in"]), take(d["first"])
+        h_a, h_c = (take(h) for h in d["hidden"])
+        outs, values = [], []
+        for t in range(actor_in.shape[2]):
+            h_a, h_c = reset_where(h_a, first[:, :, t]), reset_where(h_c, first[:, :, t])
+            out, h_a = pol.actor(actor_in[:, :, t], h_a)
+            value, h_c = pol.critic(critic_in[:, :, t], h_c)
+            outs.append(out)
+            values.append(value.squeeze(-1))
+        out = torch.stack(outs, 2).flatten(1, 2)
+        if pol.group.discrete:
+            if mask is not None:
+                out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
+            dist = Categorical(logits=out)
+        else:
+            shape = (out.shape[0], 1, pol.actor.copies, out.shape[-1])
+            dist = Normal(out, pol.log_std.exp().view(shape).expand_as(out))
+        return dist, torch.stack(values, 2).flatten(1, 2)
 
     def _group_loss(self, pol: GroupPolicy, d: dict, idx: torch.Tensor):
         """Loss terms per seed, `[S]`, on minibatch rows `idx` `[S, B]`."""
@@ -368,24 +350,26 @@ class PPOTrainer:
         def take(x: torch.Tensor) -> torch.Tensor:
             return x[self._rows, idx]
 
-        mask = take(d["masks"]) if d["masks"] is not None else None
-        dist = pol.distribution(take(d["actor_in"]), mask)
-        log_prob = _log_prob(dist, take(d["actions"]), pol.group.discrete)
-        active = take(d["active"])
+        def flat(x: torch.Tensor) -> torch.Tensor:  # sequences -> samples
+            return x.flatten(1, 2) if self.recurrent else x
+
+        mask = flat(take(d["masks"])) if d["masks"] is not None else None
+        dist, value = self._forward(pol, d, take, mask)
+        log_prob = _log_prob(dist, flat(take(d["actions"])), pol.group.discrete)
+        active = flat(take(d["active"]))
         count = active.sum((1, 2)).clamp_min(1.0)
 
         def mean(x: torch.Tensor) -> torch.Tensor:
             return (x * active).sum((1, 2)) / count
 
-        adv, old_log_prob = take(d["adv"]), take(d["log_probs"])
+        adv, old_log_prob = flat(take(d["adv"])), flat(take(d["log_probs"]))
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
         surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
         policy_loss = -mean(surrogate)
         entropy = mean(_entropy(dist, pol.group.discrete))
 
-        value = pol.value(take(d["critic_in"]))
-        ret, old_value = take(d["ret"]), take(d["values"])
+        ret, old_value = flat(take(d["ret"])), flat(take(d["values"]))
         if cfg.value_norm:
             ret, old_value = pol.value_norm.normalize(ret), pol.value_norm.normalize(old_value)
         error = ret - value
@@ -424,97 +408,3 @@ class PPOTrainer:
     def steps_per_iteration(self) -> int:
         """Env steps per iteration for each seed."""
         return self.cfg.rollout_steps * self.num_envs
-
-    # ------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict:
-        return {
-            "policies": self.policies.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "iteration": self.iteration,
-            "generators": [g.get_state() for g in self.generators],
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        own = self.policies.state_dict()
-        # Policies saved before the seed axis existed lack its leading 1.
-        policies = {
-            k: v.unsqueeze(0) if v.dim() == own[k].dim() - 1 else v
-            for k, v in state["policies"].items()
-        }
-        self.policies.load_state_dict(policies)
-        if "optimizer" in state:
-            optimizer = state["optimizer"]
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-            for index, entry in optimizer["state"].items():
-                for key, value in entry.items():
-                    if torch.is_tensor(value) and value.dim() == params[index].dim() - 1:
-                        entry[key] = value.unsqueeze(0)
-            self.optimizer.load_state_dict(optimizer)
-        self.iteration = int(state.get("iteration", 0))
-        for g, saved in zip(self.generators, state.get("generators", []), strict=False):
-            g.set_state(saved)
-
-    def seed_state(self, index: int) -> dict:
-        """Seed `index`'s part of the state: what training it alone would have saved."""
-        state = self.state_dict()
-
-        def cut(v):
-            return v[index : index + 1].clone() if torch.is_tensor(v) and v.dim() else v
-
-        optimizer = state["optimizer"]
-        return {
-            "policies": {k: cut(v) for k, v in state["policies"].items()},
-            "optimizer": {
-                "state": {
-                    i: {k: cut(v) for k, v in entry.items()}
-                    for i, entry in optimizer["state"].items()
-                },
-                "param_groups": optimizer["param_groups"],
-            },
-            "iteration": state["iteration"],
-            "generators": [state["generators"][index]],
-        }
-
-    def load_seed_states(self, states: list[dict]) -> None:
-        """The inverse of `seed_state` over every seed, in order."""
-        if len(states) == 1:
-            self.load_state_dict(states[0])
-            return
-
-        def join(values):
-            first = values[0]
-            return torch.cat(values) if torch.is_tensor(first) and first.dim() else first
-
-        optimizers = [s["optimizer"] for s in states]
-        self.load_state_dict(
-            {
-                "policies": {
-                    k: join([s["policies"][k] for s in states]) for k in states[0]["policies"]
-                },
-                "optimizer": {
-                    "state": {
-                        i: {k: join([o["state"][i][k] for o in optimizers]) for k in entry}
-                        for i, entry in optimizers[0]["state"].items()
-                    },
-                    "param_groups": optimizers[0]["param_groups"],
-                },
-                "iteration": states[0]["iteration"],
-                "generators": [s["generators"][0] for s in states],
-            }
-        )
-
-
-def clip_grad_norm_per_seed(
-    params: list[torch.Tensor], max_norm: float, seeds: int
-) -> torch.Tensor:
-    """`clip_grad_norm_` for each seed's slice of the parameters; returns the norms `[S]`."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(seeds)
-    norms = torch.stack([torch.linalg.vector_norm(g.reshape(seeds, -1), dim=1) for g in grads])
-    total = torch.linalg.vector_norm(norms, dim=0)
-    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(per_seed(scale, g))
-    return total

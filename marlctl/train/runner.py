@@ -32,7 +32,7 @@ from marlctl.train.core import EpisodeStats
 CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
 EVAL_ENVS = 32
-LOGGED_EVERY_ITERATION = ("loss/policy", "eval/return_mean")
+LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
 
 
 @dataclass
@@ -130,9 +130,11 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
     finished = torch.zeros(S, n, dtype=torch.long, device=env.device)
     stats = EpisodeStats({g.name: g.n_agents for g in env.info.groups}, n, env.device, S)
     ob = env.reset(_reset_seed(seeds))
+    first = None  # every episode starts now
     while bool((finished < quota).any()):
-        tr = env.step(trainer.act(ob, deterministic=True))
-        done = (tr.terminated | tr.truncated).view(S, n)
+        tr = env.step(trainer.act(ob, deterministic=True, first=first))
+        first = tr.terminated | tr.truncated
+        done = first.view(S, n)
         rewards = {k: v.view(S, n, *v.shape[1:]) for k, v in tr.rewards.items()}
         stats.record(rewards, done & (finished < quota))
         finished += done.long()
@@ -288,7 +290,7 @@ def _train(
 
     try:
         ob = env.reset(_reset_seed([_derive_seed(seed, 0, env_steps) for seed in seeds]))
-        trainer.stats.reset_running()
+        trainer.restart_episodes()
         started, start_steps = time.perf_counter(), env_steps
         last_return: list[float | None] = [None] * S
         try:

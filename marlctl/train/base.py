@@ -1,0 +1,265 @@
+"""What every trainer shares: seeds trained as one batch, their random streams, env rows,
+acting state of recurrent agents, and checkpoints in the single-seed layout.
+
+A trainer trains one seed, or several at once (`hardware.batch_seeds`): env rows are
+seed-major, `[S * E, ...]`, and every network, normaliser, random stream, sampled minibatch
+and gradient clip is per seed, so a seed's numbers do not depend on the others.
+Subclasses define `policies` (every network, incl. critics and targets), `optimizers`,
+`act_step`, `train_iteration` and `steps_per_iteration`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.registry import EnvInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.core import EpisodeStats, per_seed
+from marlctl.train.networks import AgentNet, reset_where
+
+# Argument validation costs a host sync and a pass over every tensor on each call.
+torch.distributions.Distribution.set_default_validate_args(False)
+
+
+class Trainer:
+    policies: nn.ModuleDict
+    optimizers: dict[str, torch.optim.Optimizer]
+
+    def __init__(
+        self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]
+    ):
+        self.model, self.info, self.device = model, info, torch.device(device)
+        self.num_envs, self.seeds = num_envs, tuple(seeds)
+        S = len(self.seeds)
+        # Initial weights from one stream per seed; sampling from another.
+        self.init_generators = [torch.Generator().manual_seed(seed) for seed in self.seeds]
+        self.generators = [
+            torch.Generator(device=self.device).manual_seed(seed + 1) for seed in self.seeds
+        ]
+        self.iteration = 0
+        self.updates = 0  # gradient steps so far (federated averaging counts these)
+        self._rows = torch.arange(S, device=self.device).unsqueeze(1)
+        groups = {g.name: g.n_agents for g in info.groups}
+        self.stats = EpisodeStats(groups, num_envs, self.device, S)
+        self._acting: dict[str, torch.Tensor] = {}  # recurrent state while acting
+        # Envs whose episode starts with the next observation (recurrent states reset there).
+        self._first = torch.ones(S, num_envs, dtype=torch.bool, device=self.device)
+
+    def restart_episodes(self) -> None:
+        """The envs were reset: every episode starts afresh."""
+        self.stats.reset_running()
+        self._first.fill_(True)
+
+    # ------------------------------------------------------------ seeds
+
+    def split(self, ob: Observation) -> Observation:
+        """Env rows [S * E, ...] -> [S, E, ...]."""
+        S = len(self.seeds)
+
+        def view(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.view(S, -1, *x.shape[1:])
+
+        return Observation(
+            {k: view(v) for k, v in ob.obs.items()},
+            view(ob.state),
+            {k: view(v) for k, v in ob.masks.items()},
+            {k: view(v) for k, v in ob.active.items()},
+        )
+
+    def noise(self, shape: torch.Size, normal: bool) -> torch.Tensor:
+        """Per-seed random numbers, shape [S, ...], each seed from its own generator."""
+        draw = torch.randn if normal else torch.rand
+        if len(self.generators) == 1:  # the same numbers as the stack below, without a copy
+            return draw(shape, generator=self.generators[0], device=self.device)
+        return torch.stack(
+            [draw(shape[1:], generator=g, device=self.device) for g in self.generators]
+        )
+
+    def sample_categorical(self, probs: torch.Tensor) -> torch.Tensor:
+        """Inverse-CDF sampling from seed-first probabilities: masked actions have zero mass."""
+        u = self.noise(probs.shape[:-1], normal=False).unsqueeze(-1)
+        return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+    def agent_net(self, group, n_in: int, n_out: int, **kwargs) -> AgentNet:
+        from marlctl.train.networks import sharing_of
+
+        return AgentNet(
+            len(self.seeds), group.n_agents, n_in, n_out, self.model,
+            sharing_of(self.model, group.name), self.init_generators, **kwargs,
+        )  # fmt: skip
+
+    def after_update(self) -> None:
+        """Count a gradient step; average federated networks every `federated_every`."""
+        self.updates += 1
+        if self.updates % self.model.federated_every:
+            return
+        for module in self.policies.modules():
+            if isinstance(module, AgentNet) and module.sharing == "federated":
+                module.average_agents()
+
+    # ------------------------------------------------------------ acting
+
+    @torch.no_grad()
+    def act(
+        self, ob: Observation, deterministic: bool = True, first: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Actions for env rows [S * E, ...]. `first` [S * E] marks rows whose episode starts
+        with this observation (recurrent agents reset their state there); None = all."""
+        split = self.split(ob)
+        S = len(self.seeds)
+        start = None if first is None else first.view(S, -1)
+        actions = self.act_step(split, deterministic, start)
+        return {k: v.flatten(0, 1) for k, v in actions.items()}
+
+    def act_step(
+        self, ob: Observation, deterministic: bool, first: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def acting_state(self, name: str, net: AgentNet, first: torch.Tensor | None, rows: int):
+        """The recurrent state of group `name` for this acting step, reset where `first`."""
+        h = self._acting.get(name)
+        if h is None or h.shape[1] != rows or first is None:
+            return net.initial_state(len(self.seeds), rows, device=self.device)
+        return reset_where(h, first)
+
+    # ------------------------------------------------------------ compile
+
+    def compile(self) -> None:
+        """torch.compile every network in place (parameter names and checkpoints unchanged)."""
+        for module in self.policies.modules():
+            if isinstance(module, AgentNet):
+                for part in module.children():
+                    part.compile(dynamic=False)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def extra_state(self, index: int | None) -> dict:
+        """State beyond networks and optimisers (seed `index`'s only, if given)."""
+        return {}
+
+    def load_extra_states(self, states: list[dict]) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {
+            "policies": self.policies.state_dict(),
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "iteration": self.iteration,
+            "updates": self.updates,
+            "generators": [g.get_state() for g in self.generators],
+            "extra": self.extra_state(None),
+        }
+
+    def seed_state(self, index: int) -> dict:
+        """Seed `index`'s part of the state: what training it alone would have saved."""
+
+        def cut(v):
+            return v[index : index + 1].clone() if torch.is_tensor(v) and v.dim() else v
+
+        return {
+            "policies": {k: cut(v) for k, v in self.policies.state_dict().items()},
+            "optimizers": {
+                name: {
+                    "state": {
+                        i: {k: cut(v) for k, v in entry.items()}
+                        for i, entry in sd["state"].items()
+                    },
+                    "param_groups": sd["param_groups"],
+                }
+                for name, sd in ((n, o.state_dict()) for n, o in self.optimizers.items())
+            },
+            "iteration": self.iteration,
+            "updates": self.updates,
+            "generators": [self.generators[index].get_state()],
+            "extra": self.extra_state(index),
+        }
+
+    def load_seed_states(self, states: list[dict]) -> None:
+        """The inverse of `seed_state` over every seed, in order."""
+
+        def join(values):
+            first = values[0]
+            return torch.cat(values) if torch.is_tensor(first) and first.dim() else first
+
+        self.policies.load_state_dict(
+            {k: join([s["policies"][k] for s in states]) for k in states[0]["policies"]}
+        )
+        for name, optimizer in self.optimizers.items():
+            parts = [s["optimizers"][name] for s in states]
+            optimizer.load_state_dict(
+                {
+                    "state": {
+                        i: {k: join([p["state"][i][k] for p in parts]) for k in entry}
+                        for i, entry in parts[0]["state"].items()
+                    },
+                    "param_groups": parts[0]["param_groups"],
+                }
+            )
+        self.iteration = int(states[0]["iteration"])
+        self.updates = int(states[0].get("updates", 0))
+        for g, state in zip(self.generators, states, strict=True):
+            g.set_state(state["generators"][0])
+        self.load_extra_states([s.get("extra", {}) for s in states])
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state of this trainer's seeds (one seed: also a `seed_state`)."""
+        S = len(self.seeds)
+        if S == 1:
+            self.load_seed_states([state])
+            return
+        self.policies.load_state_dict(state["policies"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.iteration, self.updates = int(state["iteration"]), int(state["updates"])
+        for g, saved in zip(self.generators, state["generators"], strict=True):
+            g.set_state(saved)
+        self.load_extra_states([state["extra"]])
+
+
+def next_observation(tr: Transition) -> Observation:
+    """What each env saw after its action: the final observation where an episode ended."""
+    if tr.final is tr.next:
+        return tr.next
+    done = tr.terminated | tr.truncated
+
+    def pick(final: torch.Tensor | None, nxt: torch.Tensor | None) -> torch.Tensor | None:
+        if nxt is None:
+            return None
+        return torch.where(done.view(-1, *([1] * (nxt.dim() - 1))), final, nxt)
+
+    return Observation(
+        {k: pick(tr.final.obs[k], v) for k, v in tr.next.obs.items()},
+        pick(tr.final.state, tr.next.state),
+        {k: pick(tr.final.masks[k], v) for k, v in tr.next.masks.items()},
+        {k: pick(tr.final.active[k], v) for k, v in tr.next.active.items()},
+    )
+
+
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) target + tau source."""
+    with torch.no_grad():
+        for t, s in zip(target.parameters(), source.parameters(), strict=True):
+            t.lerp_(s, tau)
+
+
+def clip_grad_norm_per_seed(
+    params: list[torch.Tensor], max_norm: float, seeds: int
+) -> torch.Tensor:
+    """`clip_grad_norm_` for each seed's slice of the parameters; returns the norms `[S]`."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(seeds)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(seeds, -1), dim=1) for g in grads])
+    total = torch.linalg.vector_norm(norms, dim=0)
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(per_seed(scale, g))
+    return total
+
+
+def flat_obs(ob: Observation, group) -> torch.Tensor:
+    obs = ob.obs[group.name]
+    return obs.flatten(start_dim=obs.dim() - len(group.obs_shape))

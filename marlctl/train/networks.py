@@ -1,0 +1,164 @@
+"""Agent networks under a parameter-sharing mode, feed-forward or recurrent.
+
+Every algorithm builds its per-group networks here, so `model.sharing` and
+`model.recurrent` mean the same thing for all of them:
+
+- shared: one network for the group's agents, the agent's one-hot id appended to its input.
+  Fewest parameters and the most data per weight; agents can still act differently.
+- independent: one network per agent. No interference between agents' roles; n times the
+  parameters and each network sees 1/n of the data.
+- federated: one network per agent, replaced by the agents' average every
+  `model.federated_every` updates (federated averaging, McMahan et al. 2017, applied across
+  agents as in federated MARL): agents never pool raw experience, only weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from marlctl.spec.models import ModelSpec
+from marlctl.train.core import ACTIVATIONS, BatchedMLP, batched_linear, one_hot_ids
+
+
+def sharing_of(model: ModelSpec, group: str) -> str:
+    sharing = model.sharing
+    return sharing.get(group, "shared") if isinstance(sharing, dict) else sharing
+
+
+class BatchedGRU(nn.Module):
+    """`seeds` × `copies` GRU cells (Cho et al. 2014) in batched matmuls, like `BatchedMLP`."""
+
+    def __init__(
+        self, seeds: int, copies: int, n_in: int, size: int, generators: list[torch.Generator]
+    ):
+        super().__init__()
+        self.size = size
+        w_in = torch.empty(seeds, copies, 3 * size, n_in)
+        w_hid = torch.empty(seeds, copies, 3 * size, size)
+        for s in range(seeds):
+            for k in range(copies):
+                for gate in range(3):
+                    rows = slice(gate * size, (gate + 1) * size)
+                    nn.init.orthogonal_(w_in[s, k, rows], 1.0, generator=generators[s])
+                    nn.init.orthogonal_(w_hid[s, k, rows], 1.0, generator=generators[s])
+        self.w_in = nn.Parameter(w_in.transpose(-1, -2).contiguous())
+        self.w_hid = nn.Parameter(w_hid.transpose(-1, -2).contiguous())
+        self.b_in = nn.Parameter(torch.zeros(seeds, copies, 3 * size))
+        self.b_hid = nn.Parameter(torch.zeros(seeds, copies, 3 * size))
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x `[S, ..., n, in]`, h `[S, ..., n, H]` -> the next h."""
+        S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
+        copies = self.w_in.shape[1]
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(S, -1, t.shape[-1]) if copies == 1 else t.reshape(S, -1, n, t.shape[-1])
+
+        gi = batched_linear(rows(x), self.w_in, self.b_in)
+        gh = batched_linear(rows(h), self.w_hid, self.b_hid)
+        i_r, i_z, i_n = gi.chunk(3, -1)
+        h_r, h_z, h_n = gh.chunk(3, -1)
+        reset = torch.sigmoid(i_r + h_r)
+        update = torch.sigmoid(i_z + h_z)
+        candidate = torch.tanh(i_n + reset * h_n)
+        out = (1 - update) * candidate + update * rows(h)
+        return out.view(S, *lead, n, self.size)
+
+
+class AgentNet(nn.Module):
+    """The network of one agent group: `[S, ..., n, in]` -> `[S, ..., n, out]`.
+
+    Recurrent (`model.recurrent: gru`): MLP encoder, GRU cell of the last hidden width, linear
+    head, as in the DRQN agents of QMIX (Rashid et al. 2018). `ensemble` > 1 keeps K
+    sub-networks per agent (MADDPG's policy ensembles); `member` `[S, ..., n]` picks one.
+    """
+
+    def __init__(
+        self,
+        seeds: int,
+        n_agents: int,
+        n_in: int,
+        n_out: int,
+        model: ModelSpec,
+        sharing: str,
+        generators: list[torch.Generator],
+        out_gain: float = 1.0,
+        ensemble: int = 1,
+        recurrent: bool | None = None,
+    ):
+        super().__init__()
+        self.sharing, self.n, self.ensemble = sharing, n_agents, ensemble
+        shared = sharing == "shared"
+        self.id_dim = n_agents if shared and n_agents > 1 else 0
+        self.copies = (1 if shared else n_agents) * ensemble
+        self.recurrent = model.recurrent is not None if recurrent is None else recurrent
+        hidden, act = list(model.hidden), model.activation
+        common = {"activation": act, "generators": generators}
+        n_in += self.id_dim
+        if self.recurrent:
+            size = hidden[-1]
+            self.activation = ACTIVATIONS[act]
+            self.encoder = BatchedMLP(
+                seeds, self.copies, n_in, hidden[:-1], size, layer_norm=model.layer_norm,
+                out_gain=math.sqrt(2), **common,
+            )  # fmt: skip
+            self.gru = BatchedGRU(seeds, self.copies, size, size, generators)
+            self.head = BatchedMLP(
+                seeds, self.copies, size, [], n_out, layer_norm=False, out_gain=out_gain, **common
+            )
+            self.hidden_size = size
+        else:
+            self.mlp = BatchedMLP(
+                seeds, self.copies, n_in, hidden, n_out, layer_norm=model.layer_norm,
+                out_gain=out_gain, **common,
+            )  # fmt: skip
+            self.hidden_size = 0
+
+    def initial_state(self, seeds: int, *lead: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(seeds, *lead, self.n, self.hidden_size, device=device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor | None = None,
+        member: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step: output, and the next hidden state (None when feed-forward)."""
+        if self.id_dim:
+            ids = one_hot_ids(self.id_dim, x.device).expand(*x.shape[:-2], -1, -1)
+            x = torch.cat([x, ids], dim=-1)
+        if self.ensemble > 1:
+            return self._ensemble(x, member), None
+        if not self.recurrent:
+            return self.mlp(x), None
+        h = self.gru(self.activation(self.encoder(x)), h)
+        return self.head(h), h
+
+    def _ensemble(self, x: torch.Tensor, member: torch.Tensor | None) -> torch.Tensor:
+        K, n = self.ensemble, self.n
+        x = x.unsqueeze(-2).expand(*x.shape[:-1], K, x.shape[-1])  # [S, ..., n, K, in]
+        if self.sharing != "shared":
+            x = x.flatten(-3, -2)  # copies are agent-major: agent * K + k
+        out = self.mlp(x).view(*x.shape[:-2], n, K, -1) if self.sharing != "shared" else self.mlp(x)
+        if member is None:
+            member = torch.zeros(out.shape[:-2], dtype=torch.long, device=out.device)
+        index = member[..., None, None].expand(*member.shape, 1, out.shape[-1])
+        return out.gather(-2, index).squeeze(-2)
+
+    @torch.no_grad()
+    def average_agents(self) -> None:
+        """Federated averaging: every agent's network becomes the agents' mean."""
+        if self.sharing == "shared" or self.n == 1:
+            return
+        for p in self.parameters():
+            grouped = p.view(p.shape[0], self.n, self.ensemble, *p.shape[2:])
+            p.copy_(grouped.mean(1, keepdim=True).expand_as(grouped).reshape(p.shape))
+
+
+def reset_where(h: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Zero the hidden state `[S, ..., n, H]` where a new episode starts (`first` `[S, ...]`)."""
+    keep = (~first).to(h.dtype)
+    return h * keep.view(*keep.shape, *([1] * (h.dim() - keep.dim())))

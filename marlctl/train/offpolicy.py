@@ -1,0 +1,131 @@
+"""The loop every replay-based trainer shares: act, store, and update from samples.
+
+Each iteration collects `rollout_steps` steps of every env into the replay buffer, then,
+once `learning_starts` transitions are stored, takes `updates` gradient steps on sampled
+batches. Subclasses define the networks, `explore` (acting while collecting), `act_step`
+(acting for evaluation) and `update` (one gradient step on a sample).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from marlctl.algos.qmix import OffPolicyConfig
+from marlctl.envs.batch import BatchedEnv, Observation
+from marlctl.envs.registry import EnvInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.base import Trainer, next_observation
+from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
+
+
+class OffPolicyTrainer(Trainer):
+    loss_keys: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        config: OffPolicyConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device,
+        seeds: tuple[int, ...],
+        sequence_length: int = 1,
+    ):
+        super().__init__(model, info, num_envs, device, seeds)
+        self.cfg = config
+        self.sequence_length = sequence_length
+        self.buffer: ReplayBuffer | None = None  # made on the first step: eval needs none
+        self.env_steps = 0  # per seed
+
+    # ------------------------------------------------------------ storage
+
+    def extra_fields(self) -> dict[str, Field]:
+        """Fields a subclass stores beyond `transition_fields` (e.g. ensemble members)."""
+        return {}
+
+    def hidden_sizes(self) -> dict[str, int]:
+        return {}
+
+    def _ensure_buffer(self) -> ReplayBuffer:
+        if self.buffer is None:
+            fields = transition_fields(self.info, self.hidden_sizes()) | self.extra_fields()
+            self.buffer = ReplayBuffer(
+                fields,
+                len(self.seeds),
+                self.num_envs,
+                self.cfg.buffer_size,
+                self.device,
+                self.generators,
+            )
+        return self.buffer
+
+    # ------------------------------------------------------------ collecting
+
+    def explore(
+        self, ob: Observation, first: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Actions `[S, E, n, ...]` while collecting, and extra fields to store with them
+        (e.g. `hidden/<group>`)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def collect_step(self, env: BatchedEnv, ob: Observation) -> Observation:
+        S = len(self.seeds)
+        buffer = self._ensure_buffer()
+        split = self.split(ob)
+        actions, extra = self.explore(split, self._first)
+        tr = env.step({k: v.flatten(0, 1) for k, v in actions.items()})
+        terminated = tr.terminated.view(S, -1)
+        done = terminated | tr.truncated.view(S, -1)
+        rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
+        self.stats.record(rewards, done)
+        step = transition(
+            split, self.split(next_observation(tr)), actions, rewards, terminated, self._first
+        )
+        buffer.add(**step, **extra)
+        self._first = done
+        self.env_steps += self.num_envs
+        return tr.next
+
+    # ------------------------------------------------------------ one iteration
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def train_iteration(self, env: BatchedEnv, ob: Observation):
+        for _ in range(self.cfg.rollout_steps):
+            ob = self.collect_step(env, ob)
+        S = len(self.seeds)
+        buffer = self.buffer
+        ready = len(buffer) >= max(self.cfg.learning_starts, self.cfg.batch_size)
+        ready = ready and buffer.written >= self.sequence_length
+        totals = {k: torch.zeros(S, device=self.device) for k in self.loss_keys}
+        if ready:
+            for _ in range(self.cfg.updates):
+                losses = self.update(buffer.sample(self.cfg.batch_size, self.sequence_length))
+                self.after_update()
+                for key, value in losses.items():
+                    totals[key] += value.detach() / self.cfg.updates
+        self.iteration += 1
+        return ob, {f"loss/{k}": v for k, v in totals.items()} | self.schedules()
+
+    def schedules(self) -> dict[str, torch.Tensor]:
+        """Per-seed values of annealed hyperparameters, logged with the losses."""
+        return {}
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.cfg.rollout_steps * self.num_envs
+
+    # ------------------------------------------------------------ checkpoints
+
+    def extra_state(self, index: int | None) -> dict:
+        state: dict = {"env_steps": self.env_steps}
+        if self.cfg.checkpoint_replay and self.buffer is not None:
+            state["replay"] = self.buffer.state_dict(index)
+        return state
+
+    def load_extra_states(self, states: list[dict]) -> None:
+        self.env_steps = int(states[0].get("env_steps", 0))
+        if all("replay" in s for s in states):
+            self._ensure_buffer().load_state_dicts([s["replay"] for s in states])

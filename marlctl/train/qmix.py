@@ -1,0 +1,248 @@
+"""QMIX, VDN and IQL: per-agent Q networks trained by TD from replay (config: `algos.qmix`).
+
+QMIX (Rashid et al. 2018) mixes the agents' chosen Q values into Q_tot with a network whose
+non-negative weights come from hypernetworks on the global state, so argmax Q_tot is every
+agent's own argmax (monotonicity). VDN (Sunehag et al. 2017) sums them. IQL trains each
+agent's Q on its own reward. The joint reward of QMIX and VDN is the mean of the agents'
+rewards. Targets use target networks (Polyak-averaged), double Q, and bootstrap through a
+time limit but never through a termination; agents that left early add nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marlctl.algos.qmix import QLearningConfig
+from marlctl.envs.batch import Observation
+from marlctl.envs.registry import EnvInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
+from marlctl.train.core import BatchedMLP
+from marlctl.train.networks import reset_where
+from marlctl.train.offpolicy import OffPolicyTrainer
+
+# ---------------------------------------------------------------- mixer
+
+
+class QMixer(nn.Module):
+    """Q_tot(q, s) = w2(s)·elu(w1(s)·q + b1(s)) + V(s), with |w1|, |w2| (QMIX §4.2)."""
+
+    def __init__(
+        self,
+        seeds: int,
+        n_agents: int,
+        state_dim: int,
+        embed: int,
+        hidden: int,
+        generators: list[torch.Generator],
+    ):
+        super().__init__()
+        self.n_agents, self.embed = n_agents, embed
+        common = {"activation": "relu", "layer_norm": False, "generators": generators}
+        # Small mixing weights at the start: the mixer's gain d Q_tot / d Q_i begins near 1,
+        # not ~embed, which would amplify the max in the TD target into runaway estimates.
+        gain = 1.0 / embed
+        self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, [hidden], n_agents * embed, out_gain=gain, **common)
+        self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, out_gain=gain, **common)
+        self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, [hidden], embed, out_gain=gain, **common)
+        self.value = BatchedMLP(seeds, 1, state_dim, [embed], 1, out_gain=gain, **common)
+
+    def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """q `[S, X, N]`, state `[S, X, D]` -> Q_tot `[S, X]`."""
+        S, X = q.shape[:2]
+        s = state.unsqueeze(-2)  # one "agent": the hypernetworks are shared by every row
+        w1 = self.hyper_w1(s).abs().view(S, X, self.n_agents, self.embed)
+        b1 = self.hyper_b1(s).view(S, X, self.embed)
+        hidden = F.elu(torch.einsum("sxn,sxne->sxe", q, w1) + b1)
+        w2 = self.hyper_w2(s).abs().view(S, X, self.embed)
+        return (hidden * w2).sum(-1) + self.value(s).view(S, X)
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class QLearningTrainer(OffPolicyTrainer):
+    """Per-group Q networks (`model.sharing`, `model.recurrent` apply) and an optional mixer."""
+
+    loss_keys = ("td", "q_taken", "grad_norm")
+
+    def __init__(
+        self,
+        config: QLearningConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        total_iterations: int,
+        centralised: bool,
+        seeds: tuple[int, ...] = (0,),
+    ):
+        self.recurrent = model.recurrent is not None
+        length = config.sequence_length if self.recurrent else 1
+        super().__init__(config, model, info, num_envs, device, seeds, length)
+        S = len(self.seeds)
+        self.q = nn.ModuleDict(
+            {g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=1.0) for g in info.groups}
+        )
+        networks = {"q": self.q}
+        self.mixer = None
+        if config.name == "qmix":
+            self.mixer = QMixer(
+                S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_hidden,
+                self.init_generators,
+            )  # fmt: skip
+            networks["mixer"] = self.mixer
+        online = nn.ModuleDict(networks)
+        self.target = copy.deepcopy(online)
+        self.target.requires_grad_(False)
+        self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
+        self.params = list(online.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=config.lr)
+        self.optimizers = {"adam": self.optimizer}
+        self._hidden = {
+            name: net.initial_state(S, num_envs, device=self.device)
+            for name, net in self.q.items()
+        }
+
+    def hidden_sizes(self) -> dict[str, int]:
+        return {name: net.hidden_size for name, net in self.q.items()} if self.recurrent else {}
+
+    # ------------------------------------------------------------ acting
+
+    def epsilon(self) -> float:
+        cfg = self.cfg
+        if cfg.epsilon_anneal_steps == 0:
+            return cfg.epsilon_end
+        frac = min(1.0, self.env_steps / cfg.epsilon_anneal_steps)
+        return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+
+    def schedules(self) -> dict[str, torch.Tensor]:
+        return {"train/epsilon": torch.full((len(self.seeds),), self.epsilon(), device=self.device)}
+
+    def _greedy_or_random(
+        self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float
+    ) -> torch.Tensor:
+        if mask is not None:
+            q = q.masked_fill(~mask, torch.finfo(q.dtype).min)
+        action = q.argmax(-1)
+        if epsilon <= 0:
+            return action
+        allowed = torch.ones_like(q) if mask is None else mask.to(q.dtype)
+        uniform = self.sample_categorical(allowed / allowed.sum(-1, keepdim=True))
+        explore = self.noise(action.shape, normal=False) < epsilon
+        return torch.where(explore, uniform, action)
+
+    def explore(self, ob: Observation, first: torch.Tensor):
+        epsilon, actions, extra = self.epsilon(), {}, {}
+        for name, net in self.q.items():
+            h = None
+            if self.recurrent:
+                h = reset_where(self._hidden[name], first)
+                extra[f"hidden/{name}"] = h
+            q, h = net(flat_obs(ob, net_group(self.info, name)), h)
+            if self.recurrent:
+                self._hidden[name] = h
+            actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
+        return actions, extra
+
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
+        epsilon = 0.0 if deterministic else self.cfg.epsilon_end
+        actions = {}
+        for name, net in self.q.items():
+            h = None
+            if self.recurrent:
+                h = self.acting_state(name, net, first, ob.state.shape[1])
+            q, h = net(flat_obs(ob, net_group(self.info, name)), h)
+            if h is not None:
+                self._acting[name] = h
+            actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
+        return actions
+
+    # ------------------------------------------------------------ update
+
+    def _q_values(self, nets: nn.ModuleDict, batch: dict, name: str):
+        """Q of every action at the stored and at the next observations, `[S, L * B, n, A]`."""
+        group = net_group(self.info, name)
+        net = nets[name]
+        obs = flat_obs_batch(batch[f"obs/{name}"], group)
+        nxt = flat_obs_batch(batch[f"next_obs/{name}"], group)
+        if not self.recurrent:
+            return net(obs.flatten(1, 2))[0], net(nxt.flatten(1, 2))[0]
+        h = batch[f"hidden/{name}"][:, 0]
+        now, after = [], []
+        for t in range(obs.shape[1]):
+            h = reset_where(h, batch["first"][:, t])
+            q, h = net(obs[:, t], h)
+            # The next observation continues the same sequence: one step on from h.
+            q_next, _ = net(nxt[:, t], h)
+            now.append(q)
+            after.append(q_next)
+        return torch.stack(now, 1).flatten(1, 2), torch.stack(after, 1).flatten(1, 2)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cfg, S = self.cfg, len(self.seeds)
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, L, B, ...] -> [S, L * B, ...]
+            return x.flatten(1, 2)
+
+        chosen, target_next, rewards, active, next_active = [], [], [], [], []
+        online, target = self.policies["online"]["q"], self.target["q"]
+        for name in self.q:
+            q, q_next_online = self._q_values(online, batch, name)
+            with torch.no_grad():
+                _, q_next = self._q_values(target, batch, name)
+                mask = batch.get(f"next_mask/{name}")
+                pick = q_next_online if cfg.double_q else q_next
+                if mask is not None:
+                    pick = pick.masked_fill(~flat(mask), torch.finfo(pick.dtype).min)
+                best = pick.argmax(-1, keepdim=True)
+                target_next.append(q_next.gather(-1, best).squeeze(-1))
+            chosen.append(q.gather(-1, flat(batch[f"action/{name}"]).unsqueeze(-1)).squeeze(-1))
+            rewards.append(flat(batch[f"reward/{name}"]))
+            active.append(flat(batch[f"active/{name}"]).to(q.dtype))
+            next_active.append(flat(batch[f"next_active/{name}"]).to(q.dtype))
+        a = torch.cat(active, -1)
+        chosen = torch.cat(chosen, -1) * a
+        target_next = torch.cat(target_next, -1) * torch.cat(next_active, -1)
+        rewards = torch.cat(rewards, -1)
+        keep = 1.0 - flat(batch["terminated"]).to(chosen.dtype)  # [S, X]
+
+        if cfg.name == "iql":
+            target_value = rewards + cfg.gamma * keep.unsqueeze(-1) * target_next
+            error, weight = chosen - target_value.detach(), a
+            taken = chosen
+        else:
+            team_reward = rewards.mean(-1)
+            if self.mixer is not None:
+                q_tot = self.mixer(chosen, flat(batch["state"]))
+                with torch.no_grad():
+                    next_tot = self.target["mixer"](target_next, flat(batch["next_state"]))
+            else:
+                q_tot, next_tot = chosen.sum(-1), target_next.sum(-1)
+            error = q_tot - (team_reward + cfg.gamma * keep * next_tot).detach()
+            weight = (a.sum(-1) > 0).to(error.dtype)
+            taken = q_tot
+        dims = tuple(range(1, error.dim()))
+        count = weight.sum(dims).clamp_min(1.0)
+        loss = (error**2 * weight).sum(dims) / count
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()  # seeds share no parameter
+        grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, S)
+        self.optimizer.step()
+        polyak(self.target, self.policies["online"], cfg.tau)
+        with torch.no_grad():
+            q_mean = (taken * weight).sum(dims) / count
+        return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}
+
+
+def net_group(info: EnvInfo, name: str):
+    return next(g for g in info.groups if g.name == name)
+
+
+def flat_obs_batch(obs: torch.Tensor, group) -> torch.Tensor:
+    """Sampled observations `[S, L, B, n, *obs_shape]` -> `[S, L, B, n, obs_dim]`."""
+    return obs.flatten(start_dim=obs.dim() - len(group.obs_shape))
