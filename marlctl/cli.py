@@ -431,6 +431,9 @@ def list_(
                 "actions": a.action_kinds,
                 "on_policy": a.on_policy,
                 "centralised_critic": a.centralised_critic,
+                "needs_global_state": a.centralised_critic,
+                "recurrent": a.recurrent,
+                "replay": a.replay,
                 "summary": a.summary,
                 "params": {
                     k: {"default": f.default, "description": f.description}
@@ -443,13 +446,14 @@ def list_(
         if as_json:
             _emit_json({"algos": rows})
             return
-        table = Table("algo", "actions", "policy", "critic", "summary")
+        table = Table("algo", "actions", "policy", "state", "rnn", "summary")
         for row in rows:
             table.add_row(
                 row["name"],
                 ", ".join(row["actions"]),
                 "on" if row["on_policy"] else "off",
-                "centralised" if row["centralised_critic"] else "decentralised",
+                "yes" if row["needs_global_state"] else "no",
+                "gru" if row["recurrent"] else "no",
                 row["summary"],
             )
         out.print(table)

@@ -152,3 +152,70 @@ class MaskedRelay(ParallelEnv):
 
 def masked_relay(**params):
     return MaskedRelay(**params)
+
+
+class TwoStepGame(ParallelEnv):
+    """The two-step cooperative game of the QMIX paper (Rashid et al. 2018, §6.1).
+
+    In state 1 agent_0's action picks the second state: 2A (every joint action pays 7) or 2B
+    (pays [[0, 1], [1, 8]]). Both agents observe the state one-hot and get the team reward at
+    the second step, then the episode terminates. VDN's additive value cannot represent 2B
+    well enough to prefer it and settles for 7; QMIX's monotonic mixer on the state finds 8.
+    """
+
+    metadata = {"name": "two_step_v0"}
+    PAYOFF_2B = np.array([[0.0, 1.0], [1.0, 8.0]])
+
+    def __init__(self):
+        self.possible_agents = ["agent_0", "agent_1"]
+        self._obs = spaces.Box(0, 1, (3,), np.float32)
+        self._act = spaces.Discrete(2)
+
+    def observation_space(self, agent):
+        return self._obs
+
+    def action_space(self, agent):
+        return self._act
+
+    def _observe(self):
+        obs = np.zeros(3, np.float32)
+        obs[self.stage] = 1.0
+        return {a: obs.copy() for a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.stage = 0
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        a0, a1 = int(actions["agent_0"]), int(actions["agent_1"])
+        if self.stage == 0:
+            self.stage = 1 + a0  # 1 = 2A, 2 = 2B
+            reward, done = 0.0, False
+        else:
+            reward = 7.0 if self.stage == 1 else float(self.PAYOFF_2B[a0, a1])
+            done = True
+        obs = self._observe()
+        agents = list(self.agents)
+        if done:
+            self.agents = []
+        return (
+            obs,
+            {a: reward for a in agents},
+            {a: done for a in agents},
+            {a: False for a in agents},
+            {a: {} for a in agents},
+        )
+
+    def state(self):
+        obs = np.zeros(3, np.float32)
+        obs[self.stage] = 1.0
+        return obs
+
+    @property
+    def state_space(self):
+        return spaces.Box(0, 1, (3,), np.float32)
+
+
+def two_step(**params):
+    return TwoStepGame(**params)

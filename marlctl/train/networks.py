@@ -55,7 +55,9 @@ class BatchedGRU(nn.Module):
         copies = self.w_in.shape[1]
 
         def rows(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(S, -1, t.shape[-1]) if copies == 1 else t.reshape(S, -1, n, t.shape[-1])
+            if copies == 1:
+                return t.reshape(S, -1, t.shape[-1])
+            return t.reshape(S, -1, n, t.shape[-1])
 
         gi = batched_linear(rows(x), self.w_in, self.b_in)
         gh = batched_linear(rows(h), self.w_hid, self.b_hid)

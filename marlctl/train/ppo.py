@@ -125,7 +125,9 @@ class PPOTrainer(Trainer):
         self.recurrent = model.recurrent is not None
         self.policies = nn.ModuleDict(
             {
-                g.name: GroupPolicy(self, g, info.state_dim if centralised else g.obs_dim, centralised)
+                g.name: GroupPolicy(
+                    self, g, info.state_dim if centralised else g.obs_dim, centralised
+                )
                 for g in info.groups
             }
         ).to(self.device)

@@ -46,7 +46,9 @@ class QMixer(nn.Module):
         # Small mixing weights at the start: the mixer's gain d Q_tot / d Q_i begins near 1,
         # not ~embed, which would amplify the max in the TD target into runaway estimates.
         gain = 1.0 / embed
-        self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, [hidden], n_agents * embed, out_gain=gain, **common)
+        self.hyper_w1 = BatchedMLP(
+            seeds, 1, state_dim, [hidden], n_agents * embed, out_gain=gain, **common
+        )
         self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, out_gain=gain, **common)
         self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, [hidden], embed, out_gain=gain, **common)
         self.value = BatchedMLP(seeds, 1, state_dim, [embed], 1, out_gain=gain, **common)
@@ -104,8 +106,7 @@ class QLearningTrainer(OffPolicyTrainer):
         self.optimizer = torch.optim.Adam(self.params, lr=config.lr)
         self.optimizers = {"adam": self.optimizer}
         self._hidden = {
-            name: net.initial_state(S, num_envs, device=self.device)
-            for name, net in self.q.items()
+            name: net.initial_state(S, num_envs, device=self.device) for name, net in self.q.items()
         }
 
     def hidden_sizes(self) -> dict[str, int]:

@@ -1,0 +1,83 @@
+"""MADDPG and MATD3 hyperparameters.
+
+MADDPG: Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive
+Environments" (deterministic actors, one centralised critic per agent over every agent's
+observation and action, Gumbel-softmax for discrete actions, optional policy ensembles).
+MATD3: Ackermann et al. 2019, "Reducing Overestimation Bias in Multi-Agent Domains Using
+Double Centralized Critics" (TD3's twin critics, target policy smoothing and delayed actor
+updates, Fujimoto et al. 2018, applied to MADDPG).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from marlctl.algos import register_algo
+from marlctl.algos.qmix import OffPolicyConfig
+
+
+class DDPGFamilyConfig(OffPolicyConfig):
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the actors.")
+    critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
+    exploration_noise: float = Field(
+        0.1,
+        ge=0,
+        le=10,
+        description="Continuous actions: std of the Gaussian noise added while collecting, "
+        "relative to half the action range.",
+    )
+    gumbel_temperature: float = Field(
+        1.0, gt=0, le=100, description="Discrete actions: Gumbel-softmax temperature."
+    )
+    policy_regularization: float = Field(
+        1e-3,
+        ge=0,
+        le=10,
+        description="Weight of the squared actor outputs in the actor loss (as in the MADDPG "
+        "code): keeps logits and pre-tanh means from saturating.",
+    )
+    ensemble: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Sub-policies per agent (MADDPG §4.3): one is drawn at random for each "
+        "episode, and each trains on the transitions it collected.",
+    )
+
+
+_COMMON = dict(
+    discrete_actions=True,
+    continuous_actions=True,
+    centralised_critic=True,
+    on_policy=False,
+    recurrent=False,
+)
+
+
+@register_algo(
+    "maddpg",
+    trainer="marlctl.train.maddpg:MADDPGTrainer",
+    summary="deterministic actors, a centralised critic per agent on all actions",
+    **_COMMON,
+)
+class MADDPGConfig(DDPGFamilyConfig):
+    name: Literal["maddpg"] = "maddpg"
+
+
+@register_algo(
+    "matd3",
+    trainer="marlctl.train.maddpg:MADDPGTrainer",
+    summary="MADDPG with twin critics, target smoothing and delayed actor updates",
+    **_COMMON,
+)
+class MATD3Config(DDPGFamilyConfig):
+    name: Literal["matd3"] = "matd3"
+    policy_delay: int = Field(2, ge=1, le=100, description="Critic updates per actor update.")
+    target_noise: float = Field(
+        0.2, ge=0, le=10, description="Std of the smoothing noise on target actions (continuous)."
+    )
+    target_noise_clip: float = Field(
+        0.5, ge=0, le=10, description="The smoothing noise is clipped to ± this."
+    )

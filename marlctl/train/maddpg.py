@@ -1,0 +1,329 @@
+"""MADDPG and MATD3 (config: `marlctl.algos.maddpg`).
+
+MADDPG (Lowe et al. 2017): each agent has a deterministic actor on its own observation and
+a centralised critic Q_i(s, a_1..a_N) on the global state and every agent's action, trained
+from replay; the actor follows dQ_i/da_i with the other agents' actions from the sample.
+Discrete actions are relaxed with straight-through Gumbel-softmax (Jang et al. 2017).
+Policy ensembles keep K actors per agent, one drawn per episode.
+
+MATD3 (Ackermann et al. 2019) adds TD3's fixes (Fujimoto et al. 2018): the target takes the
+smaller of two critics, target actions get clipped noise, and actors update every
+`policy_delay` critic updates. Rewards are each agent's own: the setting may be mixed
+cooperative-competitive. Every tensor is seed-first, `[S, ..., n, ...]` per group.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marlctl.algos.maddpg import DDPGFamilyConfig
+from marlctl.envs.batch import Observation
+from marlctl.envs.registry import EnvInfo, GroupInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
+from marlctl.train.offpolicy import OffPolicyTrainer
+from marlctl.train.replay import Field
+
+# ---------------------------------------------------------------- joint actions
+
+
+class JointActions:
+    """Where each agent's action sits in the joint action vector the critics see.
+
+    Group order of the env, agents in order; a discrete action is its one-hot (or relaxed)
+    vector, a continuous one is scaled to [-1, 1].
+    """
+
+    def __init__(self, groups: tuple[GroupInfo, ...], device: torch.device):
+        self.width = sum(g.n_agents * g.n_actions for g in groups)
+        self.place: dict[str, torch.Tensor] = {}  # [n, w, J]: agent i's slot
+        offset = 0
+        for g in groups:
+            n, w = g.n_agents, g.n_actions
+            place = torch.zeros(n, w, self.width, device=device)
+            for i in range(n):
+                place[i, :, offset + i * w : offset + (i + 1) * w] = torch.eye(w, device=device)
+            self.place[g.name] = place
+            offset += n * w
+
+    def join(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-group `[S, X, n, w]` -> `[S, X, J]`."""
+        return torch.cat([parts[name].flatten(-2) for name in self.place], dim=-1)
+
+    def with_own(self, joint: torch.Tensor, name: str, own: torch.Tensor) -> torch.Tensor:
+        """`[S, X, n, J]`: for each agent of group `name`, the joint action with its own slot
+        replaced by `own` `[S, X, n, w]` (the others' actions stay as sampled)."""
+        place = self.place[name]
+        keep = 1.0 - place.sum(1)  # [n, J]
+        return joint.unsqueeze(-2) * keep + torch.einsum("sxnw,nwj->sxnj", own, place)
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class MADDPGTrainer(OffPolicyTrainer):
+    loss_keys = ("critic", "actor", "q", "grad_norm")
+
+    def __init__(
+        self,
+        config: DDPGFamilyConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        total_iterations: int,
+        centralised: bool,
+        seeds: tuple[int, ...] = (0,),
+    ):
+        super().__init__(config, model, info, num_envs, device, seeds)
+        self.twin = config.name == "matd3"
+        self.groups = {g.name: g for g in info.groups}
+        self.joint = JointActions(info.groups, self.device)
+        critic_in = info.state_dim + self.joint.width
+        K = config.ensemble
+        self.actors = nn.ModuleDict(
+            {
+                g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=0.01, ensemble=K)
+                for g in info.groups
+            }
+        )
+        self.critics = nn.ModuleDict(
+            {
+                f"{g.name}/{j}": self.agent_net(g, critic_in, 1, out_gain=1.0)
+                for g in info.groups
+                for j in range(2 if self.twin else 1)
+            }
+        )
+        online = nn.ModuleDict({"actors": self.actors, "critics": self.critics})
+        self.target = copy.deepcopy(online)
+        self.target.requires_grad_(False)
+        self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
+        self.actor_params = list(self.actors.parameters())
+        self.critic_params = list(self.critics.parameters())
+        self.optimizers = {
+            "actor": torch.optim.Adam(self.actor_params, lr=config.lr),
+            "critic": torch.optim.Adam(self.critic_params, lr=config.critic_lr),
+        }
+        self.low, self.high = {}, {}
+        for g in info.groups:
+            if not g.discrete:
+                self.low[g.name] = torch.tensor(g.action_low, device=self.device)
+                self.high[g.name] = torch.tensor(g.action_high, device=self.device)
+        S = len(self.seeds)
+        self._member = {  # ensemble member of each env's current episode
+            g.name: torch.zeros(S, num_envs, g.n_agents, dtype=torch.long, device=self.device)
+            for g in info.groups
+        }
+        self._acting_member: dict[str, torch.Tensor] = {}
+
+    def extra_fields(self) -> dict[str, Field]:
+        if self.cfg.ensemble == 1:
+            return {}
+        return {f"member/{g.name}": Field((g.n_agents,), torch.long) for g in self.info.groups}
+
+    # ------------------------------------------------------------ action scaling
+
+    def to_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
+        """A continuous action in [-1, 1] -> the env's bounds."""
+        low, high = self.low[name], self.high[name]
+        return low + (action + 1) * 0.5 * (high - low)
+
+    def from_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
+        low, high = self.low[name], self.high[name]
+        return 2 * (action - low) / (high - low) - 1
+
+    def critic_action(self, name: str, stored: torch.Tensor) -> torch.Tensor:
+        """A stored env action as the critics see it: one-hot, or scaled to [-1, 1]."""
+        group = self.groups[name]
+        if group.discrete:
+            return F.one_hot(stored, group.n_actions).to(torch.float32)
+        return self.from_env(name, stored)
+
+    # ------------------------------------------------------------ acting
+
+    def _draw_members(self, first: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        K = self.cfg.ensemble
+        if K == 1:
+            return current
+        draw = (self.noise(current.shape, normal=False) * K).long().clamp_max(K - 1)
+        return torch.where(first.unsqueeze(-1), draw, current)
+
+    def _act(self, name: str, ob: Observation, member: torch.Tensor, explore: bool):
+        group, actor = self.groups[name], self.actors[name]
+        out, _ = actor(flat_obs(ob, group), member=member)
+        if group.discrete:
+            mask = ob.masks[name]
+            if mask is not None:
+                out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
+            if explore:  # a Gumbel-max sample is a sample of softmax(logits)
+                return self.sample_categorical(torch.softmax(out, -1))
+            return out.argmax(-1)
+        action = torch.tanh(out)
+        if explore and self.cfg.exploration_noise > 0:
+            noise = self.noise(action.shape, normal=True) * self.cfg.exploration_noise
+            action = (action + noise).clamp(-1, 1)
+        return self.to_env(name, action)
+
+    def explore(self, ob: Observation, first: torch.Tensor):
+        actions, extra = {}, {}
+        warmup = self.env_steps < self.cfg.learning_starts
+        for name, group in self.groups.items():
+            self._member[name] = self._draw_members(first, self._member[name])
+            if self.cfg.ensemble > 1:
+                extra[f"member/{name}"] = self._member[name]
+            if warmup:  # uniform random actions fill the buffer before the first update
+                actions[name] = self._uniform(group, ob)
+            else:
+                actions[name] = self._act(name, ob, self._member[name], explore=True)
+        return actions, extra
+
+    def _uniform(self, group: GroupInfo, ob: Observation) -> torch.Tensor:
+        shape = (*ob.obs[group.name].shape[:3], group.n_actions)
+        if group.discrete:
+            mask = ob.masks[group.name]
+            allowed = torch.ones(shape, device=self.device) if mask is None else mask.float()
+            return self.sample_categorical(allowed / allowed.sum(-1, keepdim=True))
+        return self.to_env(group.name, self.noise(shape, normal=False) * 2 - 1)
+
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
+        actions = {}
+        for name, group in self.groups.items():
+            rows = ob.obs[name].shape[1]
+            member, start = self._acting_member.get(name), first
+            if member is None or member.shape[1] != rows or first is None:
+                shape = (len(self.seeds), rows, group.n_agents)
+                member = torch.zeros(shape, dtype=torch.long, device=self.device)
+                start = torch.ones(shape[:2], dtype=torch.bool, device=self.device)
+            member = self._acting_member[name] = self._draw_members(start, member)
+            actions[name] = self._act(name, ob, member, explore=not deterministic)
+        return actions
+
+    # ------------------------------------------------------------ update
+
+    def _relaxed(self, name: str, logits_or_mean: torch.Tensor, mask: torch.Tensor | None):
+        """Differentiable action for the critic: straight-through Gumbel-softmax or tanh."""
+        group = self.groups[name]
+        if not group.discrete:
+            return torch.tanh(logits_or_mean)
+        logits = logits_or_mean
+        if mask is not None:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        u = self.noise(logits.shape, normal=False).clamp(1e-10, 1 - 1e-7)
+        soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.cfg.gumbel_temperature, -1)
+        hard = F.one_hot(soft.argmax(-1), group.n_actions).to(soft.dtype)
+        return hard - soft.detach() + soft
+
+    def _target_action(self, name: str, batch: dict, flat) -> torch.Tensor:
+        group = self.groups[name]
+        member = flat(batch[f"member/{name}"]) if self.cfg.ensemble > 1 else None
+        obs = flat(batch[f"next_obs/{name}"])
+        out, _ = self.target["actors"][name](
+            obs.flatten(obs.dim() - len(group.obs_shape)), member=member
+        )
+        mask = batch.get(f"next_mask/{name}")
+        if group.discrete:
+            return self._relaxed(name, out, None if mask is None else flat(mask)).detach()
+        action = torch.tanh(out)
+        if self.twin and self.cfg.target_noise > 0:  # target policy smoothing
+            clip = self.cfg.target_noise_clip
+            noise = (self.noise(action.shape, normal=True) * self.cfg.target_noise).clamp(
+                -clip, clip
+            )
+            action = (action + noise).clamp(-1, 1)
+        return action
+
+    def _q(
+        self, critics: nn.ModuleDict, name: str, j: int, state: torch.Tensor, joint: torch.Tensor
+    ):
+        """Q of group `name`'s agents `[S, X, n]`; joint `[S, X, J]` or per agent `[S, X, n, J]`."""
+        n = self.groups[name].n_agents
+        if joint.dim() == 3:
+            joint = joint.unsqueeze(-2).expand(*joint.shape[:2], n, joint.shape[-1])
+        s = state.unsqueeze(-2).expand(*state.shape[:2], n, state.shape[-1])
+        return critics[f"{name}/{j}"](torch.cat([s, joint], -1))[0].squeeze(-1)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cfg, S = self.cfg, len(self.seeds)
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, 1, B, ...] -> [S, B, ...]
+            return x.flatten(1, 2)
+
+        state, next_state = flat(batch["state"]), flat(batch["next_state"])
+        keep = 1.0 - flat(batch["terminated"]).to(state.dtype)
+        taken = {n: self.critic_action(n, flat(batch[f"action/{n}"])) for n in self.groups}
+        joint = self.joint.join(taken)
+        critics_n = 2 if self.twin else 1
+
+        # ---- critics: y_i = r_i + gamma * Q'_i(s', mu'(o')) (min of the twins for MATD3)
+        with torch.no_grad():
+            next_joint = self.joint.join(
+                {n: self._target_action(n, batch, flat) for n in self.groups}
+            )
+        critic_loss = torch.zeros(S, device=self.device)
+        q_mean = torch.zeros(S, device=self.device)
+        weights = {}
+        for name in self.groups:
+            active = flat(batch[f"active/{name}"]).to(state.dtype)
+            weights[name] = active
+            count = active.sum((1, 2)).clamp_min(1.0)
+            with torch.no_grad():
+                next_q = (
+                    torch.stack(
+                        [
+                            self._q(self.target["critics"], name, j, next_state, next_joint)
+                            for j in range(critics_n)
+                        ]
+                    )
+                    .min(0)
+                    .values
+                )
+                alive = keep.unsqueeze(-1) * flat(batch[f"next_active/{name}"]).to(state.dtype)
+                y = flat(batch[f"reward/{name}"]) + cfg.gamma * alive * next_q
+            for j in range(critics_n):
+                q = self._q(self.critics, name, j, state, joint)
+                critic_loss = critic_loss + ((q - y) ** 2 * active).sum((1, 2)) / count
+                if j == 0:
+                    q_mean = q_mean + (q.detach() * active).sum((1, 2)) / count / len(self.groups)
+        critic_opt = self.optimizers["critic"]
+        critic_opt.zero_grad(set_to_none=True)
+        critic_loss.sum().backward()  # seeds share no parameter
+        grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
+        critic_opt.step()
+
+        # ---- actors: ascend Q_i(s, a_1..mu_i(o_i)..a_N), every `policy_delay` updates
+        actor_loss = torch.zeros(S, device=self.device)
+        delay = getattr(cfg, "policy_delay", 1)
+        if self.updates % delay == 0:
+            for name, group in self.groups.items():
+                obs = flat(batch[f"obs/{name}"])
+                member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
+                out, _ = self.actors[name](
+                    obs.flatten(obs.dim() - len(group.obs_shape)), member=member
+                )
+                mask = batch.get(f"mask/{name}")
+                own = self._relaxed(name, out, None if mask is None else flat(mask))
+                q = self._q(self.critics, name, 0, state, self.joint.with_own(joint, name, own))
+                active = weights[name]
+                count = active.sum((1, 2)).clamp_min(1.0)
+                regular = (out**2).mean(-1)
+                actor_loss = (
+                    actor_loss
+                    + ((-q + cfg.policy_regularization * regular) * active).sum((1, 2)) / count
+                )
+            actor_opt = self.optimizers["actor"]
+            actor_opt.zero_grad(set_to_none=True)
+            actor_loss.sum().backward()
+            clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
+            actor_opt.step()
+            polyak(self.target["actors"], self.actors, cfg.tau)
+        polyak(self.target["critics"], self.critics, cfg.tau)
+        return {
+            "critic": critic_loss.detach(),
+            "actor": actor_loss.detach(),
+            "q": q_mean,
+            "grad_norm": grad,
+        }
