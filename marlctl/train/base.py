@@ -164,8 +164,7 @@ class Trainer:
             "optimizers": {
                 name: {
                     "state": {
-                        i: {k: cut(v) for k, v in entry.items()}
-                        for i, entry in sd["state"].items()
+                        i: {k: cut(v) for k, v in entry.items()} for i, entry in sd["state"].items()
                     },
                     "param_groups": sd["param_groups"],
                 }

@@ -97,9 +97,11 @@ class ReplayBuffer:
         ).to(self.storage)
         offset, env = draws // self.num_envs, draws % self.num_envs
         oldest = (self.head - valid) % self.steps
-        time = (oldest + offset.unsqueeze(1) + torch.arange(length, device=self.storage).view(
-            1, length, 1
-        )) % self.steps  # [S, L, B]
+        time = (
+            oldest
+            + offset.unsqueeze(1)
+            + torch.arange(length, device=self.storage).view(1, length, 1)
+        ) % self.steps  # [S, L, B]
         env = env.unsqueeze(1).expand_as(time)
         out = {name: value[self._rows, time, env] for name, value in self.data.items()}
         if self.storage != self.device:

@@ -1,0 +1,60 @@
+"""MASAC hyperparameters: multi-agent soft actor-critic with centralised twin critics.
+
+SAC: Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications" (maximum-entropy
+RL, clipped double Q, automatic temperature tuning towards a target entropy). Discrete
+actions: Christodoulou 2019, "Soft Actor-Critic for Discrete Action Settings" (the critic
+values every action, expectations over the policy replace sampling, the target entropy is a
+fraction of the maximum, log |A|). The critics are centralised as in MADDPG (Lowe et al.
+2017): each agent's critic sees the global state and every agent's action. Defaults are the
+SAC paper's (tau 0.005, batch 256, two critics) except the learning rates and the discrete
+entropy target, tuned on native MPE simple_spread (see their descriptions).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from marlctl.algos import register_algo
+from marlctl.algos.qmix import OffPolicyConfig
+
+
+@register_algo(
+    "masac",
+    trainer="marlctl.train.masac:MASACTrainer",
+    summary="soft actor-critic: stochastic actors, centralised twin critics, tuned entropy",
+    discrete_actions=True,
+    continuous_actions=True,
+    centralised_critic=True,
+    on_policy=False,
+    recurrent=False,
+)
+class MASACConfig(OffPolicyConfig):
+    name: Literal["masac"] = "masac"
+    # The SAC paper's 3e-4 assumes one gradient step per env step; with 16 envs and one step
+    # per round, 1e-3 learns simple_spread much faster (eval -9.9 vs -16.1 per agent after
+    # 48k env steps, from -20) and stays stable.
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
+    critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
+    alpha_lr: float = Field(
+        1e-3, gt=0, le=1, description="Adam learning rate of the log-temperatures."
+    )
+    initial_alpha: float = Field(
+        0.2, gt=0, le=100, description="Entropy temperature at the start (each group's own)."
+    )
+    autotune: bool = Field(
+        True,
+        description="Tune each group's temperature towards the target entropy (SAC v2); "
+        "false = keep `initial_alpha`.",
+    )
+    # Christodoulou's 0.98 keeps a 5-action policy almost uniform (max entropy 1.609, target
+    # 1.577) and its temperature grows without bound; 0.5 lets the policy commit.
+    target_entropy_scale: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Discrete actions: target entropy as a fraction of the maximum, "
+        "log(allowed actions) (Christodoulou 2019 uses 0.98). Continuous: the target is "
+        "-action_dim.",
+    )

@@ -1,0 +1,347 @@
+"""MASAC: multi-agent soft actor-critic with centralised twin critics (config: `algos.masac`).
+
+Each agent maximises its own reward plus the entropy of its policy (Haarnoja et al. 2018,
+"Soft Actor-Critic Algorithms and Applications"). Per agent group: a stochastic actor on
+the agent's observation, two Q critics on the global state and every agent's action
+(centralised as in MADDPG, Lowe et al. 2017) with Polyak-averaged targets, the smaller of
+the two in every target (clipped double Q), and a temperature per group tuned towards a
+target entropy.
+
+Continuous actions: a tanh-squashed Gaussian, reparameterised; log-probabilities are those
+of the action in [-1, 1] (what the critics see), so the target entropy -A does not depend
+on the env's bounds. Discrete actions (Christodoulou 2019, "Soft Actor-Critic for Discrete
+Action Settings"): the critic head gives Q of each of the agent's own actions, its own
+slot of the joint-action input being zeros, and the soft value, the actor loss and the
+temperature loss are exact expectations over the policy's probabilities.
+
+Targets bootstrap through a time limit but never through a termination, nor for an agent
+that is gone at the next step. Every loss is per seed, `[S]`: seeds trained as one batch
+share no parameter and draw from their own generators.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marlctl.algos.masac import MASACConfig
+from marlctl.envs.batch import Observation
+from marlctl.envs.registry import EnvInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
+from marlctl.train.core import per_seed
+from marlctl.train.offpolicy import OffPolicyTrainer
+from marlctl.train.qmix import flat_obs_batch
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+# ---------------------------------------------------------------- policy helpers
+
+
+def masked_log_softmax(
+    logits: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities and log-probabilities; a masked action has probability 0 and log 0,
+    so `probs * log_probs` is 0 there rather than 0 * -inf = NaN."""
+    if mask is None:
+        log_probs = F.log_softmax(logits, -1)
+        return log_probs.exp(), log_probs
+    log_probs = F.log_softmax(logits.masked_fill(~mask, torch.finfo(logits.dtype).min), -1)
+    log_probs = torch.where(mask, log_probs, torch.zeros_like(log_probs))
+    return log_probs.exp() * mask, log_probs
+
+
+def squash(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
+    """tanh(u) in [-1, 1] and its log-probability, u ~ N(mean, std) (SAC's appendix C)."""
+    gaussian = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    # log(1 - tanh(u)^2), written so it stays finite where tanh(u) rounds to +-1.
+    jacobian = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+    return torch.tanh(u), (gaussian - jacobian).sum(-1)
+
+
+def masked_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Per-seed mean of x `[S, ...]` over the rows where weight is 1."""
+    dims = tuple(range(1, x.dim()))
+    return (x * weight).sum(dims) / weight.sum(dims).clamp_min(1.0)
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class MASACTrainer(OffPolicyTrainer):
+    """Actors, twin critics and a temperature per agent group (`model.sharing` applies).
+
+    Losses per seed: `critic` is both critics' squared soft TD error, `actor` the policy
+    loss, `alpha` the temperature loss, each summed over groups; `entropy` is the groups'
+    mean policy entropy; `grad_norm` the critics' gradient norm before clipping.
+    """
+
+    loss_keys = ("critic", "actor", "alpha", "entropy", "grad_norm")
+
+    def __init__(
+        self,
+        config: MASACConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        total_iterations: int,
+        centralised: bool,
+        seeds: tuple[int, ...] = (0,),
+    ):
+        # `centralised` is always true here; `total_iterations` has no schedule to drive.
+        if model.recurrent is not None:
+            raise ValueError("masac trains on single transitions: set model.recurrent: null")
+        super().__init__(config, model, info, num_envs, device, seeds)
+        S = len(self.seeds)
+        self.groups = {g.name: g for g in info.groups}
+        # Width of each agent's slot in the joint action: a one-hot, or the action vector.
+        joint = sum(g.n_agents * g.n_actions for g in info.groups)
+        self.actors = nn.ModuleDict()
+        self.critics = nn.ModuleDict()
+        for g in info.groups:
+            out = g.n_actions if g.discrete else 2 * g.n_actions
+            # Small initial outputs: near-uniform logits, or mean 0 and std 1 before tanh.
+            self.actors[g.name] = self.agent_net(g, g.obs_dim, out, out_gain=0.01)
+            q_out = g.n_actions if g.discrete else 1
+            self.critics[g.name] = nn.ModuleList(
+                [self.agent_net(g, info.state_dim + joint, q_out) for _ in range(2)]
+            )
+        self.target = copy.deepcopy(self.critics).requires_grad_(False)
+        log_alpha = torch.full((S, len(info.groups)), math.log(config.initial_alpha))
+        self.log_alpha = nn.Parameter(log_alpha, requires_grad=config.autotune)
+        self.policies = nn.ModuleDict(
+            {
+                "actor": self.actors,
+                "critic": self.critics,
+                "target": self.target,
+                "temperature": nn.ParameterDict({"log_alpha": self.log_alpha}),
+            }
+        ).to(self.device)
+        self.actor_params = list(self.actors.parameters())
+        self.critic_params = list(self.critics.parameters())
+        self.optimizers = {
+            "actor": torch.optim.Adam(self.actor_params, lr=config.lr),
+            "critic": torch.optim.Adam(self.critic_params, lr=config.critic_lr),
+        }
+        if config.autotune:
+            self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=config.alpha_lr)
+        # Action bounds as tensors; unbounded dimensions act in [-1, 1].
+        self.bounds: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for g in info.groups:
+            if not g.discrete:
+                low = torch.tensor(g.action_low, device=self.device)
+                high = torch.tensor(g.action_high, device=self.device)
+                finite = low.isfinite() & high.isfinite() & (high > low)
+                self.bounds[g.name] = (low.where(finite, -1.0), high.where(finite, 1.0))
+
+    # ------------------------------------------------------------ policies
+
+    def policy(self, name: str, obs: torch.Tensor, mask: torch.Tensor | None):
+        """Discrete: (probs, log_probs); continuous: (mean, log_std), each `[S, ..., n, A]`."""
+        out, _ = self.actors[name](obs)
+        if self.groups[name].discrete:
+            return masked_log_softmax(out, mask)
+        mean, log_std = out.chunk(2, -1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def sample(self, name: str, dist: tuple[torch.Tensor, torch.Tensor]):
+        """One action per agent from the seeds' own generators: discrete: (action, one-hot);
+        continuous: (action in [-1, 1], its log-probability), reparameterised."""
+        if self.groups[name].discrete:
+            action = self.sample_categorical(dist[0])
+            return action, F.one_hot(action, dist[0].shape[-1]).to(dist[0].dtype)
+        mean, log_std = dist
+        u = mean + log_std.exp() * self.noise(mean.shape, normal=True)
+        return squash(u, mean, log_std)
+
+    def to_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
+        """[-1, 1] -> the group's action bounds."""
+        low, high = self.bounds[name]
+        return low + (action + 1.0) * 0.5 * (high - low)
+
+    def from_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
+        low, high = self.bounds[name]
+        return (2.0 * (action - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+
+    # ------------------------------------------------------------ acting
+
+    def random_actions(self, ob: Observation) -> dict[str, torch.Tensor]:
+        """Uniform over allowed actions or the action box: SAC's warm-up before learning."""
+        actions = {}
+        for name, g in self.groups.items():
+            obs, mask = ob.obs[name], ob.masks[name]
+            shape = (*obs.shape[: -len(g.obs_shape)], g.n_actions)
+            if g.discrete:
+                allowed = torch.ones(shape, device=self.device) if mask is None else mask.float()
+                # An agent that has left may have no allowed action at all.
+                total = allowed.sum(-1, keepdim=True).clamp_min(1.0)
+                actions[name] = self.sample_categorical(allowed / total)
+            else:
+                actions[name] = self.to_env(name, 2.0 * self.noise(shape, normal=False) - 1.0)
+        return actions
+
+    def explore(self, ob: Observation, first: torch.Tensor):
+        if self.env_steps < self.cfg.learning_starts:
+            return self.random_actions(ob), {}
+        return self.act_step(ob, deterministic=False, first=first), {}
+
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
+        actions = {}
+        for name, g in self.groups.items():
+            dist = self.policy(name, flat_obs(ob, g), ob.masks[name])
+            if g.discrete:
+                action = dist[0].argmax(-1) if deterministic else self.sample(name, dist)[0]
+            else:
+                action = torch.tanh(dist[0]) if deterministic else self.sample(name, dist)[0]
+                action = self.to_env(name, action)
+            actions[name] = action
+        return actions
+
+    # ------------------------------------------------------------ critic inputs
+
+    def critic_input(
+        self,
+        name: str,
+        state: torch.Tensor,
+        joint: dict[str, torch.Tensor],
+        own: torch.Tensor,
+    ) -> torch.Tensor:
+        """`[S, X, n, state + joint]` for the agents of group `name`: the global state and
+        every agent's action slot (`joint`, per group `[S, X, n_g, w_g]`), the agent's own
+        slot holding `own` `[S, X, n, w]` instead."""
+        n = self.groups[name].n_agents
+        blocks = [state.unsqueeze(-2).expand(*state.shape[:-1], n, -1)]
+        for other, actions in joint.items():
+            agents = actions.unsqueeze(-3)  # [S, X, 1, n_g, w]: the same for every row
+            if other == name:
+                # Row i, slot k: `own[i]` where k == i, else agent k's action.
+                eye = torch.eye(n, dtype=torch.bool, device=state.device).unsqueeze(-1)
+                block = torch.where(eye, own.unsqueeze(-2), agents)
+            else:
+                block = agents.expand(*actions.shape[:-2], n, *actions.shape[-2:])
+            blocks.append(block.flatten(-2))
+        return torch.cat(blocks, -1)
+
+    def encode(self, name: str, action: torch.Tensor) -> torch.Tensor:
+        """A stored action as the critics see it: one-hot, or scaled to [-1, 1]."""
+        g = self.groups[name]
+        if g.discrete:
+            return F.one_hot(action, g.n_actions).float()
+        return self.from_env(name, action)
+
+    def min_q(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        q1, q2 = (net(x)[0] for net in nets)
+        return torch.min(q1, q2)
+
+    # ------------------------------------------------------------ update
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cfg, S = self.cfg, len(self.seeds)
+        b = {k: v.flatten(1, 2) for k, v in batch.items()}  # [S, L, B, ...] -> [S, X, ...]
+        alpha = self.log_alpha.detach().exp()  # [S, G]
+        keep = 1.0 - b["terminated"].float()  # [S, X]
+        active = {name: b[f"active/{name}"].float() for name in self.groups}
+        obs = {name: flat_obs_batch(b[f"obs/{name}"], g) for name, g in self.groups.items()}
+
+        # Soft Bellman targets: next actions from the current policies, the smaller target Q.
+        with torch.no_grad():
+            dists, samples = {}, {}
+            for name, g in self.groups.items():
+                next_obs = flat_obs_batch(b[f"next_obs/{name}"], g)
+                dists[name] = self.policy(name, next_obs, b.get(f"next_mask/{name}"))
+                samples[name] = self.sample(name, dists[name])
+            # Other agents' next actions enter as samples (one-hot for discrete groups): the
+            # critics were trained on taken actions, never on probability vectors.
+            joint = {
+                name: s[1] if self.groups[name].discrete else s[0] for name, s in samples.items()
+            }
+            targets = {}
+            for index, (name, g) in enumerate(self.groups.items()):
+                a = per_seed(alpha[:, index], active[name])
+                own = torch.zeros_like(joint[name]) if g.discrete else joint[name]
+                q = self.min_q(
+                    self.target[name], self.critic_input(name, b["next_state"], joint, own)
+                )
+                if g.discrete:  # expectation over the agent's own next action
+                    probs, log_probs = dists[name]
+                    value = (probs * (q - a.unsqueeze(-1) * log_probs)).sum(-1)
+                else:
+                    value = q.squeeze(-1) - a * samples[name][1]
+                bootstrap = keep.unsqueeze(-1) * b[f"next_active/{name}"].float()
+                targets[name] = b[f"reward/{name}"] + cfg.gamma * bootstrap * value
+
+        # Critics: both regress on the same target, on the stored joint action.
+        taken = {name: self.encode(name, b[f"action/{name}"]) for name in self.groups}
+        critic_loss = torch.zeros(S, device=self.device)
+        for name, g in self.groups.items():
+            own = torch.zeros_like(taken[name]) if g.discrete else taken[name]
+            x = self.critic_input(name, b["state"], taken, own)
+            for net in self.critics[name]:
+                q, _ = net(x)
+                if g.discrete:
+                    q = q.gather(-1, b[f"action/{name}"].unsqueeze(-1))
+                error = q.squeeze(-1) - targets[name]
+                critic_loss = critic_loss + masked_mean(error**2, active[name])
+        self.optimizers["critic"].zero_grad(set_to_none=True)
+        critic_loss.sum().backward()  # seeds share no parameter
+        grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
+        self.optimizers["critic"].step()
+
+        # Actors against the updated critics, other agents' actions as stored; temperatures.
+        actor_loss = torch.zeros(S, device=self.device)
+        alpha_loss = torch.zeros(S, device=self.device)
+        entropy = torch.zeros(S, device=self.device)
+        for index, (name, g) in enumerate(self.groups.items()):
+            a = per_seed(alpha[:, index], active[name])
+            mask = b.get(f"mask/{name}")
+            dist = self.policy(name, obs[name], mask)
+            if g.discrete:
+                probs, log_probs = dist
+                with torch.no_grad():  # Q does not depend on the policy here
+                    own = torch.zeros_like(taken[name])
+                    q = self.min_q(
+                        self.critics[name], self.critic_input(name, b["state"], taken, own)
+                    )
+                loss = (probs * (a.unsqueeze(-1) * log_probs - q)).sum(-1)
+                h = -(probs * log_probs).sum(-1).detach()
+                # Max entropy is log(allowed actions): a fixed log(n) could be out of reach.
+                allowed = math.log(g.n_actions) if mask is None else mask.sum(-1).clamp_min(1).log()
+                target = cfg.target_entropy_scale * allowed
+            else:
+                action, log_prob = self.sample(name, dist)
+                # Gradients also reach the critics' .grad here; only the actors step, and the
+                # next critic step starts from zero_grad.
+                x = self.critic_input(name, b["state"], taken, action)
+                loss = a * log_prob - self.min_q(self.critics[name], x).squeeze(-1)
+                h = -log_prob.detach()
+                target = -float(g.n_actions)
+            actor_loss = actor_loss + masked_mean(loss, active[name])
+            # d/d alpha of alpha * (H - target): alpha falls while the entropy is above target.
+            temperature = per_seed(self.log_alpha[:, index].exp(), h)
+            alpha_loss = alpha_loss + masked_mean(temperature * (h - target), active[name])
+            entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
+        self.optimizers["actor"].zero_grad(set_to_none=True)
+        actor_loss.sum().backward()
+        clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
+        self.optimizers["actor"].step()
+        if cfg.autotune:
+            self.optimizers["alpha"].zero_grad(set_to_none=True)
+            alpha_loss.sum().backward()
+            self.optimizers["alpha"].step()
+
+        polyak(self.target, self.critics, cfg.tau)
+        return {
+            "critic": critic_loss.detach(),
+            "actor": actor_loss.detach(),
+            "alpha": alpha_loss.detach(),
+            "entropy": entropy,
+            "grad_norm": grad,
+        }
+
+    def schedules(self) -> dict[str, torch.Tensor]:
+        return {"train/alpha": self.log_alpha.detach().exp().mean(1)}
