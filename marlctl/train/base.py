@@ -17,7 +17,7 @@ from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.core import EpisodeStats, per_seed
-from marlctl.train.networks import AgentNet, reset_where
+from marlctl.train.networks import AgentNet, reset_where, sharing_of
 
 # Argument validation costs a host sync and a pass over every tensor on each call.
 torch.distributions.Distribution.set_default_validate_args(False)
@@ -83,8 +83,6 @@ class Trainer:
         return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
 
     def agent_net(self, group, n_in: int, n_out: int, **kwargs) -> AgentNet:
-        from marlctl.train.networks import sharing_of
-
         return AgentNet(
             len(self.seeds), group.n_agents, n_in, n_out, self.model,
             sharing_of(self.model, group.name), self.init_generators, **kwargs,

@@ -298,6 +298,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         actor_loss = torch.zeros(S, device=self.device)
         delay = getattr(cfg, "policy_delay", 1)
         if self.updates % delay == 0:
+            self.critics.requires_grad_(False)  # the actor loss trains the actors only
             for name, group in self.groups.items():
                 obs = flat(batch[f"obs/{name}"])
                 member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
@@ -317,6 +318,7 @@ class MADDPGTrainer(OffPolicyTrainer):
             actor_opt = self.optimizers["actor"]
             actor_opt.zero_grad(set_to_none=True)
             actor_loss.sum().backward()
+            self.critics.requires_grad_(True)
             clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
             actor_opt.step()
             polyak(self.target["actors"], self.actors, cfg.tau)

@@ -293,6 +293,7 @@ class MASACTrainer(OffPolicyTrainer):
         self.optimizers["critic"].step()
 
         # Actors against the updated critics, other agents' actions as stored; temperatures.
+        self.critics.requires_grad_(False)  # the actor loss trains the actors only
         actor_loss = torch.zeros(S, device=self.device)
         alpha_loss = torch.zeros(S, device=self.device)
         entropy = torch.zeros(S, device=self.device)
@@ -314,8 +315,6 @@ class MASACTrainer(OffPolicyTrainer):
                 target = cfg.target_entropy_scale * allowed
             else:
                 action, log_prob = self.sample(name, dist)
-                # Gradients also reach the critics' .grad here; only the actors step, and the
-                # next critic step starts from zero_grad.
                 x = self.critic_input(name, b["state"], taken, action)
                 loss = a * log_prob - self.min_q(self.critics[name], x).squeeze(-1)
                 h = -log_prob.detach()
@@ -327,6 +326,7 @@ class MASACTrainer(OffPolicyTrainer):
             entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
         self.optimizers["actor"].zero_grad(set_to_none=True)
         actor_loss.sum().backward()
+        self.critics.requires_grad_(True)
         clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
         self.optimizers["actor"].step()
         if cfg.autotune:

@@ -87,6 +87,7 @@ class QLearningTrainer(OffPolicyTrainer):
         length = config.sequence_length if self.recurrent else 1
         super().__init__(config, model, info, num_envs, device, seeds, length)
         S = len(self.seeds)
+        self.groups = {g.name: g for g in info.groups}
         self.q = nn.ModuleDict(
             {g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=1.0) for g in info.groups}
         )
@@ -144,7 +145,7 @@ class QLearningTrainer(OffPolicyTrainer):
             if self.recurrent:
                 h = reset_where(self._hidden[name], first)
                 extra[f"hidden/{name}"] = h
-            q, h = net(flat_obs(ob, net_group(self.info, name)), h)
+            q, h = net(flat_obs(ob, self.groups[name]), h)
             if self.recurrent:
                 self._hidden[name] = h
             actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
@@ -157,7 +158,7 @@ class QLearningTrainer(OffPolicyTrainer):
             h = None
             if self.recurrent:
                 h = self.acting_state(name, net, first, ob.state.shape[1])
-            q, h = net(flat_obs(ob, net_group(self.info, name)), h)
+            q, h = net(flat_obs(ob, self.groups[name]), h)
             if h is not None:
                 self._acting[name] = h
             actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
@@ -167,7 +168,7 @@ class QLearningTrainer(OffPolicyTrainer):
 
     def _q_values(self, nets: nn.ModuleDict, batch: dict, name: str):
         """Q of every action at the stored and at the next observations, `[S, L * B, n, A]`."""
-        group = net_group(self.info, name)
+        group = self.groups[name]
         net = nets[name]
         obs = flat_obs_batch(batch[f"obs/{name}"], group)
         nxt = flat_obs_batch(batch[f"next_obs/{name}"], group)
@@ -238,10 +239,6 @@ class QLearningTrainer(OffPolicyTrainer):
         with torch.no_grad():
             q_mean = (taken * weight).sum(dims) / count
         return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}
-
-
-def net_group(info: EnvInfo, name: str):
-    return next(g for g in info.groups if g.name == name)
 
 
 def flat_obs_batch(obs: torch.Tensor, group) -> torch.Tensor:

@@ -9,6 +9,7 @@ target bootstraps through a truncation and never through a termination.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -47,7 +48,7 @@ class ReplayBuffer:
         self.steps = max(1, capacity // num_envs)
         self.device = torch.device(device)  # where samples are used
         per_step = sum(
-            num_envs * _numel(f.shape) * torch.empty((), dtype=f.dtype).element_size()
+            num_envs * math.prod(f.shape) * torch.empty((), dtype=f.dtype).element_size()
             for f in fields.values()
         )
         self.nbytes = seeds * self.steps * per_step
@@ -126,13 +127,6 @@ class ReplayBuffer:
             value[:, :valid].copy_(stored[:, stored.shape[1] - valid :])
         self.written = int(states[0]["written"])
         self.head = min(self.written, self.steps) % self.steps
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def transition_fields(info, hidden: dict[str, int] | None = None) -> dict[str, Field]:
