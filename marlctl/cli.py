@@ -199,6 +199,8 @@ def _with_progress(work, as_json: bool):
             def update(event: dict[str, Any]) -> None:
                 import time
 
+                if event.get("kind") == "eval":
+                    return
                 now = time.perf_counter()
                 seed, step = event["seed"], event["step"]
                 last = marks.get(seed)
@@ -282,6 +284,167 @@ def _print_summary(summary) -> None:
         style="bold",
     )
     out.print(table)
+
+
+# ---------------------------------------------------------------- sweep
+
+
+class LauncherKind(StrEnum):
+    local = "local"
+    submitit = "submitit"
+
+
+@app.command()
+def sweep(
+    spec: Annotated[str, typer.Argument(help="Spec file with a sweep: section.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Hydra overrides; sweep overrides add to the space: algo.clip=0.1,0.2 "
+            "'algo.lr=tag(log,interval(1e-5,1e-3))'",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Worker processes (or jobs) sharing the study.")
+    ] = 1,
+    trials: Annotated[
+        int | None,
+        typer.Option("--trials", min=1, help="Trials in the whole study (default: sweep.trials)."),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help="Optuna storage: a journal file, or postgresql://... shared by many machines "
+            "(default: sweep.storage, else ./optuna.journal).",
+        ),
+    ] = None,
+    status: Annotated[
+        bool, typer.Option("--status", help="Show the study's results; run nothing.")
+    ] = False,
+    out_dir: Annotated[
+        str | None,
+        typer.Option("--out", help="Folder for best.yaml (default: ./sweep-STUDY)."),
+    ] = None,
+    launcher: Annotated[
+        LauncherKind, typer.Option("--launcher", help="local processes, or submitit jobs.")
+    ] = LauncherKind.local,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="submitit: slurm or local (default: what it detects)."),
+    ] = None,
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="submitit: SLURM partition.")
+    ] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="submitit: GPUs per worker.")] = 0,
+    cpus: Annotated[
+        int | None, typer.Option("--cpus", min=1, help="submitit: CPUs per worker.")
+    ] = None,
+    time_min: Annotated[
+        int, typer.Option("--time", min=1, help="submitit: minutes per worker job.")
+    ] = 60,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search hyperparameters: an Optuna study over sweep.space, resumable and shareable."""
+    from pathlib import Path
+
+    _stop_on_sigterm()
+    out = Path(out_dir) if out_dir else None
+    with _exit_codes(as_json):
+        from marlctl.sweep import Launcher, prepare, run_sweep, sweep_status
+
+        if status:
+            summary = sweep_status(spec, overrides or [], storage, out)
+        else:
+            ctx, settings = prepare(spec, overrides or [], storage, trials)
+            chosen = Launcher(
+                launcher.value,
+                cluster,
+                partition,
+                gpus,
+                cpus,
+                time_min,
+            )
+            summary = _with_sweep_progress(
+                lambda show: run_sweep(ctx, settings, workers, chosen, out, show),
+                ctx.trials,
+                as_json,
+            )
+    if as_json:
+        _emit_json(summary.to_dict())
+    else:
+        _print_sweep(summary)
+    if summary.interrupted:
+        raise typer.Exit(130)
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+def _with_sweep_progress(work, budget: int, as_json: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [
+        TextColumn("trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("running {task.fields[running]}"),
+        TextColumn("best {task.fields[best]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=err, disable=as_json) as bar:
+        task = bar.add_task("trials", total=budget, running=0, best="-")
+        seen: set[int] = set()
+
+        def show(event: dict[str, Any]) -> None:
+            for t in event["finished"]:
+                if t["trial"] in seen:
+                    continue
+                seen.add(t["trial"])
+                params = " ".join(f"{k}={_short(v)}" for k, v in t["params"].items())
+                value = "" if t["value"] is None else f" {t['value']:.4g}"
+                why = f" ({t['error'].splitlines()[0][:120]})" if t["error"] else ""
+                if not as_json:
+                    bar.console.print(
+                        f"trial {t['trial']} {t['state']}{value}: {params}{why}",
+                        highlight=False,
+                        markup=False,
+                        soft_wrap=True,
+                    )
+            best = "-" if event["best"] is None else f"{event['best']:.4g}"
+            bar.update(task, completed=event["done"], running=event["running"], best=best)
+
+        return work(show)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _print_sweep(summary) -> None:
+    counts = ", ".join(f"{n} {state.lower()}" for state, n in summary.counts.items()) or "none"
+    retried = f"; {summary.retried} lost or interrupted and re-run" if summary.retried else ""
+    out.print(
+        f"[bold]study {summary.study}[/bold] ({summary.storage}): trials {counts} "
+        f"of {summary.budget}{retried}; {summary.env_steps:,} env steps in all",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if summary.top:
+        table = Table(title="top trials", caption=f"MLflow study run {summary.study_run_id}")
+        for column in ("rank", "trial", "objective", "params", "env steps"):
+            table.add_column(column)
+        for rank, row in enumerate(summary.top, start=1):
+            params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
+            steps = f"{row['env_steps']:,}" if row["env_steps"] is not None else "-"
+            table.add_row(str(rank), str(row["trial"]), f"{row['value']:.4g}", params, steps)
+        out.print(table)
+    if summary.best_spec:
+        out.print(f"best spec: {summary.best_spec} (marlctl run {summary.best_spec})")
+    for error in summary.worker_errors:
+        err.print(f"[red]{error}[/red]", highlight=False)
+    if summary.best is None and not summary.interrupted:
+        err.print("[red]no trial completed[/red]")
 
 
 # ---------------------------------------------------------------- list

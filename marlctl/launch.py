@@ -60,29 +60,35 @@ class Summary:
         }
 
 
-def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -> Summary:
-    """Create the MLflow runs for a validated plan and train every seed."""
+def run_plan(
+    loaded: LoadedSpec,
+    plan: Plan,
+    progress: Progress | None = None,
+    parent_id: str | None = None,
+    stop: Any = None,
+) -> Summary:
+    """Create the MLflow runs for a validated plan and train every seed.
+
+    The seeds' runs go under a new parent run, or under `parent_id` (a sweep's trial run,
+    which its caller creates and ends). `stop` (an Event) ends every seed early.
+    """
     spec = loaded.spec
     uri = spec.tracking.uri
     client = tracking.client_for(uri)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
-    common = {
-        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
-        "marlctl.versions": tracking.package_versions(),
-        "marlctl.algo": plan.algo,
-        "marlctl.env": plan.env.id,
-    }
-    commit = tracking.git_commit()
-    if commit:
-        common["mlflow.source.git.commit"] = commit
+    common = run_tags(loaded, plan)
     params = tracking.flatten(loaded.resolved)
-    parent = client.create_run(
-        experiment_id, run_name=f"{plan.experiment}", tags={**common, "marlctl.role": "experiment"}
-    )
-    parent_id = parent.info.run_id
-    tracking.log_params(client, parent_id, params)
     named = {**loaded.resolved, "name": plan.experiment}
-    _log_spec(client, parent_id, named)
+    own_parent = parent_id is None
+    if parent_id is None:
+        parent = client.create_run(
+            experiment_id,
+            run_name=f"{plan.experiment}",
+            tags={**common, "marlctl.role": "experiment"},
+        )
+        parent_id = parent.info.run_id
+        tracking.log_params(client, parent_id, params)
+        log_spec(client, parent_id, named)
     requests = []
     for run in plan.runs:
         child = client.create_run(
@@ -97,12 +103,29 @@ def run_plan(loaded: LoadedSpec, plan: Plan, progress: Progress | None = None) -
             },
         )
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
-        _log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
-        requests.append(RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id))
+        log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
+        requests.append(
+            RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id, stop=stop)
+        )
     summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
     summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
-    _finish_parent(client, parent_id, summary)
+    if own_parent:
+        _finish_parent(client, parent_id, summary)
     return summary
+
+
+def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
+    """Tags every run of a spec carries: what it trains and with which code."""
+    tags = {
+        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
+        "marlctl.versions": tracking.package_versions(),
+        "marlctl.algo": plan.algo,
+        "marlctl.env": plan.env.id,
+    }
+    commit = tracking.git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
 
 
 def resume(
@@ -181,7 +204,7 @@ def resume(
     return summary
 
 
-def _log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:
+def log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / SPEC_ARTIFACT
         path.write_text(yaml.safe_dump(resolved, sort_keys=False))

@@ -219,3 +219,45 @@ class TwoStepGame(ParallelEnv):
 
 def two_step(**params):
     return TwoStepGame(**params)
+
+
+class ConstantReward(ParallelEnv):
+    """Two agents paid `bonus` every step for `max_cycles` steps, whatever they do: the
+    episode return is exactly `bonus * max_cycles`, a known objective for sweep tests."""
+
+    metadata = {"name": "constant_reward", "is_parallelizable": True}
+
+    def __init__(self, bonus: float = 1.0, max_cycles: int = 5):
+        self.bonus, self.max_cycles = float(bonus), max_cycles
+        self.possible_agents = ["a_0", "a_1"]
+        self.agents = list(self.possible_agents)
+        self._t = 0
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def state(self):
+        return np.array([self._t / self.max_cycles], np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.agents, self._t = list(self.possible_agents), 0
+        return {a: self.state() for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self._t += 1
+        done = self._t >= self.max_cycles
+        obs = {a: self.state() for a in self.agents}
+        rewards = {a: self.bonus for a in self.agents}
+        terminated = {a: False for a in self.agents}
+        truncated = {a: done for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, terminated, truncated, infos
+
+
+def constant_reward(**params):
+    return ConstantReward(**params)

@@ -33,6 +33,7 @@ CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
 EVAL_ENVS = 32
 LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
+PRUNED_TAG = "marlctl.pruned_at_step"
 
 
 @dataclass
@@ -43,6 +44,9 @@ class RunRequest:
     tracking_uri: str | None
     run_id: str
     resume: bool = False
+    # Set by a sweep's pruner: the run stops after its current iteration, without a final
+    # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`.
+    stop: Any = None
 
 
 @dataclass
@@ -50,7 +54,7 @@ class RunResult:
     index: int
     seed: int
     run_id: str
-    status: str  # FINISHED | FAILED | KILLED
+    status: str  # FINISHED | FAILED | KILLED | PRUNED
     env_steps: int = 0
     final_return: float | None = None
     steps_per_s: float | None = None
@@ -206,13 +210,16 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         every = spec.tracking.flush_every_s
         for request, skip_until in zip(requests, skip, strict=True):
             sinks.append(tracking.MetricSink(client, request.run_id, every, skip_until))
-        _train(spec, requests, client, sinks, device, results, progress)
+        pruned_at = _train(spec, requests, client, sinks, device, results, progress)
         for sink in sinks:
             sink.close()
         sinks = []
         for result in results:
+            if pruned_at is not None:
+                client.set_tag(result.run_id, PRUNED_TAG, str(pruned_at))
             client.set_terminated(result.run_id, "FINISHED")
-            result.status = "FINISHED"
+            result.status = "FINISHED" if pruned_at is None else "PRUNED"
+            result.env_steps = result.env_steps or (pruned_at or 0)
     except KeyboardInterrupt:
         finish("KILLED", "interrupted", "interrupted by the user", None)
     except Exception as err:  # recorded, not raised: other runs go on
@@ -245,8 +252,10 @@ def _train(
     device: torch.device,
     results: list[RunResult],
     progress: Progress | None,
-) -> None:
+) -> int | None:
+    """Train to the budget; the env step where a sweep's pruner stopped it, or None."""
     plans, info = [r.run for r in requests], requests[0].env_info
+    stop = requests[0].stop
     seeds = [p.seed for p in plans]
     hw, train = spec.hardware, spec.train
     plan = plans[0]
@@ -335,6 +344,15 @@ def _train(
                     scores = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
                     for index in range(S):
                         sinks[index].log(scores[index], env_steps)
+                        if progress is not None:
+                            progress(
+                                {
+                                    "kind": "eval",
+                                    "seed": seeds[index],
+                                    "step": env_steps,
+                                    "metrics": scores[index],
+                                }
+                            )
                     next_eval = (env_steps // train.eval_every + 1) * train.eval_every
                 if train.checkpoint_every and env_steps >= next_ckpt:
                     next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
@@ -352,6 +370,8 @@ def _train(
                                 "return": last_return[index],
                             }
                         )
+                if stop is not None and stop.is_set():
+                    return env_steps
         except KeyboardInterrupt:
             # A second Ctrl-C or SIGTERM must not cut the checkpoint short.
             if threading.current_thread() is threading.main_thread():

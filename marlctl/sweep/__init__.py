@@ -1,0 +1,483 @@
+"""`marlctl sweep`: an Optuna study over `sweep.space`, run by workers that share it.
+
+`prepare` checks the spec and the whole space before anything runs (exit 2 on a problem);
+`run_sweep` creates (or continues) the study and its MLflow run, starts the workers here
+or on SLURM through submitit, waits, and writes the best trial as a runnable spec;
+`sweep_status` reads a study without running anything.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marlctl.errors import Problem, SpecError
+from marlctl.spec import load_spec
+from marlctl.sweep.space import check_space, space_of, split_overrides
+from marlctl.sweep.study import (
+    ERROR_ATTR,
+    SPEC_ATTR,
+    SweepContext,
+    counted,
+    create_study,
+    load_study,
+    storage_url,
+)
+
+Progress = Callable[[dict[str, Any]], None]
+TOP = 10
+
+
+@dataclass
+class Launcher:
+    """Where workers run: processes here, or submitit jobs (SLURM, or its local executor)."""
+
+    kind: str = "local"  # local | submitit
+    cluster: str | None = None  # submitit: slurm | local; None = what submitit detects
+    partition: str | None = None
+    gpus_per_worker: int = 0
+    cpus_per_worker: int | None = None
+    time_min: int = 60
+    folder: str | None = None
+
+
+@dataclass
+class SweepSummary:
+    study: str
+    storage: str
+    tracking_uri: str
+    study_run_id: str
+    budget: int
+    counts: dict[str, int]
+    retried: int
+    env_steps: int
+    best: dict[str, Any] | None
+    top: list[dict[str, Any]]
+    best_spec: str | None
+    interrupted: bool = False
+    worker_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.best is not None and not self.worker_errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "study": self.study,
+            "storage": self.storage,
+            "tracking_uri": self.tracking_uri,
+            "study_run_id": self.study_run_id,
+            "budget": self.budget,
+            "counts": self.counts,
+            "retried": self.retried,
+            "env_steps": self.env_steps,
+            "best": self.best,
+            "top": self.top,
+            "best_spec": self.best_spec,
+            "interrupted": self.interrupted,
+            "worker_errors": self.worker_errors,
+        }
+
+
+def prepare(
+    spec_path: str, overrides: list[str], storage: str | None, trials: int | None
+) -> tuple[SweepContext, Any]:
+    """Validate the spec, its sweep and every value of the space; nothing runs yet."""
+    from marlctl.plan import compile_plan
+    from marlctl.spec.models import SweepSpec
+
+    plain, from_cli = split_overrides(overrides)
+    loaded = load_spec(spec_path, plain)
+    compile_plan(loaded)
+    sweep = loaded.spec.sweep or SweepSpec()
+    if loaded.spec.sweep is None and not from_cli:
+        raise SpecError(
+            [
+                Problem(
+                    spec_path,
+                    None,
+                    "sweep",
+                    "no sweep: section and no sweep overrides (e.g. algo.lr=0.001,0.0003)",
+                )
+            ]
+        )
+    params = space_of(loaded, from_cli)
+    check_space(spec_path, plain, params, sweep.sampler)
+    budget = trials or sweep.trials
+    if sweep.sampler == "grid":  # every point once
+        budget = min(budget, math.prod(len(p.grid()) for p in params))
+    ctx = SweepContext(
+        spec_path=str(Path(spec_path).resolve()),
+        overrides=plain,
+        params=params,
+        study=sweep.study or loaded.experiment,
+        storage=storage or sweep.storage,
+        experiment=loaded.experiment,
+        tracking_uri=loaded.spec.tracking.uri,
+        study_run_id="",
+        trials=budget,
+        cwd=str(Path.cwd()),
+    )
+    return ctx, sweep
+
+
+def run_sweep(
+    ctx: SweepContext,
+    sweep,
+    workers: int,
+    launcher: Launcher,
+    out_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> SweepSummary:
+    """Create or continue the study, run `workers` workers until the budget is used."""
+    study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
+    ctx.study_run_id = _study_run(ctx, sweep)
+    contexts = [
+        SweepContext(**{**ctx.__dict__, "worker": i, "workers": workers}) for i in range(workers)
+    ]
+    interrupted, errors = False, []
+    try:
+        if launcher.kind == "submitit":
+            errors = _run_submitit(contexts, launcher, study, ctx, progress)
+        else:
+            errors = _run_local(contexts, study, ctx, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = summarize(study, ctx, sweep, out_dir)
+    summary.interrupted, summary.worker_errors = interrupted, errors
+    _finish_study_run(ctx, summary)
+    return summary
+
+
+def sweep_status(
+    spec_path: str, overrides: list[str], storage: str | None, out_dir: Path | None
+) -> SweepSummary:
+    """Read the study of this spec: best trial, top trials, counts; writes best.yaml."""
+    import optuna
+
+    ctx, sweep = prepare(spec_path, overrides, storage, None)
+    try:
+        study = load_study(ctx)
+    except (KeyError, optuna.exceptions.StorageInternalError, ValueError):
+        raise SpecError(
+            [
+                Problem(
+                    "--status",
+                    None,
+                    "",
+                    f"no study '{ctx.study}' in {storage_url(ctx.storage, ctx.cwd)}",
+                )
+            ]
+        ) from None
+    ctx.study_run_id = _find_study_run(ctx) or ""
+    return summarize(study, ctx, sweep, out_dir)
+
+
+# ---------------------------------------------------------------- results
+
+
+def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSummary:
+    from optuna.trial import TrialState
+
+    from marlctl import tracking
+
+    trials = study.get_trials(deepcopy=False)
+    mine = counted(trials)
+    counts = {s.name: 0 for s in TrialState}
+    for t in mine:
+        counts[t.state.name] += 1
+    complete = [t for t in mine if t.state == TrialState.COMPLETE and t.value is not None]
+    complete.sort(key=lambda t: t.value, reverse=sweep.direction == "maximize")
+    top = [_trial_row(t) for t in complete[:TOP]]
+    best_spec = None
+    if complete and SPEC_ATTR in complete[0].user_attrs:
+        folder = out_dir or Path(ctx.cwd) / f"sweep-{ctx.study}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "best.yaml"
+        header = (
+            f"# Best trial ({complete[0].number}) of study '{ctx.study}' in "
+            f"{storage_url(ctx.storage, ctx.cwd)}: {sweep.metric} = {complete[0].value:.6g}\n"
+        )
+        tmp = path.with_suffix(".yaml.tmp")
+        tmp.write_text(header + yaml.safe_dump(complete[0].user_attrs[SPEC_ATTR], sort_keys=False))
+        tmp.replace(path)  # never a half-written spec
+        best_spec = str(path)
+    retried = (
+        len(trials) - len(mine) - sum(bool(t.user_attrs.get("marlctl.surplus")) for t in trials)
+    )
+    return SweepSummary(
+        study=ctx.study,
+        storage=storage_url(ctx.storage, ctx.cwd),
+        tracking_uri=tracking.resolve_uri(ctx.tracking_uri),
+        study_run_id=ctx.study_run_id,
+        budget=ctx.trials,
+        counts={k: v for k, v in counts.items() if v},
+        retried=retried,
+        env_steps=sum(int(t.user_attrs.get("marlctl.env_steps", 0)) for t in trials),
+        best=top[0] if top else None,
+        top=top,
+        best_spec=best_spec,
+    )
+
+
+def _trial_row(trial) -> dict[str, Any]:
+    return {
+        "trial": trial.number,
+        "value": trial.value,
+        "params": dict(trial.params),
+        "env_steps": trial.user_attrs.get("marlctl.env_steps"),
+        "mlflow_run_id": trial.user_attrs.get("marlctl.mlflow_run_id"),
+        "error": trial.user_attrs.get(ERROR_ATTR),
+    }
+
+
+# ---------------------------------------------------------------- MLflow study run
+
+
+def _find_study_run(ctx: SweepContext) -> str | None:
+    from marlctl import tracking
+
+    client = tracking.client_for(ctx.tracking_uri)
+    experiment = client.get_experiment_by_name(ctx.experiment)
+    if experiment is None:
+        return None
+    found = client.search_runs(
+        [experiment.experiment_id],
+        f"tags.`marlctl.role` = 'study' and tags.`marlctl.study` = '{ctx.study}' "
+        f"and tags.`marlctl.storage` = '{_storage_key(ctx)}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return found[0].info.run_id if found else None
+
+
+def _storage_key(ctx: SweepContext) -> str:
+    import hashlib
+
+    return hashlib.sha256(storage_url(ctx.storage, ctx.cwd).encode()).hexdigest()[:16]
+
+
+def _study_run(ctx: SweepContext, sweep) -> str:
+    """The study's parent run, shared by every worker and every re-run of the sweep."""
+    from marlctl import tracking
+
+    client = tracking.client_for(ctx.tracking_uri)
+    found = _find_study_run(ctx)
+    if found is not None:
+        client.update_run(found, status="RUNNING")
+        return found
+    experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
+    run = client.create_run(
+        experiment_id,
+        run_name=f"sweep-{ctx.study}",
+        tags={
+            "marlctl.role": "study",
+            "marlctl.study": ctx.study,
+            "marlctl.storage": _storage_key(ctx),
+            "marlctl.storage_url": _safe_url(storage_url(ctx.storage, ctx.cwd)),
+        },
+    )
+    params = {
+        "sweep.metric": sweep.metric,
+        "sweep.direction": sweep.direction,
+        "sweep.sampler": sweep.sampler,
+        "sweep.pruner": sweep.pruner,
+        "sweep.objective": sweep.objective,
+    }
+    tracking.log_params(client, run.info.run_id, params)
+    # Two machines starting at once may both create one: the earliest wins, the other goes.
+    first = _find_study_run(ctx)
+    if first is not None and first != run.info.run_id:
+        client.delete_run(run.info.run_id)
+        return first
+    return run.info.run_id
+
+
+def _safe_url(url: str) -> str:
+    """A database URL without its password."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
+    return url
+
+
+def _finish_study_run(ctx: SweepContext, summary: SweepSummary) -> None:
+    from marlctl import tracking
+
+    client = tracking.client_for(ctx.tracking_uri)
+    run_id = ctx.study_run_id
+    for state, count in summary.counts.items():
+        client.log_metric(run_id, f"sweep/trials_{state.lower()}", count)
+    if summary.best is not None:
+        client.log_metric(run_id, "sweep/best_value", summary.best["value"])
+        client.set_tag(run_id, "marlctl.best_trial", str(summary.best["trial"]))
+    if summary.best_spec:
+        client.log_artifact(run_id, summary.best_spec)
+    done = sum(summary.counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
+    if summary.interrupted:
+        client.set_terminated(run_id, "KILLED")
+    elif done >= summary.budget and not summary.counts.get("RUNNING"):
+        client.set_terminated(run_id, "FINISHED")
+
+
+# ---------------------------------------------------------------- launching workers
+
+
+def _worker_main(ctx: SweepContext) -> None:
+    """A worker process: its own trials until the budget is used; exit 130 on Ctrl-C."""
+    import signal
+    import sys
+
+    from marlctl.launch import Terminated
+    from marlctl.sweep.study import work
+
+    def stop(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        work(ctx)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _run_local(
+    contexts: list[SweepContext], study, ctx: SweepContext, progress: Progress | None
+) -> list[str]:
+    """One spawned process per worker; the coordinator watches them and the study."""
+    spawn = mp.get_context("spawn")
+    procs = [
+        spawn.Process(target=_worker_main, args=(c,), name=f"worker-{c.worker}") for c in contexts
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            _poll(study, ctx, progress)
+            for proc in procs:
+                proc.join(timeout=1.0 / len(procs))
+    except KeyboardInterrupt as interrupt:
+        # Ctrl-C reached the workers too; a SIGTERM only this process: pass it on.
+        from marlctl.launch import Terminated
+
+        for proc in procs:
+            if proc.is_alive() and isinstance(interrupt, Terminated):
+                proc.terminate()
+        _wait_stopped(procs)
+        raise
+    _poll(study, ctx, progress)
+    return [
+        f"worker {c.worker} exited with code {p.exitcode}"
+        for c, p in zip(contexts, procs, strict=True)
+        if p.exitcode not in (0, 130)
+    ]
+
+
+def _wait_stopped(procs, grace: float = 60.0) -> None:
+    """Workers checkpoint their runs on an interrupt; past the grace period they are ended."""
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        while proc.is_alive():
+            try:
+                proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            except KeyboardInterrupt:  # a second Ctrl-C while waiting
+                continue
+            if proc.is_alive() and time.monotonic() > deadline:
+                proc.kill()
+
+
+def _run_submitit(
+    contexts: list[SweepContext],
+    launcher: Launcher,
+    study,
+    ctx: SweepContext,
+    progress: Progress | None,
+) -> list[str]:
+    """One submitit job per worker: SLURM, or submitit's local executor (`--cluster local`)."""
+    try:
+        import submitit
+    except ImportError:
+        raise SpecError(
+            [_launcher_problem("submitit is not installed: pip install 'marlctl[cluster]'")]
+        ) from None
+    folder = Path(launcher.folder or Path(ctx.cwd) / ".submitit" / ctx.study)
+    try:
+        executor = submitit.AutoExecutor(folder=folder, cluster=launcher.cluster)
+    except (RuntimeError, ValueError) as err:
+        raise SpecError(
+            [_launcher_problem(f"{err}; --cluster local runs the jobs on this machine")]
+        ) from None
+    params: dict[str, Any] = {"timeout_min": launcher.time_min, "name": f"marlctl-{ctx.study}"}
+    if launcher.cpus_per_worker:
+        params["cpus_per_task"] = launcher.cpus_per_worker
+    if launcher.gpus_per_worker:
+        params["gpus_per_node"] = launcher.gpus_per_worker
+    if launcher.partition:
+        params["slurm_partition"] = launcher.partition
+    executor.update_parameters(**params)
+    jobs = [executor.submit(_submitit_job, c) for c in contexts]
+    try:
+        while not all(job.done() for job in jobs):
+            _poll(study, ctx, progress)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        for job in jobs:
+            job.cancel(check=False)
+        raise
+    _poll(study, ctx, progress)
+    errors = []
+    for job, c in zip(jobs, contexts, strict=True):
+        error = job.exception()
+        if error is not None:
+            errors.append(f"worker {c.worker} (job {job.job_id}) failed: {error}")
+    return errors
+
+
+def _submitit_job(ctx: SweepContext) -> list[int]:
+    """A submitit job is one worker with its allocation to itself."""
+    from marlctl.sweep.study import work
+
+    return work(SweepContext(**{**ctx.__dict__, "worker": 0, "workers": 1})).trials
+
+
+def _launcher_problem(message: str) -> Problem:
+    return Problem("--launcher", None, "", message)
+
+
+def _poll(study, ctx: SweepContext, progress: Progress | None) -> None:
+    if progress is None:
+        return
+    from optuna.trial import TrialState
+
+    mine = counted(study.get_trials(deepcopy=False))
+    done = [t for t in mine if t.state.is_finished()]
+    values = [t.value for t in done if t.state == TrialState.COMPLETE and t.value is not None]
+    best = None
+    if values:
+        best = max(values) if study.direction.name == "MAXIMIZE" else min(values)
+    progress(
+        {
+            "done": len(done),
+            "budget": ctx.trials,
+            "running": sum(t.state == TrialState.RUNNING for t in mine),
+            "best": best if best is not None and math.isfinite(best) else None,
+            "finished": [
+                {
+                    "trial": t.number,
+                    "state": t.state.name,
+                    "value": t.value,
+                    "params": dict(t.params),
+                    "error": t.user_attrs.get(ERROR_ATTR),
+                }
+                for t in done
+            ],
+        }
+    )

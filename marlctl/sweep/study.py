@@ -1,0 +1,566 @@
+"""Optuna around plan/launch: one study per sweep, trials trained by workers sharing it.
+
+Workers are processes on this machine, SLURM jobs through submitit, or `marlctl sweep`
+started on other machines against the same database storage. Every worker runs the same
+loop: give up lost trials, take a trial (a re-queued one first), train its seeds with
+`run_plan` under the trial's MLflow run, report each evaluation to the pruner, tell the
+study the result. The trial budget is global: the study itself counts its trials.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marlctl.errors import Problem, SpecError
+from marlctl.sweep.space import (
+    Param,
+    active,
+    decode_choice,
+    encode_choice,
+    listed_groups,
+    overrides_for,
+)
+
+JOURNAL = "optuna.journal"  # the embedded default storage, next to mlflow.db
+HEARTBEAT_ATTR = "marlctl.heartbeat"
+ERROR_ATTR = "marlctl.error"
+RUN_ATTR = "marlctl.mlflow_run_id"
+SPEC_ATTR = "marlctl.spec"
+SURPLUS_ATTR = "marlctl.surplus"
+LOST_AFTER_BEATS = 4
+
+
+@dataclass
+class SweepContext:
+    """Everything a worker needs; plain data, so it crosses process and SLURM boundaries."""
+
+    spec_path: str
+    overrides: list[str]  # the user's plain overrides
+    params: list[Param]
+    study: str
+    storage: str | None
+    experiment: str
+    tracking_uri: str | None
+    study_run_id: str
+    trials: int
+    cwd: str
+    worker: int = 0
+    workers: int = 1
+    placement: list[str] = field(default_factory=list)  # hardware overrides for this worker
+
+
+# ---------------------------------------------------------------- storage and study
+
+
+def storage_url(storage: str | None, cwd: str | Path | None = None) -> str:
+    """The storage as the user would pass it to optuna-dashboard or the optuna CLI."""
+    if storage is None:
+        return str(Path(cwd or Path.cwd()) / JOURNAL)
+    return storage
+
+
+def is_database(storage: str) -> bool:
+    return "://" in storage
+
+
+def open_storage(storage: str | None, cwd: str | Path | None = None):
+    """A database URL, or a journal file that any number of local processes share safely."""
+    import optuna
+
+    url = storage_url(storage, cwd)
+    if is_database(url):
+        return _open_database(url)
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(url))
+
+
+def _open_database(url: str, attempts: int = 5):
+    """RDBStorage creates its tables on first use: machines starting together on an empty
+    database race to create them, and the losers see duplicate-object errors. They retry."""
+    import random
+
+    import optuna
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 + random.random())
+    raise AssertionError("unreachable")
+
+
+def create_study(name: str, storage: str | None, direction: str, cwd: str | Path | None = None):
+    """Create the study, or continue the one with this name; its direction must match."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=open_storage(storage, cwd),
+            direction=direction,
+            load_if_exists=True,
+        )
+    except Exception as err:  # an unreachable database, a bad URL
+        raise SpecError(
+            [Problem("--storage", None, "", f"cannot open {storage_url(storage, cwd)}: {err}")]
+        ) from None
+    found = study.direction.name.lower()
+    if found != direction:
+        raise SpecError(
+            [
+                Problem(
+                    "sweep.direction",
+                    None,
+                    "",
+                    f"study '{name}' in {storage_url(storage, cwd)} was created to {found}; "
+                    f"the spec says {direction} (set sweep.study to start a new study)",
+                )
+            ]
+        )
+    return study
+
+
+def load_study(ctx: SweepContext, sampler=None, pruner=None):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(
+        study_name=ctx.study,
+        storage=open_storage(ctx.storage, ctx.cwd),
+        sampler=sampler,
+        pruner=pruner,
+    )
+
+
+def make_sampler(sweep, params: list[Param], worker: int):
+    import warnings
+
+    import optuna
+
+    seed = None if sweep.seed is None else sweep.seed + worker
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if sweep.sampler == "grid":
+
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values) -> None:
+                # GridSampler stops the study when the grid is used up, which works inside
+                # `optimize` only; the worker loop stops at the budget (the grid's size).
+                pass
+
+        grid = {p.key: [encode_choice(v) for v in p.grid()] for p in params}
+        return Grid(grid, seed=seed)
+    if sweep.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(
+            n_startup_trials=max(sweep.startup_trials, 1),
+            seed=seed,
+            warn_independent_sampling=False,
+        )
+    conditional = any(p.when for p in params)
+    return optuna.samplers.TPESampler(
+        n_startup_trials=sweep.startup_trials,
+        seed=seed,
+        multivariate=True,
+        group=conditional,
+        constant_liar=True,  # workers in parallel do not all sample the same point
+    )
+
+
+def make_pruner(sweep, train):
+    import optuna
+
+    if sweep.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials)
+    if sweep.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=max(train.eval_every, 1), max_resource=train.total_env_steps
+        )
+    return optuna.pruners.NopPruner()
+
+
+# ---------------------------------------------------------------- the trial budget
+
+
+def counted(trials) -> list:
+    """Trials that use the budget: a re-queued retry stands for the trial it replaces."""
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return [t for t in trials if not t.user_attrs.get(SURPLUS_ATTR) and t.number not in retried]
+
+
+def retry(study, trial, max_retry: int) -> bool:
+    """Re-queue a lost or interrupted trial with its parameters (Optuna's retry convention:
+    `failed_trial` and `retry_history` system attributes). False when out of retries."""
+    import optuna
+
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > max_retry:
+        return False
+    study.add_trial(
+        optuna.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={"marlctl.retry_of": trial.number},
+            system_attrs={
+                "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
+                "retry_history": history,
+            },
+        )
+    )
+    return True
+
+
+def fail_lost_trials(study, sweep, tracking_uri: str | None) -> list[int]:
+    """RUNNING trials whose worker stopped beating are failed (and re-queued if allowed).
+
+    The state change is the lock: of several workers finding the same lost trial, one
+    succeeds in failing it, and only that one re-queues it.
+    """
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    now, limit = time.time(), LOST_AFTER_BEATS * sweep.heartbeat_s
+    lost = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        start = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+        last = max(float(trial.user_attrs.get(HEARTBEAT_ATTR, 0.0)), start)
+        if now - last <= limit:
+            continue
+        reason = f"worker lost: no heartbeat for {now - last:.0f} s"
+        storage = study._storage  # failing another worker's trial has no public API
+        try:
+            storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, reason)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except (UpdateFinishedTrialError, RuntimeError):
+            continue  # another worker got there first, or it just finished
+        lost.append(trial.number)
+        retry(study, frozen(study, trial.number), sweep.retries)
+        _fail_mlflow_runs(tracking_uri, trial.user_attrs.get(RUN_ATTR), reason)
+    return lost
+
+
+def _fail_mlflow_runs(tracking_uri: str | None, run_id: str | None, reason: str) -> None:
+    """The trial's MLflow run and its seeds' runs, left RUNNING by the lost worker."""
+    if not run_id:
+        return
+    from marlctl import tracking
+
+    client = tracking.client_for(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+        children = client.search_runs(
+            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'"
+        )
+        for r in [run, *children]:
+            if r.info.status == "RUNNING":
+                client.set_tag(r.info.run_id, tracking.ERROR_TAG, reason)
+                client.set_tag(r.info.run_id, "marlctl.trial_state", "FAIL")
+                client.set_terminated(r.info.run_id, "FAILED")
+    except Exception:  # another machine's MLflow store: nothing to mark here
+        pass
+
+
+# ---------------------------------------------------------------- the worker loop
+
+
+@dataclass
+class WorkerReport:
+    worker: int
+    trials: list[int] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def work(ctx: SweepContext) -> WorkerReport:
+    """Run trials until the study has used its budget. Raises KeyboardInterrupt on Ctrl-C,
+    after the interrupted trial is failed and re-queued."""
+    from optuna.trial import TrialState
+
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+
+    os.chdir(ctx.cwd)
+    loaded = load_spec(ctx.spec_path, ctx.overrides)
+    ctx.placement = ctx.placement or placement(
+        loaded, compile_plan(loaded), ctx.worker, ctx.workers
+    )
+    base = loaded.spec
+    sweep = base.sweep or _default_sweep()
+    study = load_study(
+        ctx, make_sampler(sweep, ctx.params, ctx.worker), make_pruner(sweep, base.train)
+    )
+    report = WorkerReport(ctx.worker)
+    while True:
+        fail_lost_trials(study, sweep, ctx.tracking_uri)
+        trials = study.get_trials(deepcopy=False)
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if not waiting and len(counted(trials)) >= ctx.trials:
+            return report
+        trial = study.ask()
+        is_retry = "failed_trial" in frozen(study, trial.number).system_attrs
+        if not is_retry and _over_budget(study, trial, ctx.trials):
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            study.tell(trial, state=TrialState.FAIL)
+            return report
+        report.trials.append(trial.number)
+        run_trial(ctx, sweep, study, trial)
+
+
+def placement(loaded, plan, index: int, workers: int) -> list[str]:
+    """Hardware overrides giving worker `index` its share of this machine: CPU threads
+    split between the workers; GPUs dedicated when there are enough, else shared."""
+    from marlctl.plan import available_cores
+    from marlctl.sweep.space import hydra_value
+
+    hw = loaded.spec.hardware
+    share = max(1, available_cores() // workers)
+    pool = list(dict.fromkeys(r.device for r in plan.runs))
+    seeds = len(loaded.spec.seeds)
+    processes = min(len(pool), seeds) if hw.batch_seeds else seeds
+    concurrent = max(1, min(hw.parallel_runs, processes, share))
+    threads = max(1, min(hw.threads_per_run, share // concurrent))
+    out = [f"++hardware.parallel_runs={concurrent}", f"++hardware.threads_per_run={threads}"]
+    if any(d.startswith("cuda") for d in pool):
+        mine = pool[index::workers] if len(pool) >= workers else [pool[index % len(pool)]]
+        out += [f"++hardware.devices={hydra_value(mine)}", "++hardware.device=auto"]
+    return out
+
+
+def _default_sweep():
+    from marlctl.spec.models import SweepSpec
+
+    return SweepSpec()
+
+
+def _over_budget(study, trial, budget: int) -> bool:
+    """Several workers may take a trial at once when one slot is left: the later ones yield."""
+    numbers = sorted(t.number for t in counted(study.get_trials(deepcopy=False)))
+    return trial.number in numbers and numbers.index(trial.number) >= budget
+
+
+class _Heartbeat:
+    """Marks a trial alive every `every` seconds while its worker trains it."""
+
+    def __init__(self, trial, every: float):
+        self.trial, self.every = trial, every
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            self.trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+        except Exception:  # finished meanwhile, or the storage blinked: the next beat retries
+            pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _Reporter:
+    """Progress callback of a trial's runs: the seeds' evaluations at one env step, combined,
+    go to the pruner; when it says prune, every seed stops."""
+
+    def __init__(self, trial, metric: str, seeds: list[int], combine: str, stop):
+        self.trial, self.metric, self.seeds, self.combine, self.stop = (
+            trial,
+            metric,
+            seeds,
+            combine,
+            stop,
+        )
+        self.pending: dict[int, dict[int, float]] = {}
+        self.pruned_at: int | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "eval" or self.pruned_at is not None:
+            return
+        value = event["metrics"].get(self.metric)
+        if value is None or not math.isfinite(value):
+            return
+        with self.lock:
+            got = self.pending.setdefault(int(event["step"]), {})
+            got[int(event["seed"])] = float(value)
+            if len(got) < len(self.seeds):
+                return
+            step = int(event["step"])
+            del self.pending[step]
+            self.trial.report(aggregate(list(got.values()), self.combine), step)
+            if self.trial.should_prune():
+                self.pruned_at = step
+                self.stop.set()
+
+
+def aggregate(values: list[float], how: str) -> float:
+    """Mean, or interquartile mean (the middle 50%, as rliable: 25% trimmed each side)."""
+    values = sorted(values)
+    if how == "iqm":
+        cut = int(0.25 * len(values))
+        values = values[cut : len(values) - cut] if cut else values
+    return sum(values) / len(values)
+
+
+def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
+    """Sample, validate, train and tell one trial; returns its state name."""
+    import multiprocessing as mp
+
+    from optuna.trial import TrialState
+
+    from marlctl import tracking
+    from marlctl.launch import log_spec, run_plan, run_tags
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+
+    values = sample(trial, ctx.params)
+    chosen = overrides_for(values, listed_groups(ctx.spec_path))
+    trial.set_user_attr("marlctl.overrides", chosen)
+    trial.set_user_attr("marlctl.worker", f"{socket.gethostname()}:{os.getpid()}")
+    heartbeat = _Heartbeat(trial, sweep.heartbeat_s)
+    client = tracking.client_for(ctx.tracking_uri)
+    experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
+    run = client.create_run(
+        experiment_id,
+        run_name=f"trial-{trial.number}",
+        tags={
+            tracking.PARENT_TAG: ctx.study_run_id,
+            "marlctl.role": "trial",
+            "marlctl.study": ctx.study,
+            "marlctl.trial": str(trial.number),
+        },
+    )
+    run_id = run.info.run_id
+    trial.set_user_attr(RUN_ATTR, run_id)
+    tracking.log_params(client, run_id, {k: _param_text(v) for k, v in values.items()})
+
+    def finish(state: str, error: str | None = None, value: float | None = None) -> str:
+        heartbeat.stop()
+        if error is not None:
+            client.set_tag(run_id, tracking.ERROR_TAG, error[:5000])
+        if value is not None:
+            client.log_metric(run_id, "objective", value)
+        client.set_tag(run_id, "marlctl.trial_state", state)
+        client.set_terminated(
+            run_id, {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
+        )
+        try:
+            if error is not None:
+                trial.set_user_attr(ERROR_ATTR, error[:2000])
+            if state == "COMPLETE":
+                study.tell(trial, value)
+            else:
+                study.tell(trial, state=TrialState[state])
+        except Exception as err:  # failed as lost by another worker meanwhile
+            client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
+        return state
+
+    try:
+        try:
+            loaded = load_spec(ctx.spec_path, [*ctx.overrides, *chosen, *ctx.placement])
+            plan = compile_plan(loaded)
+        except SpecError as err:
+            return finish("FAIL", "invalid spec: " + "; ".join(str(p) for p in err.problems))
+        resolved = {k: v for k, v in loaded.resolved.items() if k != "sweep"}
+        trial.set_user_attr(SPEC_ATTR, {**resolved, "name": loaded.experiment})
+        tracking.log_params(client, run_id, tracking.flatten(resolved))
+        for key, value in run_tags(loaded, plan).items():
+            client.set_tag(run_id, key, value)
+        log_spec(client, run_id, {**resolved, "name": loaded.experiment})
+        stop = mp.get_context("spawn").Event()
+        reporter = _Reporter(trial, sweep.metric, list(loaded.spec.seeds), sweep.objective, stop)
+        summary = run_plan(loaded, plan, reporter, parent_id=run_id, stop=stop)
+    except KeyboardInterrupt:
+        _interrupted(study, trial, sweep, finish)
+        raise
+    except Exception as err:
+        return finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+    if summary.interrupted:
+        _interrupted(study, trial, sweep, finish)
+        raise KeyboardInterrupt
+    trial.set_user_attr("marlctl.env_steps", sum(r.env_steps for r in summary.runs))
+    failed = [r for r in summary.runs if r.status == "FAILED"]
+    if failed:
+        return finish("FAIL", f"seed {failed[0].seed} failed: {failed[0].error}")
+    if reporter.pruned_at is not None:
+        return finish("PRUNED")
+    finals = _final_values(client, summary, sweep.metric)
+    if isinstance(finals, str):
+        return finish("FAIL", finals)
+    for key, value in summary.aggregate().items():
+        if value is not None:
+            client.log_metric(run_id, key, value)
+    return finish("COMPLETE", value=aggregate(finals, sweep.objective))
+
+
+def _interrupted(study, trial, sweep, finish) -> None:
+    finish("FAIL", "interrupted")
+    retry(study, frozen(study, trial.number), sweep.retries)
+
+
+def frozen(study, number: int):
+    """The stored state of trial `number`."""
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def sample(trial, params: list[Param]) -> dict[str, Any]:
+    """A point of the space; a conditional parameter only where its condition holds."""
+    values: dict[str, Any] = {}
+    for param in params:
+        if active(param, values):
+            values[param.key] = _suggest(trial, param)
+    return values
+
+
+def _suggest(trial, param: Param) -> Any:
+    if param.categorical:
+        picked = trial.suggest_categorical(param.key, [encode_choice(c) for c in param.choices])
+        return decode_choice(param, picked)
+    if param.is_int:
+        return trial.suggest_int(
+            param.key, int(param.low), int(param.high), step=int(param.step or 1), log=param.log
+        )
+    return trial.suggest_float(
+        param.key, float(param.low), float(param.high), step=param.step, log=param.log
+    )
+
+
+def _param_text(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _final_values(client, summary, metric: str) -> list[float] | str:
+    """The metric's final value in every seed's run, or why it cannot be read."""
+    values = []
+    for result in summary.runs:
+        if metric == "eval/return_mean" and result.final_return is not None:
+            values.append(result.final_return)
+            continue
+        logged = client.get_run(result.run_id).data.metrics
+        if metric not in logged:
+            known = ", ".join(sorted(logged)) or "none"
+            return f"seed {result.seed} logged no '{metric}' (sweep.metric); logged: {known}"
+        values.append(logged[metric])
+    bad = [v for v in values if not math.isfinite(v)]
+    return f"'{metric}' is not finite: {bad}" if bad else values
