@@ -248,11 +248,24 @@ def _has_state(env: Any) -> bool:
     return True
 
 
+_probed: dict[str, EnvInfo] = {}
+
+
 def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
-    """Build the env once and describe it; raises EnvLookupError or the factory's own error."""
+    """Build the env once and describe it; raises EnvLookupError or the factory's own error.
+
+    Descriptions are kept for the process: a sweep checks many specs with the same env.
+    """
+    import json
+
+    key = json.dumps([env_id, params], sort_keys=True, default=repr)
+    if key in _probed:
+        return _probed[key]
     entry = lookup(env_id)
     env = resolve_factory(entry)(**params)
     try:
-        return describe(env, entry.id, entry.factory)
+        info = describe(env, entry.id, entry.factory)
     finally:
         env.close()
+    _probed[key] = info
+    return info
