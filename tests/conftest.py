@@ -58,3 +58,32 @@ def foreground_job() -> None:
     SIGINT handling and nothing blocked, whatever the test process itself has."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+_TEMPLATE: dict[str, Path] = {}
+
+
+@pytest.fixture(autouse=True)
+def _migrated_mlflow_store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> None:
+    """A new SQLite MLflow store spends seconds creating and migrating its schema. Tests make
+    hundreds of stores: each starts as a copy of one store migrated once per test process
+    (made only when a test opens a store that does not exist yet)."""
+    import shutil
+
+    from marlctl import tracking
+
+    original = tracking.client_for
+
+    def client_for(uri):
+        resolved = tracking.resolve_uri(uri)
+        if resolved.startswith("sqlite:///"):
+            target = Path(resolved[len("sqlite:///") :])
+            if not target.exists() and target.parent.is_dir():
+                if "db" not in _TEMPLATE:
+                    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+                    original(f"sqlite:///{path}").search_experiments()
+                    _TEMPLATE["db"] = path
+                shutil.copyfile(_TEMPLATE["db"], target)
+        return original(uri)
+
+    monkeypatch.setattr(tracking, "client_for", client_for)

@@ -238,6 +238,27 @@ def test_the_grid_sampler_needs_discrete_dimensions(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "preset, algo", [("mappo_core", "mappo"), ("qmix_core", "qmix"), ("maddpg_core", "matd3")]
+)
+def test_every_preset_space_is_valid_for_its_algorithm(
+    tmp_path: Path, repo_root: Path, preset: str, algo: str
+) -> None:
+    from marlctl.spec import load_spec
+    from marlctl.sweep.space import check_space, space_of
+
+    assert (repo_root / "sweeps" / f"{preset}.yaml").is_file()
+    body = {
+        "defaults": [{"envs": "simple_spread"}, {"algos": algo}, {"sweeps": preset}, "_self_"],
+        "env": {"backend": "native"},
+    }
+    spec = write_spec(tmp_path, body)
+    loaded = load_spec(spec)
+    params = space_of(loaded, [])
+    assert len(params) >= 4
+    check_space(spec, [], params, loaded.spec.sweep.sampler)
+
+
 def test_every_sampler_and_pruner_builds() -> None:
     from marlctl.spec.models import SweepSpec, TrainSpec
     from marlctl.sweep.study import make_pruner, make_sampler
@@ -324,6 +345,16 @@ def test_workers_share_one_study_within_a_global_budget_and_resume(tmp_path: Pat
     )
     assert cli.returncode == 0, cli.stderr
     assert len(json.loads(cli.stdout)) == 6  # the optuna CLI reads the study as it is
+    dashboard = pytest.importorskip("optuna_dashboard")
+    from wsgiref.util import setup_testing_defaults
+
+    environ: dict = {"PATH_INFO": "/api/studies"}
+    setup_testing_defaults(environ)
+    replies: list = []
+    app_ = dashboard.wsgi(journal_study(tmp_path, "tiny")._storage)
+    body = b"".join(app_(environ, lambda status, headers, *exc: replies.append(status)))
+    assert replies[0].startswith("200")
+    assert [s["study_name"] for s in json.loads(body)["study_summaries"]] == ["tiny"]
 
 
 CONSTANT = {

@@ -88,9 +88,14 @@ class SweepSummary:
 
 
 def prepare(
-    spec_path: str, overrides: list[str], storage: str | None, trials: int | None
+    spec_path: str,
+    overrides: list[str],
+    storage: str | None,
+    trials: int | None,
+    check: bool = True,
 ) -> tuple[SweepContext, Any]:
-    """Validate the spec, its sweep and every value of the space; nothing runs yet."""
+    """Validate the spec, its sweep and (with `check`) every value of the space; nothing
+    runs yet."""
     from marlctl.plan import compile_plan
     from marlctl.spec.models import SweepSpec
 
@@ -110,7 +115,8 @@ def prepare(
             ]
         )
     params = space_of(loaded, from_cli)
-    check_space(spec_path, plain, params, sweep.sampler)
+    if check:
+        check_space(spec_path, plain, params, sweep.sampler)
     budget = trials or sweep.trials
     if sweep.sampler == "grid":  # every point once
         budget = min(budget, math.prod(len(p.grid()) for p in params))
@@ -163,7 +169,7 @@ def sweep_status(
     """Read the study of this spec: best trial, top trials, counts; writes best.yaml."""
     import optuna
 
-    ctx, sweep = prepare(spec_path, overrides, storage, None)
+    ctx, sweep = prepare(spec_path, overrides, storage, None, check=False)
     try:
         study = load_study(ctx)
     except (KeyError, optuna.exceptions.StorageInternalError, ValueError):
@@ -352,7 +358,14 @@ def _worker_main(ctx: SweepContext) -> None:
 def _run_local(
     contexts: list[SweepContext], study, ctx: SweepContext, progress: Progress | None
 ) -> list[str]:
-    """One spawned process per worker; the coordinator watches them and the study."""
+    """One spawned process per worker; the coordinator watches them and the study. A single
+    worker runs in this process."""
+    if len(contexts) == 1:
+        from marlctl.sweep.study import work
+
+        work(contexts[0], lambda: _poll(study, ctx, progress))
+        _poll(study, ctx, progress)
+        return []
     spawn = mp.get_context("spawn")
     procs = [
         spawn.Process(target=_worker_main, args=(c,), name=f"worker-{c.worker}") for c in contexts

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,7 +286,7 @@ class WorkerReport:
     interrupted: bool = False
 
 
-def work(ctx: SweepContext) -> WorkerReport:
+def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> WorkerReport:
     """Run trials until the study has used its budget. Raises KeyboardInterrupt on Ctrl-C,
     after the interrupted trial is failed and re-queued."""
     from optuna.trial import TrialState
@@ -318,6 +319,8 @@ def work(ctx: SweepContext) -> WorkerReport:
             return report
         report.trials.append(trial.number)
         run_trial(ctx, sweep, study, trial)
+        if after_trial is not None:
+            after_trial()
 
 
 def placement(loaded, plan, index: int, workers: int) -> list[str]:
