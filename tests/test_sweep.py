@@ -259,6 +259,26 @@ def test_every_preset_space_is_valid_for_its_algorithm(
     check_space(spec, [], params, loaded.spec.sweep.sampler)
 
 
+def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, {**TINY, "sweep": {"space": {"algo.clip": {"choices": [0.2]}}}})
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna.journal"))
+    )
+    earlier = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    earlier.set_user_attr("marlctl.space", "[another space]")
+    result = runner.invoke(app, ["sweep", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert "sweep.space: study 'tiny' was started with another search space" in result.output
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_storage_urls_are_shown_without_their_password() -> None:
+    from marlctl.sweep.study import shown_url
+
+    assert shown_url("postgresql://me:secret@db:5432/s") == "postgresql://me@db:5432/s"
+    assert shown_url("/data/optuna.journal") == "/data/optuna.journal"
+
+
 def test_every_sampler_and_pruner_builds() -> None:
     from marlctl.spec.models import SweepSpec, TrainSpec
     from marlctl.sweep.study import make_pruner, make_sampler

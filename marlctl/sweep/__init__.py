@@ -25,9 +25,11 @@ from marlctl.sweep.study import (
     ERROR_ATTR,
     SPEC_ATTR,
     SweepContext,
+    check_same_space,
     counted,
     create_study,
     load_study,
+    shown_url,
     storage_url,
 )
 
@@ -145,6 +147,7 @@ def run_sweep(
 ) -> SweepSummary:
     """Create or continue the study, run `workers` workers until the budget is used."""
     study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
+    check_same_space(study, ctx.params)
     ctx.study_run_id = _study_run(ctx, sweep)
     contexts = [
         SweepContext(**{**ctx.__dict__, "worker": i, "workers": workers}) for i in range(workers)
@@ -179,7 +182,7 @@ def sweep_status(
                     "--status",
                     None,
                     "",
-                    f"no study '{ctx.study}' in {storage_url(ctx.storage, ctx.cwd)}",
+                    f"no study '{ctx.study}' in {shown_url(storage_url(ctx.storage, ctx.cwd))}",
                 )
             ]
         ) from None
@@ -210,7 +213,8 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
         path = folder / "best.yaml"
         header = (
             f"# Best trial ({complete[0].number}) of study '{ctx.study}' in "
-            f"{storage_url(ctx.storage, ctx.cwd)}: {sweep.metric} = {complete[0].value:.6g}\n"
+            f"{shown_url(storage_url(ctx.storage, ctx.cwd))}: "
+            f"{sweep.metric} = {complete[0].value:.6g}\n"
         )
         tmp = path.with_suffix(".yaml.tmp")
         tmp.write_text(header + yaml.safe_dump(complete[0].user_attrs[SPEC_ATTR], sort_keys=False))
@@ -221,7 +225,7 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
     )
     return SweepSummary(
         study=ctx.study,
-        storage=storage_url(ctx.storage, ctx.cwd),
+        storage=shown_url(storage_url(ctx.storage, ctx.cwd)),
         tracking_uri=tracking.resolve_uri(ctx.tracking_uri),
         study_run_id=ctx.study_run_id,
         budget=ctx.trials,
@@ -287,7 +291,7 @@ def _study_run(ctx: SweepContext, sweep) -> str:
             "marlctl.role": "study",
             "marlctl.study": ctx.study,
             "marlctl.storage": _storage_key(ctx),
-            "marlctl.storage_url": _safe_url(storage_url(ctx.storage, ctx.cwd)),
+            "marlctl.storage_url": shown_url(storage_url(ctx.storage, ctx.cwd)),
         },
     )
     params = {
@@ -304,15 +308,6 @@ def _study_run(ctx: SweepContext, sweep) -> str:
         client.delete_run(run.info.run_id)
         return first
     return run.info.run_id
-
-
-def _safe_url(url: str) -> str:
-    """A database URL without its password."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
-    return url
 
 
 def _finish_study_run(ctx: SweepContext, summary: SweepSummary) -> None:

@@ -68,6 +68,15 @@ def storage_url(storage: str | None, cwd: str | Path | None = None) -> str:
     return storage
 
 
+def shown_url(url: str) -> str:
+    """A storage URL fit to print or store: without its password."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
+    return url
+
+
 def is_database(storage: str) -> bool:
     return "://" in storage
 
@@ -117,7 +126,14 @@ def create_study(name: str, storage: str | None, direction: str, cwd: str | Path
         )
     except Exception as err:  # an unreachable database, a bad URL
         raise SpecError(
-            [Problem("--storage", None, "", f"cannot open {storage_url(storage, cwd)}: {err}")]
+            [
+                Problem(
+                    "--storage",
+                    None,
+                    "",
+                    f"cannot open {shown_url(storage_url(storage, cwd))}: {err}",
+                )
+            ]
         ) from None
     found = study.direction.name.lower()
     if found != direction:
@@ -127,12 +143,55 @@ def create_study(name: str, storage: str | None, direction: str, cwd: str | Path
                     "sweep.direction",
                     None,
                     "",
-                    f"study '{name}' in {storage_url(storage, cwd)} was created to {found}; "
-                    f"the spec says {direction} (set sweep.study to start a new study)",
+                    f"study '{name}' in {shown_url(storage_url(storage, cwd))} was created "
+                    f"to {found}; the spec says {direction} (set sweep.study to start a new "
+                    "study)",
                 )
             ]
         )
     return study
+
+
+SPACE_ATTR = "marlctl.space"
+
+
+def check_same_space(study, params: list[Param]) -> None:
+    """A study continues with the space it began with; Optuna cannot mix two distributions
+    under one parameter name, so a changed space needs a new study."""
+    import json
+
+    space = json.dumps(
+        [
+            [
+                p.key,
+                p.low,
+                p.high,
+                p.log,
+                p.step,
+                p.is_int,
+                [encode_choice(c) for c in p.choices],
+                p.when,
+            ]
+            for p in params
+        ],
+        sort_keys=True,
+        default=list,
+    )
+    stored = study.user_attrs.get(SPACE_ATTR)
+    if stored is None:
+        study.set_user_attr(SPACE_ATTR, space)
+    elif stored != space:
+        raise SpecError(
+            [
+                Problem(
+                    "sweep.space",
+                    None,
+                    "",
+                    f"study '{study.study_name}' was started with another search space; keep "
+                    "that space to continue it, or set sweep.study to start a new study",
+                )
+            ]
+        )
 
 
 def load_study(ctx: SweepContext, sampler=None, pruner=None):
