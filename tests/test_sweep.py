@@ -279,6 +279,63 @@ def test_storage_urls_are_shown_without_their_password() -> None:
     assert shown_url("/data/optuna.journal") == "/data/optuna.journal"
 
 
+def test_a_grid_never_passes_the_top_of_its_range() -> None:
+    assert Param("a", "f", 1, low=4, high=16, step=8, is_int=True).grid() == [4, 12]
+    assert Param("a", "f", 1, low=4, high=16, step=8, is_int=True).probe_values() == [4, 12]
+    assert Param("b", "f", 1, low=0.1, high=0.3, step=0.1).grid() == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_grid_workers_cover_the_grid_once_between_them() -> None:
+    from marlctl.spec.models import SweepSpec
+    from marlctl.sweep.study import make_sampler, sample
+
+    params = [Param("a", "f", 1, choices=(1, 2, 3)), Param("b", "f", 2, choices=("x", "y"))]
+    storage = optuna.storages.InMemoryStorage()
+    studies = [
+        optuna.create_study(
+            study_name="g",
+            storage=storage,
+            sampler=make_sampler(SweepSpec(sampler="grid"), params, worker),
+            load_if_exists=True,
+        )
+        for worker in (0, 1)
+    ]
+    points = []
+    for i in range(6):  # the two workers take turns
+        study = studies[i % 2]
+        trial = study.ask()
+        points.append(tuple(sample(trial, params).values()))
+        study.tell(trial, 0.0)
+    assert sorted(points) == sorted((a, b) for a in (1, 2, 3) for b in ("x", "y"))
+
+
+def test_a_silent_running_trial_is_failed_and_requeued_with_its_point() -> None:
+    from marlctl.spec.models import SweepSpec
+    from marlctl.sweep.study import LostTrials, counted
+
+    study = optuna.create_study()
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("marlctl.heartbeat", 1.0)
+    watch = LostTrials(SweepSpec(heartbeat_s=0.01, retries=1), None)
+    assert watch.check(study) == []  # first sight: the clock starts
+    time.sleep(0.1)
+    assert watch.check(study) == [trial.number]
+    failed, again = study.get_trials()
+    assert failed.state.name == "FAIL" and failed.user_attrs["marlctl.error"].startswith(
+        "worker lost"
+    )
+    assert again.state.name == "WAITING" and again.params == failed.params
+    assert again.system_attrs["failed_trial"] == failed.number
+    assert [t.number for t in counted(study.get_trials())] == [again.number]
+    # A trial that keeps beating is left alone.
+    live = study.ask()
+    live.set_user_attr("marlctl.heartbeat", 1.0)
+    watch.check(study)
+    time.sleep(0.1)
+    live.set_user_attr("marlctl.heartbeat", 2.0)
+    assert watch.check(study) == []
+
+
 def test_every_sampler_and_pruner_builds() -> None:
     from marlctl.spec.models import SweepSpec, TrainSpec
     from marlctl.sweep.study import make_pruner, make_sampler

@@ -146,6 +146,13 @@ def run_sweep(
     progress: Progress | None = None,
 ) -> SweepSummary:
     """Create or continue the study, run `workers` workers until the budget is used."""
+    if launcher.kind == "submitit":
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise SpecError(
+                [_launcher_problem("submitit is not installed: pip install 'marlctl[cluster]'")]
+            ) from None
     study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
     check_same_space(study, ctx.params)
     ctx.study_run_id = _study_run(ctx, sweep)
@@ -160,6 +167,13 @@ def run_sweep(
             errors = _run_local(contexts, study, ctx, progress)
     except KeyboardInterrupt:
         interrupted = True
+    except BaseException as err:  # the study run must not stay RUNNING
+        from marlctl import tracking
+
+        client = tracking.client_for(ctx.tracking_uri)
+        client.set_tag(ctx.study_run_id, tracking.ERROR_TAG, f"{type(err).__name__}: {err}")
+        client.set_terminated(ctx.study_run_id, "FAILED")
+        raise
     summary = summarize(study, ctx, sweep, out_dir)
     summary.interrupted, summary.worker_errors = interrupted, errors
     _finish_study_run(ctx, summary)
@@ -170,22 +184,22 @@ def sweep_status(
     spec_path: str, overrides: list[str], storage: str | None, out_dir: Path | None
 ) -> SweepSummary:
     """Read the study of this spec: best trial, top trials, counts; writes best.yaml."""
-    import optuna
+    from marlctl.sweep.study import is_database
 
     ctx, sweep = prepare(spec_path, overrides, storage, None, check=False)
+    url = storage_url(ctx.storage, ctx.cwd)
+
+    def problem(message: str) -> SpecError:
+        return SpecError([Problem("--status", None, "", message)])
+
+    if not is_database(url) and not Path(url).is_file():
+        raise problem(f"no study '{ctx.study}': {url} does not exist")
     try:
         study = load_study(ctx)
-    except (KeyError, optuna.exceptions.StorageInternalError, ValueError):
-        raise SpecError(
-            [
-                Problem(
-                    "--status",
-                    None,
-                    "",
-                    f"no study '{ctx.study}' in {shown_url(storage_url(ctx.storage, ctx.cwd))}",
-                )
-            ]
-        ) from None
+    except KeyError:
+        raise problem(f"no study '{ctx.study}' in {shown_url(url)}") from None
+    except Exception as err:  # an unreachable database, a missing driver, a bad URL
+        raise problem(f"cannot open {shown_url(url)}: {type(err).__name__}: {err}") from None
     ctx.study_run_id = _find_study_run(ctx) or ""
     return summarize(study, ctx, sweep, out_dir)
 
@@ -325,6 +339,9 @@ def _finish_study_run(ctx: SweepContext, summary: SweepSummary) -> None:
     done = sum(summary.counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
     if summary.interrupted:
         client.set_terminated(run_id, "KILLED")
+    elif summary.worker_errors:
+        client.set_tag(run_id, tracking.ERROR_TAG, "; ".join(summary.worker_errors)[:5000])
+        client.set_terminated(run_id, "FAILED")
     elif done >= summary.budget and not summary.counts.get("RUNNING"):
         client.set_terminated(run_id, "FINISHED")
 
@@ -389,9 +406,12 @@ def _run_local(
     ]
 
 
-def _wait_stopped(procs, grace: float = 60.0) -> None:
-    """Workers checkpoint their runs on an interrupt; past the grace period they are ended."""
-    deadline = time.monotonic() + grace
+def _wait_stopped(procs) -> None:
+    """Workers checkpoint their runs on an interrupt (their run processes may take up to
+    2 × STOP_GRACE_S); past that and a margin they are ended."""
+    from marlctl.launch import STOP_GRACE_S
+
+    deadline = time.monotonic() + 2 * STOP_GRACE_S + 30.0
     for proc in procs:
         while proc.is_alive():
             try:
@@ -410,12 +430,8 @@ def _run_submitit(
     progress: Progress | None,
 ) -> list[str]:
     """One submitit job per worker: SLURM, or submitit's local executor (`--cluster local`)."""
-    try:
-        import submitit
-    except ImportError:
-        raise SpecError(
-            [_launcher_problem("submitit is not installed: pip install 'marlctl[cluster]'")]
-        ) from None
+    import submitit  # checked by run_sweep
+
     folder = Path(launcher.folder or Path(ctx.cwd) / ".submitit" / ctx.study)
     try:
         executor = submitit.AutoExecutor(folder=folder, cluster=launcher.cluster)
@@ -453,7 +469,7 @@ def _submitit_job(ctx: SweepContext) -> list[int]:
     """A submitit job is one worker with its allocation to itself."""
     from marlctl.sweep.study import work
 
-    return work(SweepContext(**{**ctx.__dict__, "worker": 0, "workers": 1})).trials
+    return work(SweepContext(**{**ctx.__dict__, "alone": True})).trials
 
 
 def _launcher_problem(message: str) -> Problem:

@@ -49,7 +49,7 @@ class Param:
             return list(self.choices)
         ends = [self.low, self.high]
         if self.step is not None:  # the largest value on the grid, not `high` itself
-            count = int((self.high - self.low) // self.step)
+            count = int((self.high - self.low) / self.step + 1e-9)
             ends[1] = self.low + count * self.step
         return [int(v) if self.is_int else float(v) for v in ends]
 
@@ -57,7 +57,7 @@ class Param:
         """Every value, for the grid sampler (ranges need a step)."""
         if self.categorical:
             return list(self.choices)
-        count = int(round((self.high - self.low) / self.step)) + 1
+        count = int((self.high - self.low) / self.step + 1e-9) + 1  # never past `high`
         values = [self.low + i * self.step for i in range(count)]
         return [int(v) if self.is_int else float(v) for v in values]
 

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +54,9 @@ class SweepContext:
     study_run_id: str
     trials: int
     cwd: str
-    worker: int = 0
+    worker: int = 0  # index among all workers started together (sampler seed)
     workers: int = 1
+    alone: bool = False  # the only worker on its machine (a submitit job): all of it is its own
     placement: list[str] = field(default_factory=list)  # hardware overrides for this worker
 
 
@@ -211,8 +213,14 @@ def make_sampler(sweep, params: list[Param], worker: int):
 
     import optuna
 
-    seed = None if sweep.seed is None else sweep.seed + worker
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if sweep.sampler == "grid":
+        # Every worker must shuffle the grid alike: Optuna maps trial numbers to points.
+        seed = sweep.seed or 0
+    elif sweep.seed is None:
+        seed = None
+    else:  # distinct per worker, and per machine when several run workers 0..N-1
+        seed = sweep.seed + worker + 1000 * (zlib.crc32(socket.gethostname().encode()) % 1000)
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if sweep.sampler == "grid":
@@ -277,6 +285,7 @@ def retry(study, trial, max_retry: int) -> bool:
             distributions=trial.distributions,
             user_attrs={"marlctl.retry_of": trial.number},
             system_attrs={
+                **trial.system_attrs,  # the grid sampler's point, among others
                 "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
                 "retry_history": history,
             },
@@ -285,33 +294,44 @@ def retry(study, trial, max_retry: int) -> bool:
     return True
 
 
-def fail_lost_trials(study, sweep, tracking_uri: str | None) -> list[int]:
-    """RUNNING trials whose worker stopped beating are failed (and re-queued if allowed).
+class LostTrials:
+    """Finds RUNNING trials whose worker stopped beating, and fails (and re-queues) them.
 
-    The state change is the lock: of several workers finding the same lost trial, one
-    succeeds in failing it, and only that one re-queues it.
+    A trial is lost when its heartbeat has not changed for 4 beats of this process's own
+    clock, so machines need no synchronised clocks. The state change is the lock: of several
+    workers finding the same lost trial, one succeeds in failing it and only that one
+    re-queues it.
     """
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
 
-    now, limit = time.time(), LOST_AFTER_BEATS * sweep.heartbeat_s
-    lost = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        start = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
-        last = max(float(trial.user_attrs.get(HEARTBEAT_ATTR, 0.0)), start)
-        if now - last <= limit:
-            continue
-        reason = f"worker lost: no heartbeat for {now - last:.0f} s"
-        storage = study._storage  # failing another worker's trial has no public API
-        try:
-            storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, reason)
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        except (UpdateFinishedTrialError, RuntimeError):
-            continue  # another worker got there first, or it just finished
-        lost.append(trial.number)
-        retry(study, frozen(study, trial.number), sweep.retries)
-        _fail_mlflow_runs(tracking_uri, trial.user_attrs.get(RUN_ATTR), reason)
-    return lost
+    def __init__(self, sweep, tracking_uri: str | None):
+        self.sweep, self.tracking_uri = sweep, tracking_uri
+        self.seen: dict[int, tuple[Any, float]] = {}  # trial number -> (beat, when seen)
+
+    def check(self, study) -> list[int]:
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        now, limit = time.monotonic(), LOST_AFTER_BEATS * self.sweep.heartbeat_s
+        lost = []
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = (trial.user_attrs.get(HEARTBEAT_ATTR), trial.datetime_start)
+            previous = self.seen.get(trial.number)
+            if previous is None or previous[0] != beat:
+                self.seen[trial.number] = (beat, now)
+                continue
+            if now - previous[1] <= limit:
+                continue
+            reason = f"worker lost: no heartbeat for {now - previous[1]:.0f} s"
+            storage = study._storage  # failing another worker's trial has no public API
+            try:
+                storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, reason)
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except (UpdateFinishedTrialError, RuntimeError):
+                continue  # another worker got there first, or it just finished
+            lost.append(trial.number)
+            retry(study, frozen(study, trial.number), self.sweep.retries)
+            _fail_mlflow_runs(self.tracking_uri, trial.user_attrs.get(RUN_ATTR), reason)
+        return lost
 
 
 def _fail_mlflow_runs(tracking_uri: str | None, run_id: str | None, reason: str) -> None:
@@ -355,21 +375,25 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
 
     os.chdir(ctx.cwd)
     loaded = load_spec(ctx.spec_path, ctx.overrides)
-    ctx.placement = ctx.placement or placement(
-        loaded, compile_plan(loaded), ctx.worker, ctx.workers
-    )
+    index, here = (0, 1) if ctx.alone else (ctx.worker, ctx.workers)
+    ctx.placement = ctx.placement or placement(loaded, compile_plan(loaded), index, here)
     base = loaded.spec
     sweep = base.sweep or _default_sweep()
     study = load_study(
         ctx, make_sampler(sweep, ctx.params, ctx.worker), make_pruner(sweep, base.train)
     )
     report = WorkerReport(ctx.worker)
+    lost = LostTrials(sweep, ctx.tracking_uri)
     while True:
-        fail_lost_trials(study, sweep, ctx.tracking_uri)
+        lost.check(study)
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if not waiting and len(counted(trials)) >= ctx.trials:
-            return report
+            if not any(t.state == TrialState.RUNNING for t in trials):
+                return report
+            # Other workers' trials are running: stay to re-run any of them that is lost.
+            time.sleep(min(sweep.heartbeat_s, 10.0))
+            continue
         trial = study.ask()
         is_retry = "failed_trial" in frozen(study, trial.number).system_attrs
         if not is_retry and _over_budget(study, trial, ctx.trials):
@@ -443,7 +467,7 @@ class _Reporter:
     """Progress callback of a trial's runs: the seeds' evaluations at one env step, combined,
     go to the pruner; when it says prune, every seed stops."""
 
-    def __init__(self, trial, metric: str, seeds: list[int], combine: str, stop):
+    def __init__(self, trial, metric: str, seeds: list[int], combine: str, stop, every: int):
         self.trial, self.metric, self.seeds, self.combine, self.stop = (
             trial,
             metric,
@@ -451,6 +475,7 @@ class _Reporter:
             combine,
             stop,
         )
+        self.every = max(every, 1)
         self.pending: dict[int, dict[int, float]] = {}
         self.pruned_at: int | None = None
         self.lock = threading.Lock()
@@ -461,15 +486,21 @@ class _Reporter:
         value = event["metrics"].get(self.metric)
         if value is None or not math.isfinite(value):
             return
+        # Steps are eval boundaries, so trials whose iterations differ in length (num_envs in
+        # the space) still compare at the same steps.
+        step = int(event["step"]) // self.every * self.every
         with self.lock:
-            got = self.pending.setdefault(int(event["step"]), {})
+            got = self.pending.setdefault(step, {})
             got[int(event["seed"])] = float(value)
             if len(got) < len(self.seeds):
                 return
-            step = int(event["step"])
             del self.pending[step]
-            self.trial.report(aggregate(list(got.values()), self.combine), step)
-            if self.trial.should_prune():
+            try:
+                self.trial.report(aggregate(list(got.values()), self.combine), step)
+                prune = self.trial.should_prune()
+            except Exception:  # the storage blinked, or the trial was failed as lost
+                return
+            if prune:
                 self.pruned_at = step
                 self.stop.set()
 
@@ -494,37 +525,22 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
 
-    values = sample(trial, ctx.params)
-    chosen = overrides_for(values, listed_groups(ctx.spec_path))
-    trial.set_user_attr("marlctl.overrides", chosen)
-    trial.set_user_attr("marlctl.worker", f"{socket.gethostname()}:{os.getpid()}")
     heartbeat = _Heartbeat(trial, sweep.heartbeat_s)
     client = tracking.client_for(ctx.tracking_uri)
-    experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
-    run = client.create_run(
-        experiment_id,
-        run_name=f"trial-{trial.number}",
-        tags={
-            tracking.PARENT_TAG: ctx.study_run_id,
-            "marlctl.role": "trial",
-            "marlctl.study": ctx.study,
-            "marlctl.trial": str(trial.number),
-        },
-    )
-    run_id = run.info.run_id
-    trial.set_user_attr(RUN_ATTR, run_id)
-    tracking.log_params(client, run_id, {k: _param_text(v) for k, v in values.items()})
+    run_id: str | None = None
+    told = {"ok": False}
 
     def finish(state: str, error: str | None = None, value: float | None = None) -> str:
         heartbeat.stop()
-        if error is not None:
-            client.set_tag(run_id, tracking.ERROR_TAG, error[:5000])
-        if value is not None:
-            client.log_metric(run_id, "objective", value)
-        client.set_tag(run_id, "marlctl.trial_state", state)
-        client.set_terminated(
-            run_id, {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
-        )
+        if run_id is not None:
+            if error is not None:
+                client.set_tag(run_id, tracking.ERROR_TAG, error[:5000])
+            if value is not None:
+                client.log_metric(run_id, "objective", value)
+            client.set_tag(run_id, "marlctl.trial_state", state)
+            client.set_terminated(
+                run_id, {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
+            )
         try:
             if error is not None:
                 trial.set_user_attr(ERROR_ATTR, error[:2000])
@@ -532,38 +548,71 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
                 study.tell(trial, value)
             else:
                 study.tell(trial, state=TrialState[state])
+            told["ok"] = True
         except Exception as err:  # failed as lost by another worker meanwhile
-            client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
+            if run_id is not None:
+                client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
         return state
 
+    def interrupted() -> None:
+        finish("FAIL", "interrupted")
+        if told["ok"]:  # not when another worker failed (and re-queued) it as lost
+            retry(study, frozen(study, trial.number), sweep.retries)
+
     try:
+        values = sample(trial, ctx.params)
+        chosen = overrides_for(values, listed_groups(ctx.spec_path))
+        trial.set_user_attr("marlctl.overrides", chosen)
+        trial.set_user_attr("marlctl.worker", f"{socket.gethostname()}:{os.getpid()}")
+        experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
+        run_id = client.create_run(
+            experiment_id,
+            run_name=f"trial-{trial.number}",
+            tags={
+                tracking.PARENT_TAG: ctx.study_run_id,
+                "marlctl.role": "trial",
+                "marlctl.study": ctx.study,
+                "marlctl.trial": str(trial.number),
+            },
+        ).info.run_id
+        trial.set_user_attr(RUN_ATTR, run_id)
+        tracking.log_params(client, run_id, {k: _param_text(v) for k, v in values.items()})
         try:
+            # The spec as the user would run it (best.yaml), then with this worker's share.
+            portable = load_spec(ctx.spec_path, [*ctx.overrides, *chosen])
             loaded = load_spec(ctx.spec_path, [*ctx.overrides, *chosen, *ctx.placement])
             plan = compile_plan(loaded)
         except SpecError as err:
             return finish("FAIL", "invalid spec: " + "; ".join(str(p) for p in err.problems))
-        resolved = {k: v for k, v in loaded.resolved.items() if k != "sweep"}
+        resolved = {k: v for k, v in portable.resolved.items() if k != "sweep"}
         trial.set_user_attr(SPEC_ATTR, {**resolved, "name": loaded.experiment})
         tracking.log_params(client, run_id, tracking.flatten(resolved))
         for key, value in run_tags(loaded, plan).items():
             client.set_tag(run_id, key, value)
         log_spec(client, run_id, {**resolved, "name": loaded.experiment})
         stop = mp.get_context("spawn").Event()
-        reporter = _Reporter(trial, sweep.metric, list(loaded.spec.seeds), sweep.objective, stop)
+        reporter = _Reporter(
+            trial,
+            sweep.metric,
+            list(loaded.spec.seeds),
+            sweep.objective,
+            stop,
+            loaded.spec.train.eval_every,
+        )
         summary = run_plan(loaded, plan, reporter, parent_id=run_id, stop=stop)
     except KeyboardInterrupt:
-        _interrupted(study, trial, sweep, finish)
+        interrupted()
         raise
     except Exception as err:
         return finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
     if summary.interrupted:
-        _interrupted(study, trial, sweep, finish)
+        interrupted()
         raise KeyboardInterrupt
     trial.set_user_attr("marlctl.env_steps", sum(r.env_steps for r in summary.runs))
     failed = [r for r in summary.runs if r.status == "FAILED"]
     if failed:
         return finish("FAIL", f"seed {failed[0].seed} failed: {failed[0].error}")
-    if reporter.pruned_at is not None:
+    if any(r.status == "PRUNED" for r in summary.runs):
         return finish("PRUNED")
     finals = _final_values(client, summary, sweep.metric)
     if isinstance(finals, str):
@@ -572,11 +621,6 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
         if value is not None:
             client.log_metric(run_id, key, value)
     return finish("COMPLETE", value=aggregate(finals, sweep.objective))
-
-
-def _interrupted(study, trial, sweep, finish) -> None:
-    finish("FAIL", "interrupted")
-    retry(study, frozen(study, trial.number), sweep.retries)
 
 
 def frozen(study, number: int):
