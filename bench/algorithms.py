@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "algorithms.md"
@@ -76,19 +74,7 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool) -> dict:
     WORKDIR.mkdir(parents=True, exist_ok=True)
     path = WORKDIR / f"{algo}-{task}.yaml"
     path.write_text(yaml.safe_dump(spec_for(algo, task, steps, seeds, on_policy)))
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", "run", str(path), "--json"],
-        cwd=WORKDIR,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
-    if "{" not in done.stdout:
-        raise SystemExit(
-            f"{algo} on {task} failed (exit {done.returncode}):\n{done.stderr[-3000:]}"
-        )
-    summary = json.loads(done.stdout[done.stdout.index("{") :])
+    summary, wall = marlctl_json(["run", str(path)], WORKDIR, f"{algo} on {task}")
     returns = [r["final_return"] for r in summary["runs"] if r["final_return"] is not None]
     mean, half = t_interval(returns)
     return {

@@ -45,6 +45,23 @@ def machine() -> str:
     )
 
 
+def marlctl_json(args: list[str], cwd: Path, what: str) -> tuple[dict, float]:
+    """Run `marlctl ARGS --json` in `cwd`: its JSON summary and the wall-clock seconds."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", *args, "--json"], cwd=cwd, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if "{" not in done.stdout:
+        raise SystemExit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout[done.stdout.index("{") :]), wall
+
+
 def env_only(seconds: float = 10.0) -> tuple[float, float]:
     """Random-action steps/s and per-agent episode return of one mpe2 simple_spread env."""
     import numpy as np

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "sweep.md"
@@ -62,17 +60,7 @@ def run(pruner: str, trials: int, steps: int, seeds: int) -> dict:
     folder.mkdir(parents=True)
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec_for(pruner, trials, steps, seeds), sort_keys=False))
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", "sweep", str(path), "--json"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
-    if "{" not in done.stdout:
-        raise SystemExit(f"sweep with pruner {pruner} failed:\n{done.stderr[-3000:]}")
-    summary = json.loads(done.stdout[done.stdout.index("{") :])
+    summary, wall = marlctl_json(["sweep", str(path)], folder, f"sweep with pruner {pruner}")
     return {
         "pruner": pruner,
         "best": summary["best"]["value"] if summary["best"] else None,
