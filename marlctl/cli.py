@@ -36,6 +36,14 @@ Overrides = Annotated[
 ]
 
 
+def _print_table(table) -> None:
+    """Tables print whole when piped: a file or pager gets long lines, not wrapped cells."""
+    if out.is_terminal:
+        out.print(table)
+    else:
+        Console(width=max(out.width, 200)).print(table)
+
+
 def _emit_json(document: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
@@ -460,6 +468,121 @@ class Backend(StrEnum):
     pettingzoo = "pettingzoo"
 
 
+class ReportFormat(StrEnum):
+    md = "md"
+    html = "html"
+    csv = "csv"
+    json = "json"
+
+
+@app.command()
+def report(
+    experiments: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[EXPERIMENT]...", help="Experiments to compare (default: all)."),
+    ] = None,
+    runs: Annotated[
+        list[str] | None,
+        typer.Option("--runs", help="Only these runs (parent, trial or seed), comma-separated."),
+    ] = None,
+    filters: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--filter", help="KEY=V1,V2 | KEY!=V | KEY<N (<=, >, >=) on params or tags; repeat."
+        ),
+    ] = None,
+    metric: Annotated[str, typer.Option("--metric", help="Metric to compare.")] = (
+        "eval/return_mean"
+    ),
+    group_by: Annotated[
+        str, typer.Option("--group-by", help="Comma-separated params or tags that make a group.")
+    ] = "algo.name,env.id",
+    direction: Annotated[
+        str | None, typer.Option("--direction", help="maximize | minimize (default: by metric).")
+    ] = None,
+    fmt: Annotated[
+        ReportFormat | None,
+        typer.Option("--format", help="md | html | csv | json (default: from --out's suffix)."),
+    ] = None,
+    out_path: Annotated[
+        str | None, typer.Option("--out", help="Write the report here (Markdown adds PNGs).")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option("--storage", help="Optuna storage of a sweep (default: the one it used)."),
+    ] = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option("--tracking-uri", help="MLflow store to read (default: ./mlflow.db)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare finished runs: final score per group with bootstrap CIs, curves, sweeps."""
+    from pathlib import Path
+
+    with _exit_codes(as_json):
+        target = Path(out_path) if out_path else None
+        chosen = _report_format(fmt, target)
+        if target is None and chosen in ("md", "html"):
+            target = Path(f"report.{chosen}")
+        if direction not in (None, "maximize", "minimize"):
+            raise SpecError([_arg_problem(f"--direction: '{direction}' is not maximize|minimize")])
+        from marlctl import report as reporting
+        from marlctl.report import formats
+
+        built = reporting.build(
+            tracking_uri,
+            experiments or [],
+            [r.strip() for text in runs or [] for r in text.split(",") if r.strip()],
+            filters or [],
+            metric,
+            tuple(k.strip() for k in group_by.split(",") if k.strip()),
+            direction,
+            storage,
+        )
+        if not built.groups and not built.sweeps:
+            raise SpecError([_arg_problem(_nothing_to_report(built))])
+        written = formats.write(built, chosen, target) if target is not None else []
+    if as_json:
+        _emit_json({"ok": True, "exit_code": 0, **formats.to_dict(built), "files": written})
+        return
+    if target is None and chosen == "csv":
+        sys.stdout.write(formats.to_csv(built))
+        return
+    if target is None and chosen == "json":
+        _emit_json(formats.to_dict(built))
+        return
+    for table in formats.rich_tables(built):
+        _print_table(table)
+    for note in formats.notes(built):
+        out.print(f"[dim]{note}[/dim]", highlight=False)
+    for sweep in built.sweeps:
+        if sweep.note:
+            out.print(f"[dim]sweep {sweep.name}: {sweep.note}[/dim]", highlight=False)
+    for path in written:
+        out.print(f"wrote {path}", highlight=False)
+
+
+def _report_format(fmt, target) -> str | None:
+    if fmt is not None:
+        return fmt.value
+    if target is None:
+        return None
+    suffix = target.suffix.lower().lstrip(".")
+    known = {"md": "md", "markdown": "md", "html": "html", "htm": "html", "csv": "csv"}
+    known["json"] = "json"
+    if suffix not in known:
+        raise SpecError(
+            [_arg_problem(f"--out: cannot tell the format of '{target}'; pass --format")]
+        )
+    return known[suffix]
+
+
+def _nothing_to_report(built) -> str:
+    left = ", ".join(f"{n} {s.lower()}" for s, n in sorted(built.left_out.items()))
+    return f"no finished runs match in {built.uri}" + (f" ({left} left out)" if left else "")
+
+
 @app.command("eval")
 def eval_(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="A seed's run or a parent run.")],
@@ -467,8 +590,29 @@ def eval_(
         Backend | None,
         typer.Option("--backend", help="Env backend to evaluate on (default: the run's)."),
     ] = None,
-    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes per run.")] = 100,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the evaluation episodes.")] = 0,
+    episodes: Annotated[
+        int | None,
+        typer.Option("--episodes", min=1, help="Episodes per run (default: the run's eval)."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed of the episodes (default: the run's own eval seed)."),
+    ] = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint",
+            help="'latest', an artifact path of the run, or a file (default: the final policy).",
+        ),
+    ] = None,
+    render: Annotated[
+        str | None,
+        typer.Option("--render", help="Render episodes to this .gif (or .mp4 with ffmpeg)."),
+    ] = None,
+    render_episodes: Annotated[
+        int, typer.Option("--render-episodes", min=1, help="Episodes in the video.")
+    ] = 1,
+    fps: Annotated[int, typer.Option("--fps", min=1, max=120, help="Video frame rate.")] = 10,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "cpu",
     tracking_uri: Annotated[
         str | None,
@@ -476,24 +620,49 @@ def eval_(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a trained policy (deterministic actions) on either env backend."""
+    """Evaluate a trained policy (deterministic actions) on either env backend.
+
+    Without --episodes and --seed it repeats the run's final evaluation.
+    """
     _stop_on_sigterm()
     with _exit_codes(as_json):
-        from marlctl.evaluation import evaluate_runs
+        from marlctl.evaluation import Render, check_render, evaluate_runs
 
+        video = None
+        if render is not None:
+            video = Render(check_render(render), render_episodes, fps)
         summary = evaluate_runs(
-            run_id, tracking_uri, backend.value if backend else None, episodes, seed, device
+            run_id,
+            tracking_uri,
+            backend.value if backend else None,
+            episodes,
+            seed,
+            device,
+            checkpoint,
+            video,
         )
     if as_json:
         _emit_json(summary.to_dict())
         return
-    table = Table("seed", "backend", "episodes", "eval return", "groups", "MLflow run")
+    table = Table("seed", "backend", "episodes", "eval return", "in training", "groups", "run")
     for r in summary.runs:
         groups = ", ".join(f"{g} {v:.2f}" for g, v in r.returns.items())
+        logged = "—" if r.logged_return is None else f"{r.logged_return:.2f}"
         table.add_row(
-            str(r.seed), r.backend, str(r.episodes), f"{r.return_mean:.2f}", groups, r.run_id
+            str(r.seed),
+            r.backend,
+            str(r.episodes),
+            f"{r.return_mean:.2f}",
+            logged,
+            groups,
+            r.run_id,
         )
-    out.print(table)
+    _print_table(table)
+    for r in summary.runs:
+        if r.checkpoint != "policy/final.pt":
+            out.print(f"weights: {r.checkpoint}", highlight=False)
+        if r.video:
+            out.print(f"wrote {r.video}", highlight=False)
 
 
 @app.command()

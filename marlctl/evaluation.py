@@ -1,16 +1,23 @@
-"""`marlctl eval`: load a finished run's policy and its spec, evaluate it on a chosen backend.
+"""`marlctl eval`: load a finished run's policy and its spec, evaluate it on a chosen backend,
+and optionally render episodes to a GIF or MP4.
 
-Reads tracking only for the run's resolved spec and `policy/final.pt` (or the latest
-checkpoint); a policy trained on `native` evaluates on `pettingzoo` and the other way round.
+Reads tracking only for the run's resolved spec and `policy/final.pt` (or a checkpoint); a
+policy trained on `native` evaluates on `pettingzoo` and the other way round, and one trained
+on a GPU evaluates on a CPU. By default it repeats the training run's final evaluation: the
+same episodes, env layout and seed stream.
 """
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from marlctl import tracking
 from marlctl.errors import Problem, SpecError
+
+LATEST = "latest"
+VIDEO_SUFFIXES = (".gif", ".mp4")
 
 
 @dataclass
@@ -20,9 +27,12 @@ class EvalResult:
     env_id: str
     backend: str
     episodes: int
+    eval_seed: int
     return_mean: float | None
     returns: dict[str, float]
     checkpoint: str
+    logged_return: float | None = None  # the run's own final eval, for comparison
+    video: str | None = None
 
 
 @dataclass
@@ -35,19 +45,54 @@ class EvalSummary:
         return {"runs": [asdict(r) for r in self.runs], "return_mean": mean}
 
 
-def _problem(message: str) -> SpecError:
-    return SpecError([Problem("RUN_ID", None, "", message)])
+@dataclass(frozen=True)
+class Render:
+    """Where and how to render: `episodes` episodes of the first env copy at `fps`."""
+
+    path: Path
+    episodes: int = 1
+    fps: int = 10
+
+
+def _problem(message: str, where: str = "RUN_ID") -> SpecError:
+    return SpecError([Problem(where, None, "", message)])
+
+
+def check_render(path: str) -> Path:
+    """Refuse an unwritable or unsupported video path before any evaluation runs."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in VIDEO_SUFFIXES:
+        raise _problem(f"'{path}': write a .gif or an .mp4", "--render")
+    if suffix == ".mp4":
+        try:
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError:
+            raise _problem(
+                "an .mp4 needs an ffmpeg writer: pip install imageio imageio-ffmpeg "
+                "(or render a .gif)",
+                "--render",
+            ) from None
+    if not target.parent.is_dir():
+        raise _problem(f"no folder '{target.parent}' for '{path}'", "--render")
+    return target
 
 
 def evaluate_runs(
     run_id: str,
     tracking_uri: str | None,
     backend: str | None,
-    episodes: int,
-    seed: int,
+    episodes: int | None,
+    seed: int | None,
     device: str,
+    checkpoint: str | None = None,
+    render: Render | None = None,
 ) -> EvalSummary:
-    """Evaluate one seed's run, or every finished seed of a parent run."""
+    """Evaluate one seed's run, or every finished seed of a parent run.
+
+    `episodes` and `seed` default to the run's own final evaluation; `checkpoint` is
+    `latest`, an artifact path of the run, or a local file (default: the final policy).
+    """
     from mlflow.exceptions import MlflowException
 
     client = tracking.client_for(tracking_uri)
@@ -67,23 +112,75 @@ def evaluate_runs(
         )
         if not targets:
             raise _problem(f"run '{run_id}' has no finished seed runs to evaluate")
-    return EvalSummary([_evaluate_one(client, r, backend, episodes, seed, device) for r in targets])
+    results = []
+    for target in targets:
+        video = render
+        if render is not None and len(targets) > 1:
+            seed_of = target.data.tags.get("marlctl.seed", target.info.run_id[:8])
+            path = render.path.with_name(f"{render.path.stem}-seed{seed_of}{render.path.suffix}")
+            video = Render(path, render.episodes, render.fps)
+        results.append(
+            _evaluate_one(client, target, backend, episodes, seed, device, checkpoint, video)
+        )
+    return EvalSummary(results)
 
 
-def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, device: str):
+def _policies(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[dict, str]:
+    """The policy weights to evaluate and where they came from."""
+    import torch
+
+    from marlctl.train.runner import CHECKPOINT, POLICY
+
+    files = {
+        f.path
+        for folder in ("policy", "checkpoints")
+        for f in client.list_artifacts(run_id, folder)
+    }
+    if checkpoint is None:
+        artifact = POLICY if POLICY in files else CHECKPOINT if CHECKPOINT in files else None
+        if artifact is None:
+            raise _problem(f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
+        source = client.download_artifacts(run_id, artifact, tmp)
+    elif checkpoint == LATEST or checkpoint in files:
+        artifact = CHECKPOINT if checkpoint == LATEST else checkpoint
+        if artifact not in files:
+            raise _problem(f"run '{run_id}' has no {artifact}", "--checkpoint")
+        source = client.download_artifacts(run_id, artifact, tmp)
+    elif Path(checkpoint).is_file():
+        artifact = source = checkpoint
+    else:
+        known = ", ".join(sorted(files)) or "none"
+        raise _problem(
+            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
+            "--checkpoint",
+        )
+    try:
+        state = torch.load(source, weights_only=True, map_location="cpu")
+    except Exception as err:
+        raise _problem(f"cannot load '{artifact}': {err}", "--checkpoint") from None
+    if isinstance(state, dict) and "policies" in state:
+        return state["policies"], artifact
+    if isinstance(state, dict) and isinstance(state.get("trainer"), dict):
+        return state["trainer"]["policies"], artifact
+    raise _problem(f"'{artifact}' holds no marlctl policy weights", "--checkpoint")
+
+
+def _evaluate_one(
+    client,
+    run,
+    backend: str | None,
+    episodes: int | None,
+    seed: int | None,
+    device: str,
+    checkpoint: str | None,
+    render: Render | None,
+) -> EvalResult:
     import torch
 
     from marlctl.launch import SPEC_ARTIFACT
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
-    from marlctl.train.runner import (
-        CHECKPOINT,
-        EVAL_ENVS,
-        POLICY,
-        build_trainer,
-        evaluate,
-        make_env,
-    )
+    from marlctl.train.runner import EVAL_ENVS, build_trainer, eval_seed, evaluate, make_env
 
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,34 +195,100 @@ def _evaluate_one(client, run, backend: str | None, episodes: int, seed: int, de
             overrides.append("hardware.env_workers=0")
         loaded = load_spec(spec_path, overrides)
         plan = compile_plan(loaded)
-        files = {f.path for f in client.list_artifacts(run_id, "policy")}
-        files |= {f.path for f in client.list_artifacts(run_id, "checkpoints")}
-        artifact = POLICY if POLICY in files else CHECKPOINT if CHECKPOINT in files else None
-        if artifact is None:
-            raise _problem(f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
-        state = torch.load(
-            client.download_artifacts(run_id, artifact, tmp), weights_only=True, map_location="cpu"
-        )
+        policies, artifact = _policies(client, run_id, checkpoint, tmp)
     spec = loaded.spec
-    policies = state["policies"] if artifact == POLICY else state["trainer"]["policies"]
+    run_seed = int(run.data.tags.get("marlctl.seed", loaded.spec.seeds[0]))
+    episodes = episodes or spec.train.eval_episodes
+    chosen_seed = eval_seed(run_seed) if seed is None else seed
     torch_device = torch.device(plan.runs[0].device)
-    # Native envs run every episode at once; PettingZoo ones step in Python, a few at a time.
-    num_envs = episodes if spec.env.backend == "native" else min(episodes, EVAL_ENVS)
+    # The layout of training's evaluation env: the same episodes land on the same copies.
+    num_envs = min(episodes, EVAL_ENVS)
     trainer = build_trainer(spec, plan.env, num_envs, torch_device, total_iterations=1)
     trainer.policies.load_state_dict(policies)
     env = make_env(spec, plan.env, num_envs, torch_device)
     try:
-        (result,) = evaluate(trainer, env, episodes, [seed])
+        (result,) = evaluate(trainer, env, episodes, [chosen_seed])
     finally:
         env.close()
+    video = None
+    if render is not None:
+        video = str(_render(spec, plan, policies, torch_device, render, chosen_seed))
     returns = {k.removeprefix("return/"): v for k, v in result.items() if k.startswith("return/")}
     return EvalResult(
         run_id,
-        int(run.data.tags.get("marlctl.seed", -1)),
+        run_seed,
         plan.env.id,
         spec.env.backend,
         episodes,
+        chosen_seed,
         result.get("return_mean"),
         returns,
         artifact,
+        run.data.metrics.get("eval/return_mean"),
+        video,
     )
+
+
+def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Path:
+    """Play `render.episodes` episodes in one PettingZoo env in `rgb_array` mode and write
+    its frames; a native-backend run renders through its PettingZoo original."""
+    import numpy as np
+    import torch
+
+    from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.train.runner import build_trainer
+
+    trainer = build_trainer(spec, plan.env, 1, device, total_iterations=1)
+    trainer.policies.load_state_dict(policies)
+    try:
+        env = PettingZooEnv(
+            spec.env.id, dict(spec.env.params), plan.env, 1, device, render_mode="rgb_array"
+        )
+    except Exception as err:
+        raise _problem(f"{spec.env.id} cannot render rgb_array frames: {err}", "--render") from None
+    try:
+        ob, first, done = env.reset(seed), None, 0
+        with torch.no_grad():
+            while done < render.episodes:
+                tr = env.step(trainer.act(ob, deterministic=True, first=first))
+                first = tr.terminated | tr.truncated
+                done += int(first.sum())
+                ob = tr.next
+        frames = env.frames or []
+    finally:
+        env.close()
+    # The auto-reset after the last episode adds a frame of the next one.
+    frames = [np.asarray(f, dtype=np.uint8) for f in frames[:-1] if f is not None]
+    if not frames:
+        raise _problem(f"{spec.env.id} returned no rgb_array frames", "--render")
+    _write_video(frames, render.path, render.fps)
+    return render.path
+
+
+def _write_video(frames: list, path: Path, fps: int) -> None:
+    """Write whole or not at all: into a temporary file, then renamed over `path`."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        if path.suffix.lower() == ".gif":
+            from PIL import Image
+
+            images = [Image.fromarray(f) for f in frames]
+            duration = max(1, round(1000 / fps))
+            images[0].save(tmp, save_all=True, append_images=images[1:], duration=duration, loop=0)
+        else:
+            import imageio_ffmpeg
+            import numpy as np
+
+            height, width = frames[0].shape[:2]
+            writer = imageio_ffmpeg.write_frames(
+                str(tmp), (width, height), fps=fps, macro_block_size=2, ffmpeg_log_level="error"
+            )
+            writer.send(None)
+            for frame in frames:
+                writer.send(np.ascontiguousarray(frame[..., :3]))
+            writer.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

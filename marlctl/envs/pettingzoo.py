@@ -21,9 +21,18 @@ Arrays = dict[str, np.ndarray]
 class EnvSlice:
     """k env copies stepped in a loop, returning numpy arrays (used in-process and in workers)."""
 
-    def __init__(self, env_id: str, params: dict[str, Any], info: EnvInfo, count: int):
+    def __init__(
+        self,
+        env_id: str,
+        params: dict[str, Any],
+        info: EnvInfo,
+        count: int,
+        render_mode: str | None = None,
+    ):
         self.info = info
-        self.envs = [make_env(env_id, params) for _ in range(count)]
+        self.envs = [make_env(env_id, params, render_mode) for _ in range(count)]
+        # With a render mode, the first copy's frames: every state, the final one included.
+        self.frames: list | None = [] if render_mode else None
         self.k = count
         self.index = {
             a: (gi, g.agents.index(a)) for gi, g in enumerate(info.groups) for a in g.agents
@@ -60,7 +69,12 @@ class EnvSlice:
         for i, env in enumerate(self.envs):
             obs, infos = env.reset(seed=seed + i)
             self._write(out, i, env, obs, infos)
+            self._frame(i, env)
         return out
+
+    def _frame(self, i: int, env: Any) -> None:
+        if self.frames is not None and i == 0:
+            self.frames.append(env.render())
 
     def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays]:
         nxt, final = self._blank(), self._blank()
@@ -76,6 +90,7 @@ class EnvSlice:
                 gi, j = self.index[agent]
                 joint[agent] = actions[groups[gi].name][i, j]
             obs, rewards, terms, truncs, infos = env.step(joint)
+            self._frame(i, env)
             for agent, r in rewards.items():
                 gi, j = self.index[agent]
                 rew[f"rew/{groups[gi].name}"][i, j] = r
@@ -89,6 +104,7 @@ class EnvSlice:
                 rew["terminated"][i] = True
             obs, infos = env.reset()
             self._write(nxt, i, env, obs, infos)
+            self._frame(i, env)
         return nxt, rew, final
 
     def close(self) -> None:
@@ -126,13 +142,16 @@ class PettingZooEnv:
         num_envs: int,
         device: torch.device,
         workers: int = 0,
+        render_mode: str | None = None,
     ):
         self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
         self._local: EnvSlice | None = None
         self._remotes: list = []
         self._procs: list = []
+        if render_mode is not None and workers > 0:
+            raise ValueError("rendering needs the envs in this process (workers=0)")
         if workers <= 0:
-            self._local = EnvSlice(env_id, params, info, num_envs)
+            self._local = EnvSlice(env_id, params, info, num_envs, render_mode)
             self._offsets = [0]
         else:
             ctx = mp.get_context("forkserver")
@@ -147,6 +166,11 @@ class PettingZooEnv:
                 child.close()
                 self._remotes.append(parent)
                 self._procs.append(proc)
+
+    @property
+    def frames(self) -> list | None:
+        """Frames of the first env copy so far, when made with a render mode."""
+        return self._local.frames if self._local is not None else None
 
     def _gather(self, command: str, payloads: list) -> list:
         if self._local is not None:

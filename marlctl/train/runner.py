@@ -289,7 +289,7 @@ def _train(
     eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device, 0, S)
     # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
     # the two never replay the same episodes.
-    eval_seeds = [_derive_seed(seed, 1) for seed in seeds]
+    eval_seeds = [eval_seed(seed) for seed in seeds]
 
     def save() -> None:
         for index, request in enumerate(requests):
@@ -401,6 +401,11 @@ def _train(
 
 def _derive_seed(*entropy: int) -> int:
     return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] % 2**31)
+
+
+def eval_seed(seed: int) -> int:
+    """The seed of a run's evaluation episodes; `marlctl eval` uses it to repeat them."""
+    return _derive_seed(seed, 1)
 
 
 def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[dict]:

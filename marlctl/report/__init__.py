@@ -1,0 +1,294 @@
+"""`marlctl report`: compare finished runs, read from MLflow only.
+
+Seeds are grouped (by `algo.name,env.id` unless told otherwise); each group gets its final
+score as mean and IQM with stratified-bootstrap 95% CIs (`stats`), its cost (env steps,
+wall-clock, throughput) and a sample-efficiency curve. A sweep gets its best trials, its
+optimisation history and the parameters' importances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from marlctl import tracking
+from marlctl.report import stats
+from marlctl.report.runs import Filter, RunRecord, Selection, load_curves, select
+
+DEFAULT_GROUP_BY = ("algo.name", "env.id")
+DEFAULT_METRIC = "eval/return_mean"
+TOP_TRIALS = 10
+# Params that differ between runs of one configuration without changing what it learns.
+_INCIDENTAL = ("seed", "name", "seeds", "hardware.", "tracking.", "sweep.")
+
+
+@dataclass
+class Curve:
+    steps: np.ndarray
+    value: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+@dataclass
+class Group:
+    key: tuple[str | None, ...]
+    runs: list[RunRecord]
+    scores: list[float]  # final metric of each run that has one
+    mean: stats.Estimate | None = None
+    iqm: stats.Estimate | None = None
+    env_steps: float | None = None
+    wall_s: float | None = None
+    steps_per_s: float | None = None
+    tasks: int = 1
+    differs: list[str] = field(default_factory=list)
+    curve: Curve | None = None
+
+    @property
+    def label(self) -> str:
+        return " · ".join("—" if v is None else v for v in self.key) or "all runs"
+
+    @property
+    def missing(self) -> int:
+        return len(self.runs) - len(self.scores)
+
+
+@dataclass
+class Trial:
+    number: int
+    state: str
+    value: float | None
+    params: dict[str, Any]
+    env_steps: int | None
+    run_id: str | None
+
+
+@dataclass
+class Sweep:
+    name: str
+    experiment: str
+    run_id: str
+    metric: str
+    direction: str
+    trials: list[Trial]
+    importances: dict[str, float] | None
+    note: str | None
+
+    @property
+    def best(self) -> list[Trial]:
+        done = [t for t in self.trials if t.state == "COMPLETE" and t.value is not None]
+        return sorted(done, key=lambda t: t.value, reverse=self.direction == "maximize")[
+            :TOP_TRIALS
+        ]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.trials:
+            out[t.state] = out.get(t.state, 0) + 1
+        return out
+
+
+@dataclass
+class Report:
+    uri: str
+    metric: str
+    direction: str  # maximize | minimize
+    group_by: tuple[str, ...]
+    groups: list[Group]
+    sweeps: list[Sweep]
+    left_out: dict[str, int]
+
+    @property
+    def best(self) -> dict[str, int]:
+        """Per column, the index of the group with the best value."""
+        sign = 1 if self.direction == "maximize" else -1
+        columns = {
+            "mean": (lambda g: g.mean.value if g.mean else None, sign),
+            "iqm": (lambda g: g.iqm.value if g.iqm else None, sign),
+            "wall_s": (lambda g: g.wall_s, -1),
+            "steps_per_s": (lambda g: g.steps_per_s, 1),
+        }
+        out = {}
+        for name, (get, direction) in columns.items():
+            found = [
+                (direction * v, i) for i, g in enumerate(self.groups) if (v := get(g)) is not None
+            ]
+            if len(found) > 1:
+                out[name] = max(found)[1]
+        return out
+
+
+def build(
+    uri: str | None,
+    experiments: list[str],
+    run_ids: list[str],
+    filters: list[str],
+    metric: str = DEFAULT_METRIC,
+    group_by: tuple[str, ...] = DEFAULT_GROUP_BY,
+    direction: str | None = None,
+    storage: str | None = None,
+    reps: int = stats.REPS,
+) -> Report:
+    client = tracking.client_for(uri)
+    parsed = [Filter.parse(text, i + 1) for i, text in enumerate(filters)]
+    selection = select(client, uri, experiments, run_ids, parsed)
+    load_curves(client, selection.seeds, metric)
+    if direction is None:
+        direction = "minimize" if metric.startswith("loss/") else "maximize"
+    groups = _groups(selection, metric, group_by, reps)
+    sweeps = [_sweep(selection, study, storage) for study in selection.studies]
+    return Report(
+        selection.uri, metric, direction, group_by, groups, sweeps, dict(selection.left_out)
+    )
+
+
+# ---------------------------------------------------------------- groups
+
+
+def _final(run: RunRecord, metric: str) -> float | None:
+    if run.curve is not None:
+        return float(run.curve[1][-1])
+    value = run.metrics.get(metric)
+    return value if value is not None and np.isfinite(value) else None
+
+
+def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: int):
+    buckets: dict[tuple[str | None, ...], list[RunRecord]] = {}
+    for run in selection.seeds:
+        buckets.setdefault(tuple(run.lookup(k) for k in group_by), []).append(run)
+    groups = []
+    for key, runs in buckets.items():
+        scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
+        group = Group(key, runs, [s for _, s in scored])
+        task_names = [r.lookup("env.id") for r, _ in scored]
+        tasks = [sorted(set(task_names), key=str).index(t) for t in task_names]
+        group.tasks = len(set(task_names))
+        if scored:
+            group.mean = stats.estimate(np.array(group.scores), tasks, "mean", reps)
+            group.iqm = stats.estimate(np.array(group.scores), tasks, "iqm", reps)
+        group.env_steps = _average(r.env_steps for r in runs)
+        group.wall_s = _average(r.wall_s for r in runs)
+        group.steps_per_s = _average(r.steps_per_s for r in runs)
+        group.differs = _differing_params(runs)
+        group.curve = _curve(runs, reps)
+        groups.append(group)
+    groups.sort(key=lambda g: tuple("" if v is None else v for v in g.key))
+    return groups
+
+
+def _average(values) -> float | None:
+    found = [v for v in values if v is not None]
+    return float(np.mean(found)) if found else None
+
+
+def _differing_params(runs: list[RunRecord]) -> list[str]:
+    keys = set().union(*(r.params for r in runs))
+    return sorted(
+        k
+        for k in keys
+        if not k.startswith(_INCIDENTAL) and len({r.params.get(k) for r in runs}) > 1
+    )
+
+
+def _curve(runs: list[RunRecord], reps: int) -> Curve | None:
+    with_curves = [r for r in runs if r.curve is not None and len(r.curve[0]) > 0]
+    if not with_curves:
+        return None
+    steps, values = stats.common_grid([r.curve for r in with_curves])
+    if len(steps) == 0:
+        return None
+    names = [r.lookup("env.id") for r in with_curves]
+    tasks = [sorted(set(names), key=str).index(n) for n in names]
+    value, low, high = stats.band(values, tasks, "mean", min(reps, 2000))
+    return Curve(steps, value, low, high)
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+def _sweep(selection: Selection, study_run: RunRecord, storage: str | None) -> Sweep:
+    name = study_run.tags.get("marlctl.study", study_run.name)
+    metric = study_run.params.get("sweep.metric", "objective")
+    direction = study_run.params.get("sweep.direction", "maximize")
+    url = storage or study_run.tags.get("marlctl.storage_url")
+    trials, importances, note = None, None, None
+    try:
+        study = _open_study(name, url)
+    except Exception as err:  # any storage failure: fall back to what MLflow holds
+        study, note = None, f"Optuna study not opened ({err}); pass --storage for importances"
+    if study is not None:
+        trials = [
+            Trial(
+                t.number,
+                t.state.name,
+                t.value,
+                {k: _shown(v) for k, v in t.params.items()},
+                t.user_attrs.get("marlctl.env_steps"),
+                t.user_attrs.get("marlctl.mlflow_run_id"),
+            )
+            for t in study.trials
+        ]
+        importances, why = _importances(study)
+        note = note or why
+    else:
+        trials = _trials_from_mlflow(selection.trials.get(study_run.run_id, []))
+    return Sweep(
+        name, study_run.experiment, study_run.run_id, metric, direction, trials, importances, note
+    )
+
+
+def _open_study(name: str, url: str | None):
+    import optuna
+
+    if not url:
+        raise ValueError("the study run names no storage")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if "://" not in url:
+        if not Path(url).is_file():
+            raise FileNotFoundError(f"no journal at {url}")
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(url)))
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def _importances(study) -> tuple[dict[str, float] | None, str | None]:
+    import optuna
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(done) < 2 or not any(t.params for t in done):
+        return None, "parameter importances need two complete trials with parameters"
+    try:
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        found = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    except (RuntimeError, ValueError) as err:
+        return None, f"parameter importances unavailable: {err}"
+    return {k: float(v) for k, v in found.items()}, None
+
+
+def _shown(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+
+
+def _trials_from_mlflow(runs: list[RunRecord]) -> list[Trial]:
+    varying = _differing_params(runs)
+    trials = []
+    for run in runs:
+        number = run.tags.get("marlctl.trial")
+        trials.append(
+            Trial(
+                int(number) if number and number.isdigit() else len(trials),
+                run.tags.get("marlctl.trial_state", run.status),
+                run.metrics.get("objective"),
+                {k: run.params.get(k) for k in varying},
+                None,
+                run.run_id,
+            )
+        )
+    return trials

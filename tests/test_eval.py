@@ -1,0 +1,143 @@
+"""`marlctl eval`: repeat a run's final evaluation, choose the weights, render episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+from test_training import client, run_cli, run_json, write_spec
+
+MAX_CYCLES = 10
+
+
+def spec_body(backend: str = "native", seeds: list[int] | None = None) -> dict:
+    return {
+        "seeds": seeds or [0, 1],
+        "env": {
+            "id": "mpe/simple_spread",
+            "backend": backend,
+            "params": {"N": 2, "max_cycles": MAX_CYCLES},
+        },
+        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 2, "minibatches": 2},
+        # 40 episodes over 32 eval envs: some envs play two episodes.
+        "train": {"total_env_steps": 4000, "eval_every": 0, "eval_episodes": 40},
+        "hardware": {"num_envs": 20, "device": "cpu"},
+    }
+
+
+@pytest.fixture
+def trained(tmp_path) -> dict:
+    out = run_json("run", str(write_spec(tmp_path, spec_body())))
+    assert out["exit_code"] == 0, out
+    return out
+
+
+def test_eval_repeats_the_final_evaluation_of_each_seed(trained):
+    result = run_json("eval", trained["parent_run_id"])
+    assert result["exit_code"] == 0, result
+    assert [r["seed"] for r in result["runs"]] == [0, 1]
+    logged = {r["run_id"]: r["final_return"] for r in trained["runs"]}
+    for row in result["runs"]:
+        assert row["episodes"] == 40 and row["checkpoint"] == "policy/final.pt"
+        # Same weights, episodes, env layout and seed stream as training's final eval.
+        assert row["return_mean"] == pytest.approx(logged[row["run_id"]], abs=1e-5)
+        assert row["logged_return"] == pytest.approx(logged[row["run_id"]], abs=1e-6)
+    # The two seeds' evaluations use different episodes.
+    assert len({r["eval_seed"] for r in result["runs"]}) == 2
+    other = run_json("eval", trained["runs"][0]["run_id"], "--seed", "12345")
+    assert other["runs"][0]["eval_seed"] == 12345
+
+
+def test_eval_repeats_a_pettingzoo_run(tmp_path):
+    out = run_json("run", str(write_spec(tmp_path, spec_body("pettingzoo", [3]))))
+    assert out["exit_code"] == 0, out
+    (row,) = run_json("eval", out["runs"][0]["run_id"])["runs"]
+    assert row["backend"] == "pettingzoo"
+    assert row["return_mean"] == pytest.approx(out["runs"][0]["final_return"], abs=1e-5)
+
+
+def test_eval_chooses_weights(trained, tmp_path):
+    run_id = trained["runs"][0]["run_id"]
+    final = trained["runs"][0]["final_return"]
+    # The latest checkpoint is written at the end of training: the same policy.
+    latest = run_json("eval", run_id, "--checkpoint", "latest")["runs"][0]
+    assert latest["checkpoint"] == "checkpoints/latest.pt"
+    assert latest["return_mean"] == pytest.approx(final, abs=1e-5)
+    local = Path(client().download_artifacts(run_id, "policy/final.pt", str(tmp_path)))
+    from_file = run_json("eval", run_id, "--checkpoint", str(local))["runs"][0]
+    assert from_file["checkpoint"] == str(local)
+    assert from_file["return_mean"] == pytest.approx(final, abs=1e-5)
+
+    missing = run_cli("eval", run_id, "--checkpoint", "checkpoints/step_9.pt")
+    assert missing.exit_code == 2
+    assert "--checkpoint: 'checkpoints/step_9.pt' is neither an artifact" in missing.output
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    junk = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "junk.pt"))
+    assert junk.exit_code == 2 and "cannot load" in junk.output
+
+
+def test_eval_on_cpu_of_a_run_placed_on_a_gpu(trained, tmp_path):
+    """A run's spec names the GPU it trained on; eval runs where it is told (CPU here)."""
+    run_id = trained["runs"][1]["run_id"]
+    store = client()
+    spec = yaml.safe_load(
+        Path(store.download_artifacts(run_id, "spec.yaml", str(tmp_path))).read_text()
+    )
+    spec["hardware"] = {**spec["hardware"], "device": "cuda:1", "devices": ["cuda:1"]}
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    (folder / "spec.yaml").write_text(yaml.safe_dump(spec))
+    store.log_artifact(run_id, str(folder / "spec.yaml"))
+    row = run_json("eval", run_id)["runs"][0]
+    assert row["return_mean"] == pytest.approx(trained["runs"][1]["final_return"], abs=1e-5)
+
+
+def gif_duration_ms(path: Path) -> tuple[int, tuple[int, int]]:
+    image = Image.open(path)
+    total = 0
+    for index in range(image.n_frames):
+        image.seek(index)
+        total += image.info["duration"]
+    return total, image.size
+
+
+def test_render_writes_a_gif_of_whole_episodes(trained, tmp_path):
+    run_id = trained["runs"][0]["run_id"]
+    result = run_json(
+        "eval", run_id, "--render", "play.gif", "--render-episodes", "2", "--fps", "20"
+    )
+    assert result["exit_code"] == 0, result
+    assert result["runs"][0]["video"] == "play.gif"
+    # Each episode: its first state and one frame per step (Pillow merges repeated frames
+    # into longer ones, so count time, not frames).
+    duration, size = gif_duration_ms(Path("play.gif"))
+    assert duration == 2 * (MAX_CYCLES + 1) * 50
+    assert size == (700, 700)
+    # A parent run renders one video per seed.
+    both = run_json("eval", trained["parent_run_id"], "--render", "all.gif")
+    assert [r["video"] for r in both["runs"]] == ["all-seed0.gif", "all-seed1.gif"]
+    assert all(Path(p).stat().st_size > 1000 for p in ("all-seed0.gif", "all-seed1.gif"))
+
+
+def test_render_writes_an_mp4(trained):
+    ffmpeg = pytest.importorskip("imageio_ffmpeg", reason="the video extra is not installed")
+    run_id = trained["runs"][0]["run_id"]
+    result = run_json("eval", run_id, "--render", "play.mp4", "--backend", "pettingzoo")
+    assert result["exit_code"] == 0, result
+    data = Path("play.mp4").read_bytes()
+    assert data[4:8] == b"ftyp"
+    frames, _ = ffmpeg.count_frames_and_secs("play.mp4")
+    assert frames == MAX_CYCLES + 1
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("play.avi", "write a .gif or an .mp4"), ("nowhere/play.gif", "no folder 'nowhere'")],
+)
+def test_bad_render_targets_fail_before_evaluating(trained, target, message):
+    result = run_cli("eval", trained["runs"][0]["run_id"], "--render", target)
+    assert result.exit_code == 2, result.output
+    assert "--render: " in result.output and message in result.output
+    assert not Path(target).exists()
