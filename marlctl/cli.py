@@ -495,8 +495,13 @@ def report(
         "eval/return_mean"
     ),
     group_by: Annotated[
-        str, typer.Option("--group-by", help="Comma-separated params or tags that make a group.")
-    ] = "algo.name,env.id",
+        str | None,
+        typer.Option(
+            "--group-by",
+            help="Comma-separated params or tags that make a group (default: algo.name,env.id,"
+            " split further where runs differ in other params).",
+        ),
+    ] = None,
     direction: Annotated[
         str | None, typer.Option("--direction", help="maximize | minimize (default: by metric).")
     ] = None,
@@ -536,13 +541,17 @@ def report(
             [r.strip() for text in runs or [] for r in text.split(",") if r.strip()],
             filters or [],
             metric,
-            tuple(k.strip() for k in group_by.split(",") if k.strip()),
+            tuple(k.strip() for k in (group_by or "algo.name,env.id").split(",") if k.strip()),
             direction,
             storage,
+            split=group_by is None,
         )
         if not built.groups and not built.sweeps:
             raise SpecError([_arg_problem(_nothing_to_report(built))])
-        written = formats.write(built, chosen, target) if target is not None else []
+        try:
+            written = formats.write(built, chosen, target) if target is not None else []
+        except OSError as error:
+            raise SpecError([_arg_problem(f"--out: cannot write '{target}': {error}")]) from None
     if as_json:
         _emit_json({"ok": True, "exit_code": 0, **formats.to_dict(built), "files": written})
         return
@@ -555,10 +564,10 @@ def report(
     for table in formats.rich_tables(built):
         _print_table(table)
     for note in formats.notes(built):
-        out.print(f"[dim]{note}[/dim]", highlight=False)
+        out.print(note, style="dim", markup=False, highlight=False)
     for sweep in built.sweeps:
         if sweep.note:
-            out.print(f"[dim]sweep {sweep.name}: {sweep.note}[/dim]", highlight=False)
+            out.print(f"sweep {sweep.name}: {sweep.note}", style="dim", markup=False)
     for path in written:
         out.print(f"wrote {path}", highlight=False)
 
@@ -613,7 +622,13 @@ def eval_(
         int, typer.Option("--render-episodes", min=1, help="Episodes in the video.")
     ] = 1,
     fps: Annotated[int, typer.Option("--fps", min=1, max=120, help="Video frame rate.")] = 10,
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")] = "cpu",
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            help="auto | cpu | cuda | cuda:N (default: the run's GPU if here, else cpu)",
+        ),
+    ] = None,
     tracking_uri: Annotated[
         str | None,
         typer.Option("--tracking-uri", help="MLflow store holding the run (default: ./mlflow.db)."),

@@ -18,6 +18,7 @@ from marlctl.errors import Problem, SpecError
 
 LATEST = "latest"
 VIDEO_SUFFIXES = (".gif", ".mp4")
+MAX_FRAMES = 20_000  # an env that never ends an episode must not fill the memory
 
 
 @dataclass
@@ -84,7 +85,7 @@ def evaluate_runs(
     backend: str | None,
     episodes: int | None,
     seed: int | None,
-    device: str,
+    device: str | None,
     checkpoint: str | None = None,
     render: Render | None = None,
 ) -> EvalSummary:
@@ -100,18 +101,9 @@ def evaluate_runs(
         run = client.get_run(run_id)
     except MlflowException:
         raise _problem(f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}") from None
-    if tracking.PARENT_TAG in run.data.tags:
-        targets = [run]
-    else:
-        children = client.search_runs(
-            [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{run_id}'"
-        )
-        targets = sorted(
-            (c for c in children if c.info.status == "FINISHED"),
-            key=lambda c: int(c.data.tags.get("marlctl.seed", 0)),
-        )
-        if not targets:
-            raise _problem(f"run '{run_id}' has no finished seed runs to evaluate")
+    targets = _seed_runs(client, run)
+    if not targets:
+        raise _problem(f"run '{run_id}' has no finished seed runs to evaluate")
     results = []
     for target in targets:
         video = render
@@ -123,6 +115,53 @@ def evaluate_runs(
             _evaluate_one(client, target, backend, episodes, seed, device, checkpoint, video)
         )
     return EvalSummary(results)
+
+
+def _seed_runs(client, run) -> list:
+    """The seed runs under `run` (experiment → seeds, study → trials → seeds), or `run`
+    itself when it is one; those that finished training (not pruned), by seed."""
+    role = run.data.tags.get("marlctl.role")
+    if role == "seed" or (role is None and tracking.PARENT_TAG in run.data.tags):
+        return [run]
+    found, frontier = [], [run.info.run_id]
+    while frontier:
+        children = [
+            child
+            for parent in frontier
+            for child in client.search_runs(
+                [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent}'"
+            )
+        ]
+        frontier = []
+        for child in children:
+            if child.data.tags.get("marlctl.role") in (None, "seed"):
+                found.append(child)
+            else:
+                frontier.append(child.info.run_id)
+    return sorted(
+        (
+            c
+            for c in found
+            if c.info.status == "FINISHED" and "marlctl.pruned_at_step" not in c.data.tags
+        ),
+        key=lambda c: (int(c.data.tags.get("marlctl.seed", 0)), c.info.start_time or 0),
+    )
+
+
+def _device(run, device: str | None) -> str:
+    """`--device`, or the device the run trained on where this machine has it, else the CPU.
+    Native envs draw their episodes from a generator on the run's device, so only the
+    same kind of device repeats the run's evaluation exactly."""
+    if device is not None:
+        return device
+    trained = run.data.tags.get("marlctl.device", "cpu")
+    if trained.startswith("cuda"):
+        import torch
+
+        index = int(trained.partition(":")[2] or 0)
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            return trained
+    return "cpu"
 
 
 def _policies(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[dict, str]:
@@ -171,7 +210,7 @@ def _evaluate_one(
     backend: str | None,
     episodes: int | None,
     seed: int | None,
-    device: str,
+    device: str | None,
     checkpoint: str | None,
     render: Render | None,
 ) -> EvalResult:
@@ -188,7 +227,7 @@ def _evaluate_one(
             spec_path = client.download_artifacts(run_id, SPEC_ARTIFACT, tmp)
         except Exception:
             raise _problem(f"run '{run_id}' has no {SPEC_ARTIFACT} artifact") from None
-        overrides = [f"hardware.device={device}", "hardware.devices=null"]
+        overrides = [f"hardware.device={_device(run, device)}", "hardware.devices=null"]
         if backend is not None:
             overrides.append(f"env.backend={backend}")
         if backend == "native":
@@ -250,6 +289,12 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
         ob, first, done = env.reset(seed), None, 0
         with torch.no_grad():
             while done < render.episodes:
+                if len(env.frames or []) > MAX_FRAMES:
+                    raise _problem(
+                        f"{render.episodes} episode(s) took more than {MAX_FRAMES} steps; "
+                        "render fewer",
+                        "--render-episodes",
+                    )
                 tr = env.step(trainer.act(ob, deterministic=True, first=first))
                 first = tr.terminated | tr.truncated
                 done += int(first.sum())

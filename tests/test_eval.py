@@ -90,6 +90,7 @@ def test_eval_on_cpu_of_a_run_placed_on_a_gpu(trained, tmp_path):
     folder.mkdir()
     (folder / "spec.yaml").write_text(yaml.safe_dump(spec))
     store.log_artifact(run_id, str(folder / "spec.yaml"))
+    store.set_tag(run_id, "marlctl.device", "cuda:1")
     row = run_json("eval", run_id)["runs"][0]
     assert row["return_mean"] == pytest.approx(trained["runs"][1]["final_return"], abs=1e-5)
 

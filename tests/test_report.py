@@ -261,9 +261,12 @@ def test_markdown_html_csv_json_files(store):
     result = run_cli("report", "--out", "out/report.md")
     assert result.exit_code == 0, result.output
     md = Path("out/report.md").read_text()
-    # Best per column in bold: the speaker listener group's mean is the highest.
+    # Best per column in bold, among the groups on the same env: MAPPO on simple_spread.
+    row = next(line for line in md.splitlines() if line.startswith("| mappo | mpe/simple_spread"))
+    assert f"**{np.mean(SPREAD_MAPPO):.2f}**" in row
+    # Alone on its env, the speaker listener group has nothing to beat.
     row = next(line for line in md.splitlines() if "simple_speaker_listener" in line)
-    assert f"**{np.mean(SPEAKER_MAPPO):.2f}**" in row
+    assert "**" not in row
     assert "| qmix | mpe/simple_spread | 0/1 | — |" in md
     assert "![sample efficiency](report_files/curves.png)" in md
     png = Image.open("out/report_files/curves.png")
@@ -315,6 +318,65 @@ def test_curves_with_different_eval_steps_are_interpolated(tmp_path):
     assert g["curve"]["steps"] == [1500, 2000, 3000]
     assert g["curve"]["value"] == pytest.approx([(1.0 + 1.0) / 2, (2.0 + 2.0) / 2, 4.0])
     assert g["scores"] == [4.0, 6.0]  # finals are each run's last value
+
+
+def test_configurations_are_never_pooled_as_seeds_by_default(tmp_path):
+    client = tracking.client_for(None)
+    for lr, finals in ((0.001, [1.0, 2.0]), (0.01, [5.0, 6.0])):
+        add_experiment_run(
+            client,
+            "lrs",
+            "mappo",
+            "mpe/simple_spread",
+            {s: ([1000], [v], 1.0, None) for s, v in enumerate(finals)},
+            lr=lr,
+        )
+    split = report_json()["groups"]
+    assert [(g["config"], g["scores"]) for g in split] == [
+        ({"algo.lr": "0.001"}, [1.0, 2.0]),
+        ({"algo.lr": "0.01"}, [5.0, 6.0]),
+    ]
+    # Asked to group by algo and env only, the user gets that, and a note.
+    result = run_cli("report", "--group-by", "algo.name,env.id", "--json")
+    (pooled,) = json.loads(result.stdout)["groups"]
+    assert sorted(pooled["scores"]) == [1.0, 2.0, 5.0, 6.0]
+    assert pooled["differs"] == ["algo.lr"]
+    assert any("runs differ in algo.lr" in n for n in json.loads(result.stdout)["notes"])
+
+
+def test_a_diverged_final_value_is_missing_not_an_earlier_score(tmp_path):
+    client = tracking.client_for(None)
+    add_experiment_run(
+        client,
+        "nan",
+        "mappo",
+        "mpe/simple_spread",
+        {
+            0: ([1000, 2000], [1.0, 2.0], 1.0, None),
+            1: ([1000, 2000], [3.0, float("nan")], 1.0, None),
+            2: ([1000, 2000], [2.0, 4.0], 1.0, None),
+        },
+    )
+    document = report_json()
+    (g,) = document["groups"]
+    assert g["scores"] == [2.0, 4.0] and g["diverged"] == 1 and g["runs"] == 3
+    assert any("1 run(s) ended with a non-finite" in n for n in document["notes"])
+
+
+def test_one_seed_per_env_gives_no_interval():
+    from marlctl.report import stats
+
+    single = stats.estimate(np.array([1.0, 5.0]), [0, 1], "mean")
+    assert single.value == 3.0 and np.isnan(single.low) and np.isnan(single.high)
+    pair = stats.estimate(np.array([1.0, 5.0]), [0, 0], "mean")
+    assert pair.low < pair.high
+
+
+def test_a_missing_store_is_an_error_and_is_not_created(tmp_path):
+    result = run_cli("report")
+    assert result.exit_code == 2, result.output
+    assert "no MLflow store at" in result.output
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_terminal_table_shows_missing_values(store):
@@ -388,6 +450,12 @@ def test_sweep_report_best_trials_history_and_importances(swept):
     (group,) = report_json("--runs", trial_run)["groups"]
     assert group["seeds"] == 2
     assert np.mean(group["scores"]) == pytest.approx(study.best_value)
+    # eval walks down from a trial (or a study) to its seeds.
+    evaluated = run_cli("eval", trial_run, "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    rows = json.loads(evaluated.stdout)["runs"]
+    assert sorted(r["seed"] for r in rows) == [0, 1]
+    assert [r["return_mean"] for r in rows] == pytest.approx([r["logged_return"] for r in rows])
 
     # Without the Optuna storage, the trials still come from MLflow; importances do not.
     shutil.move(swept / "optuna.journal", swept / "elsewhere.journal")

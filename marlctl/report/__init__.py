@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from marlctl import tracking
+from marlctl.errors import Problem, SpecError
 from marlctl.report import stats
-from marlctl.report.runs import Filter, RunRecord, Selection, load_curves, select
+from marlctl.report.runs import Filter, RunRecord, Selection, check_store, load_curves, select
 
 DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
@@ -46,10 +47,15 @@ class Group:
     tasks: int = 1
     differs: list[str] = field(default_factory=list)
     curve: Curve | None = None
+    config: dict[str, str | None] = field(default_factory=dict)  # params that split it off
+    envs: tuple[str, ...] = ()
+    diverged: int = 0  # runs whose final value is not finite
 
     @property
     def label(self) -> str:
-        return " · ".join("—" if v is None else v for v in self.key) or "all runs"
+        parts = ["—" if v is None else v for v in self.key]
+        parts += [f"{k}={v}" for k, v in self.config.items()]
+        return " · ".join(parts) or "all runs"
 
     @property
     def missing(self) -> int:
@@ -103,8 +109,9 @@ class Report:
     left_out: dict[str, int]
 
     @property
-    def best(self) -> dict[str, int]:
-        """Per column, the index of the group with the best value."""
+    def best(self) -> dict[str, list[int]]:
+        """Per column, the indices of the groups with the best value among those on the
+        same envs."""
         sign = 1 if self.direction == "maximize" else -1
         columns = {
             "mean": (lambda g: g.mean.value if g.mean else None, sign),
@@ -112,13 +119,14 @@ class Report:
             "wall_s": (lambda g: g.wall_s, -1),
             "steps_per_s": (lambda g: g.steps_per_s, 1),
         }
-        out = {}
+        # Returns on different envs do not compare: the best is per env (or set of envs).
+        out: dict[str, list[int]] = {}
         for name, (get, direction) in columns.items():
-            found = [
-                (direction * v, i) for i, g in enumerate(self.groups) if (v := get(g)) is not None
-            ]
-            if len(found) > 1:
-                out[name] = max(found)[1]
+            by_envs: dict[tuple[str, ...], list[tuple[float, int]]] = {}
+            for i, g in enumerate(self.groups):
+                if (v := get(g)) is not None:
+                    by_envs.setdefault(g.envs, []).append((direction * v, i))
+            out[name] = sorted(max(found)[1] for found in by_envs.values() if len(found) > 1)
         return out
 
 
@@ -132,17 +140,35 @@ def build(
     direction: str | None = None,
     storage: str | None = None,
     reps: int = stats.REPS,
+    split: bool = True,
 ) -> Report:
-    client = tracking.client_for(uri)
+    """`split`: runs of one group that differ in a param (other than seeds, hardware and
+    tracking) form groups of their own, so configurations are never pooled as seeds."""
+    from mlflow.exceptions import MlflowException
+
+    from marlctl.sweep.study import shown_url
+
     parsed = [Filter.parse(text, i + 1) for i, text in enumerate(filters)]
-    selection = select(client, uri, experiments, run_ids, parsed)
-    load_curves(client, selection.seeds, metric)
+    check_store(uri)
+    try:
+        client = tracking.client_for(uri)
+        selection = select(client, uri, experiments, run_ids, parsed)
+        load_curves(client, selection.seeds, metric)
+    except MlflowException as err:
+        shown = shown_url(tracking.resolve_uri(uri))
+        raise SpecError([Problem("--tracking-uri", None, "", f"{shown}: {err}")]) from None
     if direction is None:
         direction = "minimize" if metric.startswith("loss/") else "maximize"
-    groups = _groups(selection, metric, group_by, reps)
+    groups = _groups(selection, metric, group_by, reps, split=split)
     sweeps = [_sweep(selection, study, storage) for study in selection.studies]
     return Report(
-        selection.uri, metric, direction, group_by, groups, sweeps, dict(selection.left_out)
+        shown_url(selection.uri),
+        metric,
+        direction,
+        group_by,
+        groups,
+        sweeps,
+        dict(selection.left_out),
     )
 
 
@@ -150,23 +176,41 @@ def build(
 
 
 def _final(run: RunRecord, metric: str) -> float | None:
+    if run.diverged:
+        return None
     if run.curve is not None:
         return float(run.curve[1][-1])
     value = run.metrics.get(metric)
     return value if value is not None and np.isfinite(value) else None
 
 
-def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: int):
+def _buckets(runs: list[RunRecord], group_by: tuple[str, ...], split: bool):
     buckets: dict[tuple[str | None, ...], list[RunRecord]] = {}
-    for run in selection.seeds:
+    for run in runs:
         buckets.setdefault(tuple(run.lookup(k) for k in group_by), []).append(run)
+    for key, members in buckets.items():
+        differs = _differing_params(members) if split else []
+        if not differs:
+            yield key, {}, members
+            continue
+        parts: dict[tuple, list[RunRecord]] = {}
+        for run in members:
+            parts.setdefault(tuple(run.params.get(k) for k in differs), []).append(run)
+        for values, part in parts.items():
+            extra = {k: v for k, v in zip(differs, values, strict=True)}
+            yield key, extra, part
+
+
+def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: int, split: bool):
     groups = []
-    for key, runs in buckets.items():
+    for key, extra, runs in _buckets(selection.seeds, group_by, split):
         scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
-        group = Group(key, runs, [s for _, s in scored])
+        group = Group(key, runs, [s for _, s in scored], config=extra)
         task_names = [r.lookup("env.id") for r, _ in scored]
         tasks = [sorted(set(task_names), key=str).index(t) for t in task_names]
         group.tasks = len(set(task_names))
+        group.envs = tuple(sorted({str(r.lookup("env.id")) for r in runs}))
+        group.diverged = sum(r.diverged for r in runs)
         if scored:
             group.mean = stats.estimate(np.array(group.scores), tasks, "mean", reps)
             group.iqm = stats.estimate(np.array(group.scores), tasks, "iqm", reps)
@@ -176,7 +220,7 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         group.differs = _differing_params(runs)
         group.curve = _curve(runs, reps)
         groups.append(group)
-    groups.sort(key=lambda g: tuple("" if v is None else v for v in g.key))
+    groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
 
 
@@ -225,7 +269,7 @@ def _sweep(selection: Selection, study_run: RunRecord, storage: str | None) -> S
             Trial(
                 t.number,
                 t.state.name,
-                t.value,
+                _value(t),
                 {k: _shown(v) for k, v in t.params.items()},
                 t.user_attrs.get("marlctl.env_steps"),
                 t.user_attrs.get("marlctl.mlflow_run_id"),
@@ -254,6 +298,8 @@ def _open_study(name: str, url: str | None):
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.load_study(study_name=name, storage=JournalStorage(JournalFileBackend(url)))
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise FileNotFoundError(f"no database at {url}")
     return optuna.load_study(study_name=name, storage=url)
 
 
@@ -270,6 +316,13 @@ def _importances(study) -> tuple[dict[str, float] | None, str | None]:
     except (RuntimeError, ValueError) as err:
         return None, f"parameter importances unavailable: {err}"
     return {k: float(v) for k, v in found.items()}, None
+
+
+def _value(trial) -> float | None:
+    """A complete trial's objective; a pruned one's last reported value."""
+    if trial.value is not None or not trial.intermediate_values:
+        return trial.value
+    return trial.intermediate_values[max(trial.intermediate_values)]
 
 
 def _shown(value: Any) -> Any:

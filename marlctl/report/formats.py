@@ -60,24 +60,29 @@ def _seeds(group: Group) -> str:
     return str(len(group.scores)) if not group.missing else f"{len(group.scores)}/{len(group.runs)}"
 
 
+def _config(group: Group) -> str:
+    return ", ".join(f"{k}={MISSING if v is None else v}" for k, v in group.config.items())
+
+
 def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, int], bool]]:
     """Header, cells, and which cells are their column's best: shared by every format."""
-    header = [*report.group_by, "seeds", "mean", "95% CI", "IQM", "95% CI"]
-    header += ["env steps", "wall-clock", "steps/s"]
-    best = report.best
-    width = len(report.group_by)
+    configs = any(g.config for g in report.groups)
+    header = [*report.group_by, *(["config"] if configs else [])]
+    width = len(header)
+    header += ["seeds", "mean", "95% CI", "IQM", "95% CI", "env steps", "wall-clock", "steps/s"]
     column = {
         "mean": width + 1,
         "iqm": width + 3,
         "wall_s": width + 6,
         "steps_per_s": width + 7,
     }
-    marks = {(index, column[name]): True for name, index in best.items()}
+    marks = {(i, column[name]): True for name, found in report.best.items() for i in found}
     body = []
     for g in report.groups:
         body.append(
             [
                 *(MISSING if v is None else v for v in g.key),
+                *([_config(g) or MISSING] if configs else []),
                 _seeds(g),
                 _num(g.mean.value if g.mean else None),
                 _ci(g.mean),
@@ -94,13 +99,22 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
 def notes(report: Report) -> list[str]:
     out = []
     for g in report.groups:
-        if g.missing:
-            out.append(f"{g.label}: {g.missing} run(s) logged no '{report.metric}' (shown missing)")
+        if g.diverged:
+            out.append(f"{g.label}: {g.diverged} run(s) ended with a non-finite '{report.metric}'")
+        if g.missing > g.diverged:
+            out.append(
+                f"{g.label}: {g.missing - g.diverged} run(s) logged no '{report.metric}' "
+                "(shown missing)"
+            )
         if g.differs:
             shown = ", ".join(g.differs[:6]) + (", …" if len(g.differs) > 6 else "")
-            out.append(f"{g.label}: runs differ in {shown}; pass --group-by to split them")
+            out.append(f"{g.label}: runs differ in {shown}; pooled as seeds by --group-by")
         if g.tasks > 1:
-            out.append(f"{g.label}: {g.tasks} envs, bootstrap stratified by env")
+            out.append(
+                f"{g.label}: raw scores of {g.tasks} envs pooled; bootstrap stratified by env"
+            )
+        if g.mean is not None and not math.isfinite(g.mean.low) and len(g.scores) > 0:
+            out.append(f"{g.label}: no interval: an env has fewer than 2 seeds")
     if report.left_out:
         counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(report.left_out.items()))
         out.append(f"left out, not finished: {counts}")
@@ -139,28 +153,34 @@ def sweep_summary(sweep: Sweep) -> str:
 
 
 def rich_tables(report: Report) -> list:
+    from rich.markup import escape
     from rich.table import Table
 
     header, body, marks = rows(report)
-    table = Table(*header, title=f"{report.metric} at the end of training")
-    for i, cells in enumerate(body):
-        table.add_row(
-            *(
-                f"[bold green]{c}[/bold green]" if marks.get((i, j)) else c
-                for j, c in enumerate(cells)
+    tables = []
+    if body:
+        title = escape(f"{report.metric} at the end of training")
+        table = Table(*map(escape, header), title=title)
+        for i, cells in enumerate(body):
+            table.add_row(
+                *(
+                    f"[bold green]{escape(c)}[/bold green]" if marks.get((i, j)) else escape(c)
+                    for j, c in enumerate(cells)
+                )
             )
-        )
-    tables = [table]
+        tables.append(table)
     for sweep in report.sweeps:
         head, cells = trial_rows(sweep)
-        t = Table(*head, title=f"sweep {sweep.name}: best trials — {sweep_summary(sweep)}")
+        title = escape(f"sweep {sweep.name}: best trials — {sweep_summary(sweep)}")
+        trials = Table(*map(escape, head), title=title)
         for row in cells:
-            t.add_row(*row)
-        tables.append(t)
+            trials.add_row(*map(escape, row))
+        tables.append(trials)
         if sweep.importances:
-            imp = Table("parameter", "importance", title=f"sweep {sweep.name}: importances")
+            title = escape(f"sweep {sweep.name}: importances")
+            imp = Table("parameter", "importance", title=title)
             for name, value in sweep.importances.items():
-                imp.add_row(name, f"{value:.3f}")
+                imp.add_row(escape(name), f"{value:.3f}")
             tables.append(imp)
     return tables
 
@@ -202,6 +222,9 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "env_steps": g.env_steps,
                 "wall_s": g.wall_s,
                 "steps_per_s": g.steps_per_s,
+                "config": g.config,
+                "envs": list(g.envs),
+                "diverged": g.diverged,
                 "differs": g.differs,
                 "curve": curve,
             }
@@ -237,15 +260,16 @@ def to_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(
-        [*report.group_by, "runs", "seeds", "mean", "mean_low", "mean_high", "iqm", "iqm_low"]
-        + ["iqm_high", "env_steps", "wall_s", "steps_per_s"]
+        [*report.group_by, "config", "runs", "seeds", "mean", "mean_low", "mean_high", "iqm"]
+        + ["iqm_low", "iqm_high", "env_steps", "wall_s", "steps_per_s"]
     )
     for g in report.groups:
         estimates = []
         for e in (g.mean, g.iqm):
             estimates += [e.value, _clean(e.low), _clean(e.high)] if e else [None] * 3
         writer.writerow(
-            [*g.key, len(g.runs), len(g.scores), *estimates, g.env_steps, g.wall_s, g.steps_per_s]
+            [*g.key, _config(g), len(g.runs), len(g.scores), *estimates]
+            + [g.env_steps, g.wall_s, g.steps_per_s]
         )
     return buffer.getvalue()
 
@@ -268,8 +292,12 @@ def _stamp() -> str:
 
 def markdown(report: Report, out: Path) -> list[Path]:
     """`out` plus PNGs in `<stem>_files/` beside it, linked relatively (renders on GitHub)."""
+    import shutil
+
     folder = out.parent / f"{out.stem}_files"
-    folder.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Figures go to a fresh folder that replaces the old one only once all are drawn.
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{folder.name}."))
     written: list[Path] = []
     header, body, marks = rows(report)
     parts = [
@@ -281,7 +309,7 @@ def markdown(report: Report, out: Path) -> list[Path]:
         parts += [_md_table(header, body, marks), _EXPLAINED]
     parts += [f"- {n}" for n in notes(report)]
     if figures.has_curves(report):
-        path = figures.curves_png(report, folder / "curves.png")
+        path = figures.curves_png(report, staging / "curves.png")
         written.append(path)
         parts.append(f"![sample efficiency]({folder.name}/{path.name})")
     for i, sweep in enumerate(report.sweeps):
@@ -289,17 +317,25 @@ def markdown(report: Report, out: Path) -> list[Path]:
         head, cells = trial_rows(sweep)
         parts.append(_md_table(head, cells) if cells else "No complete trials.")
         if any(t.value is not None for t in sweep.trials):
-            path = figures.history_png(sweep, folder / f"sweep{i}_history.png")
+            path = figures.history_png(sweep, staging / f"sweep{i}_history.png")
             written.append(path)
             parts.append(f"![optimisation history]({folder.name}/{path.name})")
         if sweep.importances:
-            path = figures.importances_png(sweep, folder / f"sweep{i}_importances.png")
+            path = figures.importances_png(sweep, staging / f"sweep{i}_importances.png")
             written.append(path)
             parts.append(f"![parameter importances]({folder.name}/{path.name})")
         if sweep.note:
             parts.append(f"_{sweep.note}_")
-    write_atomic(out, "\n\n".join(parts) + "\n")
-    return [out, *written]
+    try:
+        if folder.exists():
+            shutil.rmtree(folder)
+        if written:
+            staging.chmod(0o755)
+            staging.rename(folder)
+        write_atomic(out, "\n\n".join(parts) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out, *(folder / p.name for p in written)]
 
 
 # ---------------------------------------------------------------- HTML

@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class RunRecord:
     end_ms: int | None
     curve: tuple[np.ndarray, np.ndarray] | None = None
     parent_role: str | None = None
+    diverged: bool = False  # the metric's last value is not finite
 
     def lookup(self, key: str) -> str | None:
         """A param, tag or run attribute by name: `params.X` / `tags.X` force the source; a
@@ -157,6 +159,36 @@ def _problem(where: str, message: str) -> SpecError:
     return SpecError([Problem(where, None, "", message)])
 
 
+def _experiments(client) -> list:
+    found, token = [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        found.extend(page)
+        token = page.token
+        if not token:
+            return found
+
+
+def _trial_number(record: RunRecord) -> int:
+    text = record.tags.get("marlctl.trial", "")
+    return int(text) if text.isdigit() else 1 << 30
+
+
+def _is_marlctl(record: RunRecord) -> bool:
+    """Runs other tools logged to the same store are not seeds: marlctl's carry its algo."""
+    return "algo.name" in record.params or "marlctl.algo" in record.tags
+
+
+def check_store(uri: str | None) -> None:
+    """Refuse a SQLite store that does not exist instead of creating an empty one."""
+    resolved = tracking.resolve_uri(uri)
+    if resolved.startswith("sqlite:///"):
+        path = resolved.removeprefix("sqlite:///")
+        if path and not path.startswith(":memory:") and not Path(path).is_file():
+            where = "--tracking-uri" if uri else "mlflow.db"
+            raise _problem(where, f"no MLflow store at {path}; pass --tracking-uri")
+
+
 def _all_runs(client, experiment_ids: list[str]) -> list:
     runs, token = [], None
     while True:
@@ -184,7 +216,7 @@ def select(
         for name in experiments:
             found = client.get_experiment_by_name(name)
             if found is None:
-                known = sorted(e.name for e in client.search_experiments())
+                known = sorted(e.name for e in _experiments(client))
                 raise _problem(
                     "EXPERIMENT",
                     f"no experiment '{name}' in {selection.uri}; known: {', '.join(known)}",
@@ -198,7 +230,7 @@ def select(
         if run.info.experiment_id not in by_id:
             by_id[run.info.experiment_id] = client.get_experiment(run.info.experiment_id).name
     if not by_id:
-        by_id = {e.experiment_id: e.name for e in client.search_experiments()}
+        by_id = {e.experiment_id: e.name for e in _experiments(client)}
     raw = _all_runs(client, list(by_id)) if by_id else []
     records = {r.info.run_id: _record(r, by_id[r.info.experiment_id]) for r in raw}
     parents = {r.parent_id for r in records.values() if r.parent_id}
@@ -215,7 +247,9 @@ def select(
         if record.role == "study":
             selection.studies.append(record)
             continue
-        is_seed = record.role == "seed" or (record.role is None and record.run_id not in parents)
+        is_seed = record.role == "seed" or (
+            record.role is None and record.run_id not in parents and _is_marlctl(record)
+        )
         # Trial seeds belong to their sweep unless the user asked for them by run.
         if not is_seed or (record.parent_role == "trial" and not run_ids):
             continue
@@ -229,7 +263,7 @@ def select(
     for study in selection.studies:
         selection.trials[study.run_id] = sorted(
             (r for r in records.values() if r.parent_id == study.run_id and r.role == "trial"),
-            key=lambda r: int(r.tags.get("marlctl.trial", "0") or 0),
+            key=_trial_number,
         )
     selection.seeds.sort(key=lambda r: (r.experiment, r.start_ms or 0, r.name))
     return selection
@@ -276,5 +310,6 @@ def load_curves(client, runs: list[RunRecord], metric: str) -> None:
         steps = np.fromiter(last, dtype=float)
         values = np.fromiter(last.values(), dtype=float)
         keep = np.isfinite(values)
+        run.diverged = not keep[-1]
         if keep.any():
             run.curve = (steps[keep], values[keep])

@@ -42,6 +42,13 @@ def stratified_resample(tasks: list[int], reps: int, rng: np.random.Generator) -
     return np.concatenate(columns, axis=1)
 
 
+def resamplable(tasks: list[int]) -> bool:
+    """A bootstrap interval needs two runs in every task: a task with one run is the same
+    in every replicate, and an interval over such tasks only would have zero width."""
+    _, counts = np.unique(np.asarray(tasks), return_counts=True)
+    return len(counts) > 0 and bool((counts >= 2).all())
+
+
 @dataclass(frozen=True)
 class Estimate:
     value: float
@@ -61,7 +68,7 @@ def estimate(
     values = np.asarray(scores, dtype=float)
     func = STATISTICS[statistic]
     point = float(func(values))
-    if len(values) < 2:
+    if not resamplable(tasks):
         return Estimate(point, float("nan"), float("nan"))
     index = stratified_resample(tasks, reps, np.random.default_rng(seed))
     low, high = _percentiles(func(values[index], axis=-1), confidence)
@@ -81,12 +88,18 @@ def band(
     values = np.asarray(curves, dtype=float)
     func = STATISTICS[statistic]
     point = func(values, axis=0)
-    if values.shape[0] < 2:
+    if not resamplable(tasks):
         nan = np.full_like(point, np.nan)
         return point, nan, nan
     index = stratified_resample(tasks, reps, np.random.default_rng(seed))
-    samples = func(values[index], axis=1)  # [reps, points]
-    low, high = _percentiles(samples, confidence)
+    low, high = np.empty_like(point), np.empty_like(point)
+    # [reps, runs, points] at once could take gigabytes for long curves: a slice of points
+    # at a time, all with the same replicates.
+    chunk = max(1, 2**24 // max(1, index.size))
+    for start in range(0, values.shape[1], chunk):
+        part = slice(start, start + chunk)
+        samples = func(values[:, part][index], axis=1)  # [reps, points]
+        low[part], high[part] = _percentiles(samples, confidence)
     return point, low, high
 
 

@@ -506,12 +506,10 @@ class _Reporter:
 
 
 def aggregate(values: list[float], how: str) -> float:
-    """Mean, or interquartile mean (the middle 50%, as rliable: 25% trimmed each side)."""
-    values = sorted(values)
-    if how == "iqm":
-        cut = int(0.25 * len(values))
-        values = values[cut : len(values) - cut] if cut else values
-    return sum(values) / len(values)
+    """Mean, or interquartile mean, over seeds: the same statistics `marlctl report` shows."""
+    from marlctl.report.stats import STATISTICS
+
+    return float(STATISTICS[how](values))
 
 
 def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
