@@ -298,7 +298,27 @@ def markdown(report: Report, out: Path) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Figures go to a fresh folder that replaces the old one only once all are drawn.
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{folder.name}."))
-    written: list[Path] = []
+    try:
+        parts, written = _markdown_parts(report, staging, folder.name)
+        if folder.exists():
+            shutil.rmtree(folder)
+        if written:
+            staging.chmod(0o755)
+            staging.rename(folder)
+        write_atomic(out, "\n\n".join(parts) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out, *(folder / name for name in written)]
+
+
+def _markdown_parts(report: Report, staging: Path, linked: str) -> tuple[list[str], list[str]]:
+    """The document's blocks, and the figures drawn into `staging` (linked as `linked/`)."""
+    written: list[str] = []
+
+    def figure(path: Path, alt: str) -> None:
+        written.append(path.name)
+        parts.append(f"![{alt}]({linked}/{path.name})")
+
     header, body, marks = rows(report)
     parts = [
         "# marlctl report",
@@ -309,33 +329,20 @@ def markdown(report: Report, out: Path) -> list[Path]:
         parts += [_md_table(header, body, marks), _EXPLAINED]
     parts += [f"- {n}" for n in notes(report)]
     if figures.has_curves(report):
-        path = figures.curves_png(report, staging / "curves.png")
-        written.append(path)
-        parts.append(f"![sample efficiency]({folder.name}/{path.name})")
+        figure(figures.curves_png(report, staging / "curves.png"), "sample efficiency")
     for i, sweep in enumerate(report.sweeps):
         parts += [f"## Sweep `{sweep.name}`", sweep_summary(sweep)]
         head, cells = trial_rows(sweep)
         parts.append(_md_table(head, cells) if cells else "No complete trials.")
         if any(t.value is not None for t in sweep.trials):
             path = figures.history_png(sweep, staging / f"sweep{i}_history.png")
-            written.append(path)
-            parts.append(f"![optimisation history]({folder.name}/{path.name})")
+            figure(path, "optimisation history")
         if sweep.importances:
             path = figures.importances_png(sweep, staging / f"sweep{i}_importances.png")
-            written.append(path)
-            parts.append(f"![parameter importances]({folder.name}/{path.name})")
+            figure(path, "parameter importances")
         if sweep.note:
             parts.append(f"_{sweep.note}_")
-    try:
-        if folder.exists():
-            shutil.rmtree(folder)
-        if written:
-            staging.chmod(0o755)
-            staging.rename(folder)
-        write_atomic(out, "\n\n".join(parts) + "\n")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [out, *(folder / p.name for p in written)]
+    return parts, written
 
 
 # ---------------------------------------------------------------- HTML
