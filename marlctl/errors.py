@@ -34,6 +34,11 @@ class SpecError(MarlctlError):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
 
+    @classmethod
+    def at(cls, where: str, message: str) -> SpecError:
+        """One problem with a command-line argument or a named thing, not a spec line."""
+        return cls([Problem(where, None, "", message)])
+
 
 class RunFailed(MarlctlError):
     """At least one training run failed (exit 1)."""

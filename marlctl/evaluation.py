@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from marlctl import tracking
-from marlctl.errors import Problem, SpecError
+from marlctl.atomic import replacing
+from marlctl.errors import SpecError
 
 LATEST = "latest"
 VIDEO_SUFFIXES = (".gif", ".mp4")
@@ -55,27 +56,22 @@ class Render:
     fps: int = 10
 
 
-def _problem(message: str, where: str = "RUN_ID") -> SpecError:
-    return SpecError([Problem(where, None, "", message)])
-
-
 def check_render(path: str) -> Path:
     """Refuse an unwritable or unsupported video path before any evaluation runs."""
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix not in VIDEO_SUFFIXES:
-        raise _problem(f"'{path}': write a .gif or an .mp4", "--render")
+        raise SpecError.at("--render", f"'{path}': write a .gif or an .mp4")
     if suffix == ".mp4":
         try:
             import imageio_ffmpeg  # noqa: F401
         except ImportError:
-            raise _problem(
-                "an .mp4 needs an ffmpeg writer: pip install imageio imageio-ffmpeg "
-                "(or render a .gif)",
+            raise SpecError.at(
                 "--render",
+                "an .mp4 needs an ffmpeg writer: pip install imageio-ffmpeg (or render a .gif)",
             ) from None
     if not target.parent.is_dir():
-        raise _problem(f"no folder '{target.parent}' for '{path}'", "--render")
+        raise SpecError.at("--render", f"no folder '{target.parent}' for '{path}'")
     return target
 
 
@@ -100,10 +96,12 @@ def evaluate_runs(
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        raise _problem(f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}") from None
+        raise SpecError.at(
+            "RUN_ID", f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}"
+        ) from None
     targets = _seed_runs(client, run)
     if not targets:
-        raise _problem(f"run '{run_id}' has no finished seed runs to evaluate")
+        raise SpecError.at("RUN_ID", f"run '{run_id}' has no finished seed runs to evaluate")
     results = []
     for target in targets:
         video = render
@@ -178,30 +176,30 @@ def _policies(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[di
     if checkpoint is None:
         artifact = POLICY if POLICY in files else CHECKPOINT if CHECKPOINT in files else None
         if artifact is None:
-            raise _problem(f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
+            raise SpecError.at("RUN_ID", f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
         source = client.download_artifacts(run_id, artifact, tmp)
     elif checkpoint == LATEST or checkpoint in files:
         artifact = CHECKPOINT if checkpoint == LATEST else checkpoint
         if artifact not in files:
-            raise _problem(f"run '{run_id}' has no {artifact}", "--checkpoint")
+            raise SpecError.at("--checkpoint", f"run '{run_id}' has no {artifact}")
         source = client.download_artifacts(run_id, artifact, tmp)
     elif Path(checkpoint).is_file():
         artifact = source = checkpoint
     else:
         known = ", ".join(sorted(files)) or "none"
-        raise _problem(
-            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
+        raise SpecError.at(
             "--checkpoint",
+            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
         )
     try:
         state = torch.load(source, weights_only=True, map_location="cpu")
     except Exception as err:
-        raise _problem(f"cannot load '{artifact}': {err}", "--checkpoint") from None
+        raise SpecError.at("--checkpoint", f"cannot load '{artifact}': {err}") from None
     if isinstance(state, dict) and "policies" in state:
         return state["policies"], artifact
     if isinstance(state, dict) and isinstance(state.get("trainer"), dict):
         return state["trainer"]["policies"], artifact
-    raise _problem(f"'{artifact}' holds no marlctl policy weights", "--checkpoint")
+    raise SpecError.at("--checkpoint", f"'{artifact}' holds no marlctl policy weights")
 
 
 def _evaluate_one(
@@ -226,7 +224,9 @@ def _evaluate_one(
         try:
             spec_path = client.download_artifacts(run_id, SPEC_ARTIFACT, tmp)
         except Exception:
-            raise _problem(f"run '{run_id}' has no {SPEC_ARTIFACT} artifact") from None
+            raise SpecError.at(
+                "RUN_ID", f"run '{run_id}' has no {SPEC_ARTIFACT} artifact"
+            ) from None
         overrides = [f"hardware.device={_device(run, device)}", "hardware.devices=null"]
         if backend is not None:
             overrides.append(f"env.backend={backend}")
@@ -284,16 +284,18 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
             spec.env.id, dict(spec.env.params), plan.env, 1, device, render_mode="rgb_array"
         )
     except Exception as err:
-        raise _problem(f"{spec.env.id} cannot render rgb_array frames: {err}", "--render") from None
+        raise SpecError.at(
+            "--render", f"{spec.env.id} cannot render rgb_array frames: {err}"
+        ) from None
     try:
         ob, first, done = env.reset(seed), None, 0
         with torch.no_grad():
             while done < render.episodes:
                 if len(env.frames or []) > MAX_FRAMES:
-                    raise _problem(
+                    raise SpecError.at(
+                        "--render-episodes",
                         f"{render.episodes} episode(s) took more than {MAX_FRAMES} steps; "
                         "render fewer",
-                        "--render-episodes",
                     )
                 tr = env.step(trainer.act(ob, deterministic=True, first=first))
                 first = tr.terminated | tr.truncated
@@ -305,17 +307,13 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
     # The auto-reset after the last episode adds a frame of the next one.
     frames = [np.asarray(f, dtype=np.uint8) for f in frames[:-1] if f is not None]
     if not frames:
-        raise _problem(f"{spec.env.id} returned no rgb_array frames", "--render")
+        raise SpecError.at("--render", f"{spec.env.id} returned no rgb_array frames")
     _write_video(frames, render.path, render.fps)
     return render.path
 
 
 def _write_video(frames: list, path: Path, fps: int) -> None:
-    """Write whole or not at all: into a temporary file, then renamed over `path`."""
-    import os
-
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
+    with replacing(path) as tmp:
         if path.suffix.lower() == ".gif":
             from PIL import Image
 
@@ -334,6 +332,3 @@ def _write_video(frames: list, path: Path, fps: int) -> None:
             for frame in frames:
                 writer.send(np.ascontiguousarray(frame[..., :3]))
             writer.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

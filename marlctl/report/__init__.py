@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from marlctl import tracking
-from marlctl.errors import Problem, SpecError
+from marlctl.errors import SpecError
 from marlctl.report import stats
 from marlctl.report.runs import Filter, RunRecord, Selection, check_store, load_curves, select
 
@@ -44,7 +44,6 @@ class Group:
     env_steps: float | None = None
     wall_s: float | None = None
     steps_per_s: float | None = None
-    tasks: int = 1
     differs: list[str] = field(default_factory=list)
     curve: Curve | None = None
     config: dict[str, str | None] = field(default_factory=dict)  # params that split it off
@@ -56,6 +55,10 @@ class Group:
         parts = ["—" if v is None else v for v in self.key]
         parts += [f"{k}={v}" for k, v in self.config.items()]
         return " · ".join(parts) or "all runs"
+
+    @property
+    def tasks(self) -> int:
+        return len(self.envs)
 
     @property
     def missing(self) -> int:
@@ -156,7 +159,7 @@ def build(
         load_curves(client, selection.seeds, metric)
     except MlflowException as err:
         shown = shown_url(tracking.resolve_uri(uri))
-        raise SpecError([Problem("--tracking-uri", None, "", f"{shown}: {err}")]) from None
+        raise SpecError.at("--tracking-uri", f"{shown}: {err}") from None
     if direction is None:
         direction = "minimize" if metric.startswith("loss/") else "maximize"
     groups = _groups(selection, metric, group_by, reps, split=split)
@@ -206,10 +209,8 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
     for key, extra, runs in _buckets(selection.seeds, group_by, split):
         scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
         group = Group(key, runs, [s for _, s in scored], config=extra)
-        task_names = [r.lookup("env.id") for r, _ in scored]
-        tasks = [sorted(set(task_names), key=str).index(t) for t in task_names]
-        group.tasks = len(set(task_names))
-        group.envs = tuple(sorted({str(r.lookup("env.id")) for r in runs}))
+        tasks = [_task(r) for r, _ in scored]
+        group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)
         if scored:
             group.mean = stats.estimate(np.array(group.scores), tasks, "mean", reps)
@@ -222,6 +223,11 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         groups.append(group)
     groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
+
+
+def _task(run: RunRecord) -> str:
+    """What the bootstrap stratifies by: the env."""
+    return str(run.lookup("env.id"))
 
 
 def _average(values) -> float | None:
@@ -245,9 +251,7 @@ def _curve(runs: list[RunRecord], reps: int) -> Curve | None:
     steps, values = stats.common_grid([r.curve for r in with_curves])
     if len(steps) == 0:
         return None
-    names = [r.lookup("env.id") for r in with_curves]
-    tasks = [sorted(set(names), key=str).index(n) for n in names]
-    value, low, high = stats.band(values, tasks, "mean", min(reps, 2000))
+    value, low, high = stats.band(values, [_task(r) for r in with_curves], "mean", min(reps, 2000))
     return Curve(steps, value, low, high)
 
 

@@ -46,6 +46,15 @@ def has_curves(report: Report) -> bool:
     return any(g.curve is not None for g in report.groups)
 
 
+def trial_points(sweep: Sweep):
+    """`(state, colour, trials)` for the trials with a value: complete ones, then pruned ones
+    at their last reported value."""
+    for state, colour in (("COMPLETE", "#1f77b4"), ("PRUNED", "#bbbbbb")):
+        found = [t for t in sweep.trials if t.state == state and t.value is not None]
+        if found:
+            yield state, colour, found
+
+
 def best_so_far(sweep: Sweep) -> tuple[list[int], list[float]]:
     """Trial numbers and the best objective up to each complete trial."""
     numbers, values, best = [], [], None
@@ -79,12 +88,9 @@ def curves_png(report: Report, path: Path) -> Path:
 def history_png(sweep: Sweep, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4), dpi=120)
-    for state, colour in (("COMPLETE", "#1f77b4"), ("PRUNED", "#bbbbbb")):
-        points = [
-            (t.number, t.value) for t in sweep.trials if t.state == state and t.value is not None
-        ]
-        if points:
-            ax.scatter(*zip(*points, strict=True), s=18, color=colour, label=state.lower())
+    for state, colour, trials in trial_points(sweep):
+        numbers, values = [t.number for t in trials], [t.value for t in trials]
+        ax.scatter(numbers, values, s=18, color=colour, label=state.lower())
     numbers, best = best_so_far(sweep)
     if numbers:
         ax.step(numbers, best, where="post", color="#d62728", lw=2, label="best so far")
@@ -118,8 +124,17 @@ def _save(plt, fig, ax, path: Path, x: str, y: str | None, title: str, legend=Tr
 # ---------------------------------------------------------------- plotly
 
 
-def _div(fig, first: bool) -> str:
-    fig.update_layout(template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50})
+def _div(
+    fig, first: bool, title: str, height: int, x: str | None = None, y: str | None = None
+) -> str:
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        height=height,
+        template="plotly_white",
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    )
     # The first figure carries plotly.js inline: the HTML file needs nothing else.
     return fig.to_html(
         full_html=False, include_plotlyjs=True if first else False, config={"responsive": True}
@@ -161,32 +176,25 @@ def curves_div(report: Report, first: bool) -> str:
                 name=group.label,
             )
         )
-    fig.update_layout(
-        title=f"{report.metric}: mean over seeds, 95% bootstrap CI",
-        xaxis_title="env steps",
-        yaxis_title=report.metric,
-        height=480,
-    )
-    return _div(fig, first)
+    title = f"{report.metric}: mean over seeds, 95% bootstrap CI"
+    return _div(fig, first, title, 480, "env steps", report.metric)
 
 
 def history_div(sweep: Sweep, first: bool) -> str:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for state, colour in (("COMPLETE", "#1f77b4"), ("PRUNED", "#bbbbbb")):
-        points = [t for t in sweep.trials if t.state == state and t.value is not None]
-        if points:
-            fig.add_trace(
-                go.Scatter(
-                    x=[t.number for t in points],
-                    y=[t.value for t in points],
-                    mode="markers",
-                    marker={"color": colour},
-                    name=state.lower(),
-                    text=[", ".join(f"{k}={v}" for k, v in t.params.items()) for t in points],
-                )
+    for state, colour, trials in trial_points(sweep):
+        fig.add_trace(
+            go.Scatter(
+                x=[t.number for t in trials],
+                y=[t.value for t in trials],
+                mode="markers",
+                marker={"color": colour},
+                name=state.lower(),
+                text=[", ".join(f"{k}={v}" for k, v in t.params.items()) for t in trials],
             )
+        )
     numbers, best = best_so_far(sweep)
     fig.add_trace(
         go.Scatter(
@@ -197,13 +205,8 @@ def history_div(sweep: Sweep, first: bool) -> str:
             name="best so far",
         )
     )
-    fig.update_layout(
-        title=f"sweep {sweep.name}: optimisation history",
-        xaxis_title="trial",
-        yaxis_title=sweep.metric,
-        height=420,
-    )
-    return _div(fig, first)
+    title = f"sweep {sweep.name}: optimisation history"
+    return _div(fig, first, title, 420, "trial", sweep.metric)
 
 
 def importances_div(sweep: Sweep, first: bool) -> str:
@@ -211,8 +214,5 @@ def importances_div(sweep: Sweep, first: bool) -> str:
 
     items = sorted((sweep.importances or {}).items(), key=lambda kv: kv[1])
     fig = go.Figure(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h"))
-    fig.update_layout(
-        title=f"sweep {sweep.name}: parameter importances (fANOVA)",
-        height=120 + 30 * len(items),
-    )
-    return _div(fig, first)
+    title = f"sweep {sweep.name}: parameter importances (fANOVA)"
+    return _div(fig, first, title, 120 + 30 * len(items))

@@ -7,12 +7,12 @@ import csv
 import html
 import io
 import math
-import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from marlctl.atomic import replacing
 from marlctl.report import Group, Report, Sweep, figures
 
 MISSING = "—"
@@ -412,18 +412,8 @@ def html_document(report: Report) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes it private; a report is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write(report: Report, fmt: str, out: Path) -> list[Path]:

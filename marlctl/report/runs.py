@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from marlctl import tracking
-from marlctl.errors import Problem, SpecError
+from marlctl.errors import SpecError
 
 ROLE = "marlctl.role"
 SPEED = "perf/env_steps_per_s_mean"
@@ -98,22 +98,14 @@ class Filter:
     def parse(cls, text: str, index: int) -> Filter:
         found = _FILTER.match(text)
         if not found or not found.group(3):
-            raise SpecError(
-                [
-                    Problem(
-                        f"--filter #{index}",
-                        None,
-                        "",
-                        f"'{text}' is not KEY=VALUE, KEY!=VALUE or KEY<VALUE (<=, >, >=)",
-                    )
-                ]
+            raise SpecError.at(
+                f"--filter #{index}",
+                f"'{text}' is not KEY=VALUE, KEY!=VALUE or KEY<VALUE (<=, >, >=)",
             )
         key, op, value = found.groups()
         op = "=" if op == "==" else op
         if op in _COMPARE and _number(value) is None:
-            raise SpecError(
-                [Problem(f"--filter #{index}", None, "", f"'{value}' in '{text}' is not a number")]
-            )
+            raise SpecError.at(f"--filter #{index}", f"'{value}' in '{text}' is not a number")
         values = tuple(v.strip() for v in value.split(",")) if op in ("=", "!=") else (value,)
         return cls(key, op, values)
 
@@ -155,10 +147,6 @@ class Selection:
     left_out: dict[str, int] = field(default_factory=dict)  # status → count
 
 
-def _problem(where: str, message: str) -> SpecError:
-    return SpecError([Problem(where, None, "", message)])
-
-
 def _experiments(client) -> list:
     found, token = [], None
     while True:
@@ -186,7 +174,7 @@ def check_store(uri: str | None) -> None:
         path = resolved.removeprefix("sqlite:///")
         if path and not path.startswith(":memory:") and not Path(path).is_file():
             where = "--tracking-uri" if uri else "mlflow.db"
-            raise _problem(where, f"no MLflow store at {path}; pass --tracking-uri")
+            raise SpecError.at(where, f"no MLflow store at {path}; pass --tracking-uri")
 
 
 def _all_runs(client, experiment_ids: list[str]) -> list:
@@ -217,7 +205,7 @@ def select(
             found = client.get_experiment_by_name(name)
             if found is None:
                 known = sorted(e.name for e in _experiments(client))
-                raise _problem(
+                raise SpecError.at(
                     "EXPERIMENT",
                     f"no experiment '{name}' in {selection.uri}; known: {', '.join(known)}",
                 )
@@ -226,7 +214,7 @@ def select(
         try:
             run = client.get_run(run_id)
         except MlflowException:
-            raise _problem("--runs", f"no run '{run_id}' in {selection.uri}") from None
+            raise SpecError.at("--runs", f"no run '{run_id}' in {selection.uri}") from None
         if run.info.experiment_id not in by_id:
             by_id[run.info.experiment_id] = client.get_experiment(run.info.experiment_id).name
     if not by_id:

@@ -31,9 +31,9 @@ def _mean(scores: np.ndarray, axis: int = -1) -> np.ndarray:
 STATISTICS = {"mean": _mean, "iqm": iqm}
 
 
-def stratified_resample(tasks: list[int], reps: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices `[reps, n]` into the runs: each replicate draws, with replacement, as many runs
-    from each task as the task has, and only from that task."""
+def stratified_resample(tasks: list, reps: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices `[reps, n]` into the runs, `tasks` being each run's task label: each replicate
+    draws, with replacement, as many runs from each task as the task has, and only from it."""
     task = np.asarray(tasks)
     columns = []
     for value in np.unique(task):
@@ -42,7 +42,7 @@ def stratified_resample(tasks: list[int], reps: int, rng: np.random.Generator) -
     return np.concatenate(columns, axis=1)
 
 
-def resamplable(tasks: list[int]) -> bool:
+def resamplable(tasks: list) -> bool:
     """A bootstrap interval needs two runs in every task: a task with one run is the same
     in every replicate, and an interval over such tasks only would have zero width."""
     _, counts = np.unique(np.asarray(tasks), return_counts=True)
@@ -58,7 +58,7 @@ class Estimate:
 
 def estimate(
     scores: np.ndarray,
-    tasks: list[int],
+    tasks: list,
     statistic: str,
     reps: int = REPS,
     seed: int = 0,
@@ -77,7 +77,7 @@ def estimate(
 
 def band(
     curves: np.ndarray,
-    tasks: list[int],
+    tasks: list,
     statistic: str = "mean",
     reps: int = 2000,
     seed: int = 0,

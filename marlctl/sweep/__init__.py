@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from marlctl.atomic import replacing
 from marlctl.errors import Problem, SpecError
 from marlctl.spec import load_spec
 from marlctl.sweep.space import check_space, space_of, split_overrides
@@ -230,9 +231,9 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
             f"{shown_url(storage_url(ctx.storage, ctx.cwd))}: "
             f"{sweep.metric} = {complete[0].value:.6g}\n"
         )
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text(header + yaml.safe_dump(complete[0].user_attrs[SPEC_ATTR], sort_keys=False))
-        tmp.replace(path)  # never a half-written spec
+        with replacing(path) as tmp:  # never a half-written spec
+            spec = yaml.safe_dump(complete[0].user_attrs[SPEC_ATTR], sort_keys=False)
+            tmp.write_text(header + spec)
         best_spec = str(path)
     retried = (
         len(trials) - len(mine) - sum(bool(t.user_attrs.get("marlctl.surplus")) for t in trials)
