@@ -1,20 +1,28 @@
 """Benchmark: every registered algorithm on MPE simple_spread and simple_speaker_listener.
 
-For each algorithm × task: 5 seeds trained as one batch on the native backend (discrete
-actions, N=3 and 25 steps for simple_spread), through `marlctl run`. Reports the final
-per-agent eval return (mean over seeds and its 95% confidence interval, Student t), the env
-steps used per seed and the wall-clock time of the batch. Writes `bench/results/algorithms.md`.
+For each algorithm × task: several seeds trained as one batch on the native backend
+(discrete actions, N=3 and 25 steps for simple_spread), through `marlctl run`, each cell in
+its own MLflow store under `bench/runs/`. Reports the final per-agent eval return (mean over
+seeds, its 95% Student-t interval and the worst seed), the env steps per seed, the
+wall-clock time of the batch, and the eval curves (`algorithms_curves.png`). Reference
+points beside them: uniform random actions and, on simple_spread, a scripted policy.
+Writes `bench/results/algorithms.md`; every finished cell is appended to
+`bench/results/algorithms.jsonl`, and a re-run skips the cells recorded with the same
+budget, seeds and settings.
 
     .venv/bin/python bench/algorithms.py                        # every algorithm, both tasks
     .venv/bin/python bench/algorithms.py --algos qmix,vdn --envs simple_spread
+    .venv/bin/python bench/algorithms.py --device cuda --jobs 4  # cells side by side on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 
@@ -23,21 +31,29 @@ from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "algorithms.md"
-WORKDIR = ROOT / "bench" / "runs"  # the MLflow store of benchmark runs (not committed)
-# Every finished cell, raw (the seeds' returns); an interrupted benchmark resumes from here.
+WORKDIR = ROOT / "bench" / "runs"  # the MLflow stores of benchmark runs (not committed)
+# Every finished cell, raw (the seeds' returns and curves); an interrupted benchmark resumes.
 DONE = ROOT / "bench" / "results" / "algorithms.jsonl"
 
 TASKS = {
     "simple_spread": {"N": 3, "max_cycles": 25, "local_ratio": 0.5},
     "simple_speaker_listener": {"max_cycles": 25},
 }
-# Per family: env steps per seed, parallel envs per seed and algorithm settings.
+# Per family: parallel envs per seed and algorithm settings (the rest are the defaults).
 ON_POLICY = {"num_envs": 128, "algo": {"epochs": 4, "minibatches": 4, "lr": 1e-3}}
-OFF_POLICY = {"num_envs": 32, "algo": {"batch_size": 256, "updates": 2}}
+# Two updates of 256 transitions per 32 env steps. gamma 0.9 as JaxMARL's MPE Q-learning
+# configs, for every replay-based algorithm alike (the Q-learning family's default; MADDPG,
+# MATD3 and MASAC default to 0.99): bootstrapping through MPE's 25-step time limit with 0.99
+# makes values span four episodes.
+OFF_POLICY = {"num_envs": 32, "algo": {"batch_size": 256, "updates": 2, "gamma": 0.9}}
 
 
-def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool) -> dict:
-    family = ON_POLICY if on_policy else OFF_POLICY
+def settings(on_policy: bool) -> dict:
+    return ON_POLICY if on_policy else OFF_POLICY
+
+
+def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
+    family = settings(on_policy)
     return {
         "name": f"bench-{algo}-{task}",
         "seeds": list(range(seeds)),
@@ -45,16 +61,11 @@ def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool) -> d
         "algo": {"name": algo, **family["algo"]},
         "train": {
             "total_env_steps": steps,
-            "eval_every": max(steps // 10, 1),
+            "eval_every": max(steps // 20, 1),
             "eval_episodes": 100,
             "checkpoint_every": 0,
         },
-        "hardware": {
-            "device": "cpu",
-            "num_envs": family["num_envs"],
-            "batch_seeds": True,
-            "threads_per_run": 2,
-        },
+        "hardware": {"num_envs": family["num_envs"], "batch_seeds": True, **hw},
     }
 
 
@@ -70,11 +81,25 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
 
 
-def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool) -> dict:
-    WORKDIR.mkdir(parents=True, exist_ok=True)
-    path = WORKDIR / f"{algo}-{task}.yaml"
-    path.write_text(yaml.safe_dump(spec_for(algo, task, steps, seeds, on_policy)))
-    summary, wall = marlctl_json(["run", str(path)], WORKDIR, f"{algo} on {task}")
+def curves(folder: Path, run_ids: list[str]) -> list[list[list[float]]]:
+    """Per seed: [[env steps...], [eval return...]] from the cell's MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    out = []
+    for run_id in run_ids:
+        history = client.get_metric_history(run_id, "eval/return_mean")
+        history = sorted(history, key=lambda m: m.step)
+        out.append([[m.step for m in history], [m.value for m in history]])
+    return out
+
+
+def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
+    folder = WORKDIR / f"{algo}-{task}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_for(algo, task, steps, seeds, on_policy, hw)))
+    summary, wall = marlctl_json(["run", str(path)], folder, f"{algo} on {task}")
     returns = [r["final_return"] for r in summary["runs"] if r["final_return"] is not None]
     mean, half = t_interval(returns)
     return {
@@ -84,10 +109,70 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool) -> dict:
         "ci": half,
         "returns": returns,
         "budget": steps,
+        "settings": settings(on_policy),
+        "device": hw["device"],
         "env_steps": max(r["env_steps"] for r in summary["runs"]),
         "wall_s": wall,
+        "curves": curves(folder, [r["run_id"] for r in summary["runs"]]),
         "ok": summary["ok"],
     }
+
+
+# ---------------------------------------------------------------- reference points
+
+
+def random_return(task: str, episodes: int = 1024, seed: int = 0) -> float:
+    """Per-agent episode return of uniform random actions on the native task."""
+    import torch
+
+    from marlctl.envs.native import native_class
+
+    params = TASKS[task]
+    env = native_class(f"mpe/{task}")(params, episodes, "cpu")
+    env.reset(seed)
+    generator = torch.Generator().manual_seed(seed)
+    agents = sum(g.n_agents for g in env.info.groups)
+    total = torch.zeros(episodes)
+    for _ in range(params["max_cycles"]):
+        actions = {
+            g.name: torch.randint(g.n_actions, (episodes, g.n_agents), generator=generator)
+            for g in env.info.groups
+        }
+        rewards = env.step(actions).rewards
+        total += sum(r.sum(-1) for r in rewards.values()) / agents
+    return float(total.mean())
+
+
+def scripted_spread_return(episodes: int = 1024, seed: int = 0, lookahead: float = 0.1) -> float:
+    """A scripted simple_spread policy with full state: each step, agents take the
+    assignment to landmarks of least total distance (all N! of them compared) and each picks
+    the move that brings its position `lookahead` seconds past the next step closest to its
+    landmark. Per-agent episode return."""
+    import torch
+
+    from marlctl.envs.native import native_class
+
+    params = TASKS["simple_spread"]
+    N = params["N"]
+    env = native_class("mpe/simple_spread")(params, episodes, "cpu")
+    env.reset(seed)
+    assignments = torch.tensor(list(itertools.permutations(range(N))))
+    moves = env.moves.to(torch.float32)  # [5, 2]: the discrete actions' forces
+    total = torch.zeros(episodes)
+    for _ in range(params["max_cycles"]):
+        pos, landmarks, vel = env.agent_pos(), env.landmark_pos(), env.vel[:, :N]
+        distance = (pos[:, :, None] - landmarks[:, None]).norm(dim=-1)  # [E, agent, landmark]
+        cost = distance[:, torch.arange(N), assignments].sum(-1)  # [E, assignments]
+        goal = assignments[cost.argmin(-1)]  # [E, N]
+        target = landmarks.gather(1, goal[..., None].expand(-1, -1, 2))
+        after = vel[:, :, None] * (1 - env.damping) + moves * env.accel[0] * env.dt
+        future = pos[:, :, None] + env.dt * vel[:, :, None] + lookahead * after
+        action = (future - target[:, :, None]).norm(dim=-1).argmin(-1)
+        total += env.step({"agent": action}).rewards["agent"].mean(-1)
+    return float(total.mean())
+
+
+# ---------------------------------------------------------------- main
 
 
 def main() -> None:
@@ -99,67 +184,142 @@ def main() -> None:
     parser.add_argument("--algos", default=",".join(algos))
     parser.add_argument("--envs", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--on-policy-steps", type=int, default=1_000_000)
-    parser.add_argument("--off-policy-steps", type=int, default=100_000)
+    parser.add_argument("--on-policy-steps", type=int, default=2_000_000)
+    parser.add_argument("--off-policy-steps", type=int, default=1_000_000)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per cell")
+    parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--note", default="", help="a sentence for the table's header")
     parser.add_argument(
         "--table", action="store_true", help="only write the table of the cells recorded so far"
     )
     args = parser.parse_args()
+    hw = {"device": args.device, "threads_per_run": args.threads}
     done = load_done()
-    rows = []
     shown = [a for a in sys.argv[1:] if a not in ("--note", args.note, "--table")]
     command = " ".join([".venv/bin/python bench/algorithms.py", *shown])
+    cells = []
     for task in args.envs.split(","):
         for algo in args.algos.split(","):
             on = algos[algo].on_policy
             steps = args.on_policy_steps if on else args.off_policy_steps
-            key = (algo, task, steps, args.seeds)
-            row = done.get(key)
-            if row is None and args.table:
-                continue
-            if row is None:
-                row = run(algo, task, steps, args.seeds, on)
-                with DONE.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-            write_table(args.out, rows, command, args.seeds, args.note)
+            cells.append((algo, task, steps, on))
+
+    def cell(item: tuple) -> dict | None:
+        algo, task, steps, on = item
+        row = done.get(key(algo, task, steps, args.seeds, settings(on)))
+        if row is None and not args.table:
+            row = run(algo, task, steps, args.seeds, on, hw)
+            with DONE.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps({k: v for k, v in row.items() if k != "curves"}), flush=True)
+        return row
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = [row for row in pool.map(cell, cells) if row is not None]
+    references = {task: {"random": random_return(task)} for task in args.envs.split(",")}
+    if "simple_spread" in references:
+        references["simple_spread"]["scripted"] = scripted_spread_return()
+    write_table(args.out, rows, references, command, args.seeds, args.note, args.device)
+    write_curves(args.out.with_name(args.out.stem + "_curves.png"), rows, references)
 
 
-def load_done() -> dict[tuple, dict]:
-    """Cells finished by an earlier invocation, keyed by (algo, task, env steps, seeds)."""
+def key(algo: str, task: str, steps: int, seeds: int, family: dict) -> str:
+    return json.dumps([algo, task, steps, seeds, family], sort_keys=True)
+
+
+def load_done() -> dict[str, dict]:
+    """Cells finished by an earlier invocation, keyed by algo, task, budget, seeds and
+    settings (cells measured under other settings are not reused)."""
     if not DONE.exists():
         return {}
     rows = [json.loads(line) for line in DONE.read_text().splitlines() if line.strip()]
-    return {(r["algo"], r["task"], r["budget"], len(r["returns"])): r for r in rows if r["ok"]}
+    return {
+        key(r["algo"], r["task"], r["budget"], len(r["returns"]), r["settings"]): r
+        for r in rows
+        if r["ok"] and "settings" in r
+    }
 
 
-def write_table(out: Path, rows: list[dict], command: str, seeds: int, note: str) -> None:
+def write_table(
+    out: Path,
+    rows: list[dict],
+    references: dict,
+    command: str,
+    seeds: int,
+    note: str,
+    device: str,
+) -> None:
     lines = [
         "# Algorithms on MPE (native backend, discrete actions)",
         "",
-        f"Measured {date.today()} with `{command}` on {machine()}.",
+        f"Measured {date.today()} with `{command}` on {machine(device)}.",
         "",
         f"{seeds} seeds per cell, trained as one batch (`hardware.batch_seeds`); final eval "
         "return = mean over 100 deterministic episodes of the per-agent episode return; "
-        "± is the 95% Student-t interval over seeds. Settings: on-policy "
-        f"{ON_POLICY}, off-policy {OFF_POLICY} (the rest are each algorithm's defaults).",
-        "For scale on simple_spread (DESIGN.md §6): a uniform random policy scores about "
-        "-26.6, a scripted nearest-landmark assignment about -9.3. Published MPE tables train "
-        "for 10-20M env steps; these budgets are what 2 CPU cores do in minutes.",
+        "± is the 95% Student-t interval over seeds; 'worst' is the lowest seed. Settings: "
+        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY} (the rest are each algorithm's "
+        f"defaults). Curves: `{out.stem}_curves.png`.",
         *([note] if note else []),
         "",
-        "| task | algo | final eval return | 95% CI | env steps per seed | wall-clock, all seeds |",
-        "|---|---|---|---|---|---|",
+        "| task | algo | final eval return | 95% CI | worst seed | env steps per seed | "
+        "wall-clock, all seeds |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['algo']} | {r['mean']:.2f} | ± {r['ci']:.2f} | "
-            f"{r['env_steps']:,} | {r['wall_s'] / 60:.1f} min |"
+            f"{min(r['returns']):.2f} | {r['env_steps']:,} | {r['wall_s'] / 60:.1f} min |"
         )
+    for task, points in references.items():
+        for name, value in points.items():
+            lines.append(f"| {task} | *{name}* | {value:.2f} | | | | |")
+    lines += [
+        "",
+        "*random*: uniform random actions, 1,024 episodes. *scripted*: agents take the "
+        "assignment to landmarks of least total distance each step and the move that brings "
+        "them closest to their landmark (full state; `scripted_spread_return`).",
+    ]
     out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}", flush=True)
+
+
+def write_curves(out: Path, rows: list[dict], references: dict) -> None:
+    """Mean eval curve over seeds per algorithm, with its 95% t band, one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from scipy import stats
+
+    tasks = list(references)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for r in (r for r in rows if r["task"] == task and r.get("curves")):
+            common = sorted(set.intersection(*(set(c[0]) for c in r["curves"])))
+            if not common:
+                continue
+            values = np.array(
+                [[dict(zip(*c, strict=True))[s] for s in common] for c in r["curves"]]
+            )
+            mean = values.mean(0)
+            ax.plot(common, mean, label=r["algo"])
+            if len(values) > 1:
+                half = stats.t.ppf(0.975, len(values) - 1) * values.std(0, ddof=1)
+                half /= math.sqrt(len(values))
+                ax.fill_between(common, mean - half, mean + half, alpha=0.2)
+        for name, value in references[task].items():
+            ax.axhline(value, linestyle="--", color="grey", linewidth=0.8)
+            ax.annotate(name, (0, value), fontsize=8, color="grey", va="bottom")
+        ax.set_title(task)
+        ax.set_xlabel("env steps per seed")
+        ax.set_ylabel("eval return per agent")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
     print(f"wrote {out}", flush=True)
 
 

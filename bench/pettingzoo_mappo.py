@@ -27,7 +27,7 @@ OUT = ROOT / "bench" / "results" / "pettingzoo_mappo.md"
 WORKDIR = ROOT / "bench" / "runs"  # the MLflow store of benchmark runs (not committed)
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     cpu = "unknown CPU"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -41,7 +41,12 @@ def machine() -> str:
     return (
         f"{cpu}, {len(os.sched_getaffinity(0))} cores, {memory:.0f} GiB RAM, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, no GPU used"
+        f"torch {torch.__version__}, "
+        + (
+            f"{torch.cuda.get_device_name(device)} used"
+            if device.startswith("cuda") and torch.cuda.is_available()
+            else "no GPU used"
+        )
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,6 +19,8 @@ class AlgoConfig(BaseModel):
     """Base of every algorithm's hyperparameters; `name` selects the algorithm."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # The `model` fields a spec leaves null take these values: the reference implementation's.
+    model_defaults: ClassVar[dict[str, Any]] = {"activation": "tanh", "layer_norm": True}
     name: str
 
 

@@ -19,8 +19,14 @@ from marlctl.algos.qmix import OffPolicyConfig
 
 
 class DDPGFamilyConfig(OffPolicyConfig):
+    """Defaults: EPyMARL's `maddpg.yaml` (uoe-agents/epymarl): learning rate 5e-4 for actors
+    and critics, Polyak rate 0.01, actor regularisation 1e-3, standardised rewards."""
+
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the actors.")
-    critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
+    critic_lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the critics.")
+    tau: float = Field(
+        0.01, gt=0, le=1, description="Polyak rate of the target networks per gradient step."
+    )
     exploration_noise: float = Field(
         0.1,
         ge=0,
@@ -76,7 +82,11 @@ class MATD3Config(DDPGFamilyConfig):
     name: Literal["matd3"] = "matd3"
     policy_delay: int = Field(2, ge=1, le=100, description="Critic updates per actor update.")
     target_noise: float = Field(
-        0.2, ge=0, le=10, description="Std of the smoothing noise on target actions (continuous)."
+        0.2,
+        ge=0,
+        le=10,
+        description="Target policy smoothing: std of the Gaussian noise on continuous target "
+        "actions; discrete target actions are sampled from softmax(logits / target_noise).",
     )
     target_noise_clip: float = Field(
         0.5, ge=0, le=10, description="The smoothing noise is clipped to ± this."

@@ -6,8 +6,9 @@ actions: Christodoulou 2019, "Soft Actor-Critic for Discrete Action Settings" (t
 values every action, expectations over the policy replace sampling, the target entropy is a
 fraction of the maximum, log |A|). The critics are centralised as in MADDPG (Lowe et al.
 2017): each agent's critic sees the global state and every agent's action. Defaults are the
-SAC paper's (tau 0.005, batch 256, two critics) except the learning rates and the discrete
-entropy target, tuned on native MPE simple_spread (see their descriptions).
+SAC paper's (tau 0.005, batch 256, two critics, initial temperature 0.2), EPyMARL's learning
+rate (5e-4) and reward standardisation, and BenchMARL's discrete entropy target
+(`benchmarl/conf/algorithm/masac.yaml`: `discrete_target_entropy_weight: 0.2`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,10 @@ from marlctl.algos.qmix import OffPolicyConfig
 )
 class MASACConfig(OffPolicyConfig):
     name: Literal["masac"] = "masac"
-    # The SAC paper's 3e-4 assumes one gradient step per env step; with 16 envs and one step
-    # per round, 1e-3 learns simple_spread much faster (eval -9.9 vs -16.1 per agent after
-    # 48k env steps, from -20) and stays stable.
-    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
-    critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the actors.")
+    critic_lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the critics.")
     alpha_lr: float = Field(
-        1e-3, gt=0, le=1, description="Adam learning rate of the log-temperatures."
+        5e-4, gt=0, le=1, description="Adam learning rate of the log-temperatures."
     )
     initial_alpha: float = Field(
         0.2, gt=0, le=100, description="Entropy temperature at the start (each group's own)."
@@ -49,12 +47,12 @@ class MASACConfig(OffPolicyConfig):
         "false = keep `initial_alpha`.",
     )
     # Christodoulou's 0.98 keeps a 5-action policy almost uniform (max entropy 1.609, target
-    # 1.577) and its temperature grows without bound; 0.5 lets the policy commit.
+    # 1.577) and its temperature grows without bound; BenchMARL's 0.2 lets the policy commit.
     target_entropy_scale: float = Field(
-        0.5,
+        0.2,
         ge=0,
         le=1,
         description="Discrete actions: target entropy as a fraction of the maximum, "
-        "log(allowed actions) (Christodoulou 2019 uses 0.98). Continuous: the target is "
-        "-action_dim.",
+        "log(allowed actions) (BenchMARL: 0.2; Christodoulou 2019: 0.98). Continuous: the "
+        "target is -action_dim.",
     )

@@ -9,17 +9,20 @@ apply to transition batches.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from marlctl.algos import AlgoConfig, register_algo
 
 
 class OffPolicyConfig(AlgoConfig):
-    """What every replay-based algorithm has."""
+    """What every replay-based algorithm has. Defaults are EPyMARL's (`src/config/default.yaml`
+    and `src/config/algs/*.yaml` of uoe-agents/epymarl) translated from episode batches to
+    transition batches."""
 
-    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
+    model_defaults: ClassVar[dict[str, Any]] = {"activation": "relu", "layer_norm": False}
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate (EPyMARL: 5e-4).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     buffer_size: int = Field(
         200_000,
@@ -45,7 +48,27 @@ class OffPolicyConfig(AlgoConfig):
     tau: float = Field(
         0.005, gt=0, le=1, description="Polyak rate of the target networks per gradient step."
     )
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    target_update_every: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Gradient steps between hard copies of the networks into their targets "
+        "(EPyMARL's QMIX: 200); 0 = Polyak averaging with `tau` after every gradient step.",
+    )
+    reward_scaling: Literal["standardise", "scale", "none"] = Field(
+        "standardise",
+        description="How sampled rewards are normalised, per agent group and seed, by running "
+        "statistics of the collected rewards: standardise = subtract the mean and divide by "
+        "the standard deviation (EPyMARL's `standardise_rewards`); scale = divide only, which "
+        "keeps the optimal policy of tasks whose episodes can terminate early; none = raw.",
+    )
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip (EPyMARL: 10).")
+    bootstrap_time_limit: bool = Field(
+        True,
+        description="Bootstrap targets through an episode cut by the env's time limit (the "
+        "value of its final state counts); false = a time limit ends the return like a "
+        "termination, as EPyMARL and JaxMARL do, which keeps values within the episode.",
+    )
     checkpoint_replay: bool = Field(
         True,
         description="Save the replay buffer with each checkpoint, so a resumed run samples "
@@ -54,6 +77,26 @@ class OffPolicyConfig(AlgoConfig):
 
 
 class QLearningConfig(OffPolicyConfig):
+    """EPyMARL's `qmix.yaml`, `vdn.yaml` and `iql.yaml`: double Q, epsilon from 1 to 0.05
+    over 50k env steps, targets copied every 200 updates, standardised rewards; the discount
+    of JaxMARL's MPE Q-learning configs (`baselines/QLearning/config/alg/*_mpe.yaml`)."""
+
+    gamma: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="Discount factor. 0.9 as JaxMARL's MPE configs: on short time-limited "
+        "tasks, 0.99 with bootstrapping through the time limit makes values span several "
+        "episodes, and QMIX's mixer diverges on MPE simple_spread; raise it for long tasks.",
+    )
+
+    target_update_every: int = Field(
+        200,
+        ge=0,
+        le=1_000_000,
+        description="Gradient steps between hard copies of the networks into their targets "
+        "(EPyMARL: 200); 0 = Polyak averaging with `tau` after every gradient step.",
+    )
     double_q: bool = Field(
         True, description="Pick next actions with the online network, value them with the target."
     )
@@ -65,6 +108,26 @@ class QLearningConfig(OffPolicyConfig):
     sequence_length: int = Field(
         25, ge=2, le=10_000, description="Steps per training window of recurrent agents."
     )
+    burn_in: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="Recurrent agents: first steps of each window that only rebuild the online "
+        "and target networks' hidden states from the stored one, without a loss (R2D2, "
+        "Kapturowski et al. 2019); below `sequence_length`. null = a fifth of it.",
+    )
+
+    @model_validator(mode="after")
+    def _burn_in_below_window(self) -> QLearningConfig:
+        if self.burn_in is not None and self.burn_in >= self.sequence_length:
+            raise ValueError(
+                f"burn_in ({self.burn_in}) must be below sequence_length ({self.sequence_length})"
+            )
+        return self
+
+    @property
+    def burn_in_steps(self) -> int:
+        return self.sequence_length // 5 if self.burn_in is None else self.burn_in
 
 
 _COMMON = dict(

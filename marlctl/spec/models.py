@@ -44,11 +44,16 @@ class ModelSpec(Strict):
         max_length=16,
         description="Hidden layer widths of actors and critics.",
     )
-    activation: Literal["tanh", "relu", "elu", "gelu", "silu"] = Field(
-        "tanh", description="Hidden activation."
+    activation: Literal["tanh", "relu", "elu", "gelu", "silu"] | None = Field(
+        None,
+        description="Hidden activation; null = the algorithm's reference choice (tanh for "
+        "MAPPO/IPPO as in the MAPPO paper, relu for the replay-based ones as in EPyMARL).",
     )
-    layer_norm: bool = Field(
-        True, description="LayerNorm on network inputs (MAPPO's feature norm)."
+    layer_norm: bool | None = Field(
+        None,
+        description="LayerNorm on network inputs (MAPPO's feature norm); null = the "
+        "algorithm's reference choice (on for MAPPO/IPPO, off for the replay-based ones, "
+        "whose critics take one-hot actions as input).",
     )
     sharing: Sharing | dict[str, Sharing] = Field(
         "shared",
@@ -65,6 +70,12 @@ class ModelSpec(Strict):
         "state reset at episode starts (algorithms whose `list algos` says recurrent); "
         "null = feed-forward.",
     )
+
+    def for_algo(self, algo: AlgoConfig) -> ModelSpec:
+        """This model with the fields left null set to the algorithm's reference values."""
+        defaults = type(algo).model_defaults
+        unset = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        return self.model_copy(update=unset) if unset else self
 
 
 class TrainSpec(Strict):
@@ -243,6 +254,14 @@ class Spec(Strict):
     hardware: HardwareSpec = Field(default_factory=HardwareSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     sweep: SweepSpec | None = None
+
+    @model_validator(mode="after")
+    def _algorithm_model_defaults(self) -> Spec:
+        """Model fields left null take the algorithm's reference values."""
+        model = self.model.for_algo(self.algo)
+        if model is not self.model:  # frozen: the filled copy replaces the field in place
+            object.__setattr__(self, "model", model)
+        return self
 
     @field_validator("seeds")
     @classmethod

@@ -235,13 +235,6 @@ def next_observation(tr: Transition) -> Observation:
     )
 
 
-def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) target + tau source."""
-    with torch.no_grad():
-        for t, s in zip(target.parameters(), source.parameters(), strict=True):
-            t.lerp_(s, tau)
-
-
 def clip_grad_norm_per_seed(
     params: list[torch.Tensor], max_norm: float, seeds: int
 ) -> torch.Tensor:
@@ -249,11 +242,13 @@ def clip_grad_norm_per_seed(
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(seeds)
-    norms = torch.stack([torch.linalg.vector_norm(g.reshape(seeds, -1), dim=1) for g in grads])
-    total = torch.linalg.vector_norm(norms, dim=0)
+    # One norm per seed's slice of each gradient: a seed's norm is computed exactly the same
+    # way alone and batched (a row-wise reduction over [S, N] may round differently).
+    slices = [g[s] for g in grads for s in range(seeds)]
+    norms = torch.stack(torch._foreach_norm(slices)).view(len(grads), seeds).T.contiguous()
+    total = torch.stack(torch._foreach_norm(list(norms)))
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(per_seed(scale, g))
+    torch._foreach_mul_(grads, [per_seed(scale, g) for g in grads])
     return total
 
 

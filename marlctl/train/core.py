@@ -32,7 +32,11 @@ class BatchedMLP(nn.Module):
         layer_norm: bool,
         out_gain: float,
         generators: list[torch.Generator],
+        init: str = "orthogonal",
     ):
+        """init: orthogonal (gain sqrt 2, `out_gain` on the last layer, zero biases; the PPO
+        implementations' choice) or torch (`nn.Linear`'s default: weights and biases uniform
+        in ±1/sqrt(fan_in), as in the pymarl/EPyMARL networks)."""
         super().__init__()
         self.seeds, self.copies, self.activation = seeds, copies, ACTIVATIONS[activation]
         sizes = [n_in, *hidden, n_out]
@@ -41,11 +45,17 @@ class BatchedMLP(nn.Module):
         for index, (a, b) in enumerate(itertools.pairwise(sizes)):
             gain = out_gain if index == len(sizes) - 2 else math.sqrt(2)
             weight = torch.empty(seeds, copies, b, a)
+            bias = torch.zeros(seeds, copies, b)
             for s in range(seeds):
                 for k in range(copies):
-                    nn.init.orthogonal_(weight[s, k], gain, generator=generators[s])
+                    if init == "torch":
+                        bound = 1 / math.sqrt(a)
+                        nn.init.uniform_(weight[s, k], -bound, bound, generator=generators[s])
+                        nn.init.uniform_(bias[s, k], -bound, bound, generator=generators[s])
+                    else:
+                        nn.init.orthogonal_(weight[s, k], gain, generator=generators[s])
             self.weights.append(nn.Parameter(weight.transpose(-1, -2).contiguous()))
-            self.biases.append(nn.Parameter(torch.zeros(seeds, copies, b)))
+            self.biases.append(nn.Parameter(bias))
         self.norm = nn.Parameter(torch.ones(seeds, copies, n_in)) if layer_norm else None
         self.norm_bias = nn.Parameter(torch.zeros(seeds, copies, n_in)) if layer_norm else None
 
@@ -61,6 +71,12 @@ class BatchedMLP(nn.Module):
             if index < last:
                 h = self.activation(h)
         return h.view(S, *lead, n, -1)
+
+
+def adam(params, lr: float) -> torch.optim.Adam:
+    """Adam as every algorithm uses it: one fused kernel over all parameters (per element,
+    so a seed's update does not depend on the seeds batched with it)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
 
 
 def batched_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,8 @@ from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.core import adam
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.replay import Field
 
@@ -91,11 +92,13 @@ class MADDPGTrainer(OffPolicyTrainer):
                 for g in info.groups
             }
         )
+        # MATD3's twin critics are one ensemble of two: one batched call evaluates both.
         self.critics = nn.ModuleDict(
             {
-                f"{g.name}/{j}": self.agent_net(g, critic_in, 1, out_gain=1.0)
+                g.name: self.agent_net(
+                    g, critic_in, 1, out_gain=1.0, ensemble=2 if self.twin else 1
+                )
                 for g in info.groups
-                for j in range(2 if self.twin else 1)
             }
         )
         online = nn.ModuleDict({"actors": self.actors, "critics": self.critics})
@@ -105,8 +108,8 @@ class MADDPGTrainer(OffPolicyTrainer):
         self.actor_params = list(self.actors.parameters())
         self.critic_params = list(self.critics.parameters())
         self.optimizers = {
-            "actor": torch.optim.Adam(self.actor_params, lr=config.lr),
-            "critic": torch.optim.Adam(self.critic_params, lr=config.critic_lr),
+            "actor": adam(self.actor_params, config.lr),
+            "critic": adam(self.critic_params, config.critic_lr),
         }
         self.low, self.high = {}, {}
         for g in info.groups:
@@ -212,39 +215,50 @@ class MADDPGTrainer(OffPolicyTrainer):
         logits = logits_or_mean
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-        u = self.noise(logits.shape, normal=False).clamp(1e-10, 1 - 1e-7)
-        soft = torch.softmax((logits - torch.log(-torch.log(u))) / self.cfg.gumbel_temperature, -1)
+        soft = torch.softmax(
+            (logits + self._gumbel(logits.shape)) / self.cfg.gumbel_temperature, -1
+        )
         hard = F.one_hot(soft.argmax(-1), group.n_actions).to(soft.dtype)
         return hard - soft.detach() + soft
 
+    def _gumbel(self, shape: torch.Size) -> torch.Tensor:
+        return -torch.log(-torch.log(self.noise(shape, normal=False).clamp(1e-10, 1 - 1e-7)))
+
+    @torch.no_grad()
     def _target_action(self, name: str, batch: dict, flat) -> torch.Tensor:
-        group = self.groups[name]
-        member = flat(batch[f"member/{name}"]) if self.cfg.ensemble > 1 else None
+        """mu'(o'): the target actor's greedy action (EPyMARL's `target_actions`: the one-hot
+        argmax for discrete actions). MATD3 smooths it: continuous actions get clipped
+        Gaussian noise; discrete ones are sampled from softmax(logits / target_noise), the
+        argmax of the logits plus Gumbel noise scaled by `target_noise`."""
+        group, cfg = self.groups[name], self.cfg
+        member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
         obs = flat(batch[f"next_obs/{name}"])
         out, _ = self.target["actors"][name](
             obs.flatten(obs.dim() - len(group.obs_shape)), member=member
         )
-        mask = batch.get(f"next_mask/{name}")
+        smooth = self.twin and cfg.target_noise > 0
         if group.discrete:
-            return self._relaxed(name, out, None if mask is None else flat(mask)).detach()
+            mask = batch.get(f"next_mask/{name}")
+            if mask is not None:
+                out = out.masked_fill(~flat(mask), torch.finfo(out.dtype).min)
+            if smooth:
+                out = out + cfg.target_noise * self._gumbel(out.shape)
+            return F.one_hot(out.argmax(-1), group.n_actions).to(torch.float32)
         action = torch.tanh(out)
-        if self.twin and self.cfg.target_noise > 0:  # target policy smoothing
-            clip = self.cfg.target_noise_clip
-            noise = (self.noise(action.shape, normal=True) * self.cfg.target_noise).clamp(
-                -clip, clip
-            )
+        if smooth:  # target policy smoothing (TD3)
+            clip = cfg.target_noise_clip
+            noise = (self.noise(action.shape, normal=True) * cfg.target_noise).clamp(-clip, clip)
             action = (action + noise).clamp(-1, 1)
         return action
 
-    def _q(
-        self, critics: nn.ModuleDict, name: str, j: int, state: torch.Tensor, joint: torch.Tensor
-    ):
-        """Q of group `name`'s agents `[S, X, n]`; joint `[S, X, J]` or per agent `[S, X, n, J]`."""
+    def _q(self, critics: nn.ModuleDict, name: str, state: torch.Tensor, joint: torch.Tensor):
+        """Q of group `name`'s agents from every critic of the ensemble `[S, X, n, K]`; joint
+        `[S, X, J]`, or per agent `[S, X, n, J]`."""
         n = self.groups[name].n_agents
         if joint.dim() == 3:
             joint = joint.unsqueeze(-2).expand(*joint.shape[:2], n, joint.shape[-1])
         s = state.unsqueeze(-2).expand(*state.shape[:2], n, state.shape[-1])
-        return critics[f"{name}/{j}"](torch.cat([s, joint], -1))[0].squeeze(-1)
+        return critics[name].every_member(torch.cat([s, joint], -1)).squeeze(-1)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, S = self.cfg, len(self.seeds)
@@ -256,13 +270,9 @@ class MADDPGTrainer(OffPolicyTrainer):
         keep = 1.0 - flat(batch["terminated"]).to(state.dtype)
         taken = {n: self.critic_action(n, flat(batch[f"action/{n}"])) for n in self.groups}
         joint = self.joint.join(taken)
-        critics_n = 2 if self.twin else 1
 
         # ---- critics: y_i = r_i + gamma * Q'_i(s', mu'(o')) (min of the twins for MATD3)
-        with torch.no_grad():
-            next_joint = self.joint.join(
-                {n: self._target_action(n, batch, flat) for n in self.groups}
-            )
+        next_joint = self.joint.join({n: self._target_action(n, batch, flat) for n in self.groups})
         critic_loss = torch.zeros(S, device=self.device)
         q_mean = torch.zeros(S, device=self.device)
         weights = {}
@@ -271,23 +281,13 @@ class MADDPGTrainer(OffPolicyTrainer):
             weights[name] = active
             count = active.sum((1, 2)).clamp_min(1.0)
             with torch.no_grad():
-                next_q = (
-                    torch.stack(
-                        [
-                            self._q(self.target["critics"], name, j, next_state, next_joint)
-                            for j in range(critics_n)
-                        ]
-                    )
-                    .min(0)
-                    .values
-                )
+                next_q = self._q(self.target["critics"], name, next_state, next_joint).amin(-1)
                 alive = keep.unsqueeze(-1) * flat(batch[f"next_active/{name}"]).to(state.dtype)
-                y = flat(batch[f"reward/{name}"]) + cfg.gamma * alive * next_q
-            for j in range(critics_n):
-                q = self._q(self.critics, name, j, state, joint)
-                critic_loss = critic_loss + ((q - y) ** 2 * active).sum((1, 2)) / count
-                if j == 0:
-                    q_mean = q_mean + (q.detach() * active).sum((1, 2)) / count / len(self.groups)
+                y = flat(self.reward(batch, name)) + cfg.gamma * alive * next_q
+            q = self._q(self.critics, name, state, joint)  # [S, X, n, K]
+            error = ((q - y.unsqueeze(-1)) ** 2).sum(-1)
+            critic_loss = critic_loss + (error * active).sum((1, 2)) / count
+            q_mean = q_mean + (q[..., 0].detach() * active).sum((1, 2)) / count / len(self.groups)
         critic_opt = self.optimizers["critic"]
         critic_opt.zero_grad(set_to_none=True)
         critic_loss.sum().backward()  # seeds share no parameter
@@ -297,6 +297,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         # ---- actors: ascend Q_i(s, a_1..mu_i(o_i)..a_N), every `policy_delay` updates
         actor_loss = torch.zeros(S, device=self.device)
         delay = getattr(cfg, "policy_delay", 1)
+        pairs = [(self.target["critics"], self.critics)]
         if self.updates % delay == 0:
             self.critics.requires_grad_(False)  # the actor loss trains the actors only
             for name, group in self.groups.items():
@@ -307,7 +308,8 @@ class MADDPGTrainer(OffPolicyTrainer):
                 )
                 mask = batch.get(f"mask/{name}")
                 own = self._relaxed(name, out, None if mask is None else flat(mask))
-                q = self._q(self.critics, name, 0, state, self.joint.with_own(joint, name, own))
+                joint_own = self.joint.with_own(joint, name, own)
+                q = self._q(self.critics, name, state, joint_own)[..., 0]  # TD3: the first
                 active = weights[name]
                 count = active.sum((1, 2)).clamp_min(1.0)
                 regular = (out**2).mean(-1)
@@ -321,8 +323,9 @@ class MADDPGTrainer(OffPolicyTrainer):
             self.critics.requires_grad_(True)
             clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
             actor_opt.step()
-            polyak(self.target["actors"], self.actors, cfg.tau)
-        polyak(self.target["critics"], self.critics, cfg.tau)
+        if self.updates % delay == 0 or cfg.target_update_every:  # hard copies: all at once
+            pairs.append((self.target["actors"], self.actors))
+        self.update_targets(pairs)
         return {
             "critic": critic_loss.detach(),
             "actor": actor_loss.detach(),

@@ -32,8 +32,8 @@ from marlctl.algos.masac import MASACConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
-from marlctl.train.core import per_seed
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.qmix import flat_obs_batch
 
@@ -108,9 +108,8 @@ class MASACTrainer(OffPolicyTrainer):
             # Small initial outputs: near-uniform logits, or mean 0 and std 1 before tanh.
             self.actors[g.name] = self.agent_net(g, g.obs_dim, out, out_gain=0.01)
             q_out = g.n_actions if g.discrete else 1
-            self.critics[g.name] = nn.ModuleList(
-                [self.agent_net(g, info.state_dim + joint, q_out) for _ in range(2)]
-            )
+            # The twin critics are one ensemble of two: one batched call evaluates both.
+            self.critics[g.name] = self.agent_net(g, info.state_dim + joint, q_out, ensemble=2)
         self.target = copy.deepcopy(self.critics).requires_grad_(False)
         log_alpha = torch.full((S, len(info.groups)), math.log(config.initial_alpha))
         self.log_alpha = nn.Parameter(log_alpha, requires_grad=config.autotune)
@@ -125,11 +124,11 @@ class MASACTrainer(OffPolicyTrainer):
         self.actor_params = list(self.actors.parameters())
         self.critic_params = list(self.critics.parameters())
         self.optimizers = {
-            "actor": torch.optim.Adam(self.actor_params, lr=config.lr),
-            "critic": torch.optim.Adam(self.critic_params, lr=config.critic_lr),
+            "actor": adam(self.actor_params, config.lr),
+            "critic": adam(self.critic_params, config.critic_lr),
         }
         if config.autotune:
-            self.optimizers["alpha"] = torch.optim.Adam([self.log_alpha], lr=config.alpha_lr)
+            self.optimizers["alpha"] = adam([self.log_alpha], config.alpha_lr)
         # Action bounds as tensors; unbounded dimensions act in [-1, 1].
         self.bounds: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for g in info.groups:
@@ -234,9 +233,8 @@ class MASACTrainer(OffPolicyTrainer):
             return F.one_hot(action, g.n_actions).float()
         return self.from_env(name, action)
 
-    def min_q(self, nets: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
-        q1, q2 = (net(x)[0] for net in nets)
-        return torch.min(q1, q2)
+    def min_q(self, net, x: torch.Tensor) -> torch.Tensor:
+        return net.every_member(x).amin(-2)
 
     # ------------------------------------------------------------ update
 
@@ -273,20 +271,19 @@ class MASACTrainer(OffPolicyTrainer):
                 else:
                     value = q.squeeze(-1) - a * samples[name][1]
                 bootstrap = keep.unsqueeze(-1) * b[f"next_active/{name}"].float()
-                targets[name] = b[f"reward/{name}"] + cfg.gamma * bootstrap * value
+                targets[name] = self.reward(b, name) + cfg.gamma * bootstrap * value
 
         # Critics: both regress on the same target, on the stored joint action.
         taken = {name: self.encode(name, b[f"action/{name}"]) for name in self.groups}
         critic_loss = torch.zeros(S, device=self.device)
         for name, g in self.groups.items():
             own = torch.zeros_like(taken[name]) if g.discrete else taken[name]
-            x = self.critic_input(name, b["state"], taken, own)
-            for net in self.critics[name]:
-                q, _ = net(x)
-                if g.discrete:
-                    q = q.gather(-1, b[f"action/{name}"].unsqueeze(-1))
-                error = q.squeeze(-1) - targets[name]
-                critic_loss = critic_loss + masked_mean(error**2, active[name])
+            q = self.critics[name].every_member(self.critic_input(name, b["state"], taken, own))
+            if g.discrete:  # [S, X, n, 2, A] -> the taken action's
+                index = b[f"action/{name}"][..., None, None].expand(*q.shape[:-1], 1)
+                q = q.gather(-1, index)
+            error = (q.squeeze(-1) - targets[name].unsqueeze(-1)) ** 2
+            critic_loss = critic_loss + masked_mean(error.sum(-1), active[name])
         self.optimizers["critic"].zero_grad(set_to_none=True)
         critic_loss.sum().backward()  # seeds share no parameter
         grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
@@ -334,7 +331,7 @@ class MASACTrainer(OffPolicyTrainer):
             alpha_loss.sum().backward()
             self.optimizers["alpha"].step()
 
-        polyak(self.target, self.critics, cfg.tau)
+        self.update_targets([(self.target, self.critics)])
         return {
             "critic": critic_loss.detach(),
             "actor": actor_loss.detach(),

@@ -129,9 +129,7 @@ class AgentNet(nn.Module):
         member: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One step: output, and the next hidden state (None when feed-forward)."""
-        if self.id_dim:
-            ids = one_hot_ids(self.id_dim, x.device).expand(*x.shape[:-2], -1, -1)
-            x = torch.cat([x, ids], dim=-1)
+        x = self._with_ids(x)
         if self.ensemble > 1:
             return self._ensemble(x, member), None
         if not self.recurrent:
@@ -139,12 +137,27 @@ class AgentNet(nn.Module):
         h = self.gru(self.activation(self.encoder(x)), h)
         return self.head(h), h
 
-    def _ensemble(self, x: torch.Tensor, member: torch.Tensor | None) -> torch.Tensor:
+    def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.id_dim:
+            return x
+        ids = one_hot_ids(self.id_dim, x.device).expand(*x.shape[:-2], -1, -1)
+        return torch.cat([x, ids], dim=-1)
+
+    def every_member(self, x: torch.Tensor) -> torch.Tensor:
+        """Feed-forward ensembles: every member's output `[S, ..., n, K, out]` in one call
+        (e.g. twin critics)."""
+        return self._members(self._with_ids(x))
+
+    def _members(self, x: torch.Tensor) -> torch.Tensor:
         K, n = self.ensemble, self.n
         x = x.unsqueeze(-2).expand(*x.shape[:-1], K, x.shape[-1])  # [S, ..., n, K, in]
-        if self.sharing != "shared":
-            x = x.flatten(-3, -2)  # copies are agent-major: agent * K + k
-        out = self.mlp(x).view(*x.shape[:-2], n, K, -1) if self.sharing != "shared" else self.mlp(x)
+        if self.sharing == "shared":
+            return self.mlp(x)
+        # copies are agent-major: agent * K + k
+        return self.mlp(x.flatten(-3, -2)).view(*x.shape[:-3], n, K, -1)
+
+    def _ensemble(self, x: torch.Tensor, member: torch.Tensor | None) -> torch.Tensor:
+        out = self._members(x)
         if member is None:
             member = torch.zeros(out.shape[:-2], dtype=torch.long, device=out.device)
         index = member[..., None, None].expand(*member.shape, 1, out.shape[-1])

@@ -2,19 +2,24 @@
 
 Each iteration collects `rollout_steps` steps of every env into the replay buffer, then,
 once `learning_starts` transitions are stored, takes `updates` gradient steps on sampled
-batches. Subclasses define the networks, `explore` (acting while collecting), `act_step`
-(acting for evaluation) and `update` (one gradient step on a sample).
+batches. Rewards are stored raw and normalised when sampled, by running statistics of every
+collected reward per group and seed (EPyMARL's `standardise_rewards`). Target networks
+follow the online ones by Polyak averaging or by a hard copy every `target_update_every`
+gradient steps. Subclasses define the networks, `explore` (acting while collecting),
+`act_step` (acting for evaluation) and `update` (one gradient step on a sample).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from marlctl.algos.qmix import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.base import Trainer, next_observation
+from marlctl.train.core import RunningMeanStd, per_seed
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
 
@@ -31,11 +36,15 @@ class OffPolicyTrainer(Trainer):
         seeds: tuple[int, ...],
         sequence_length: int = 1,
     ):
-        super().__init__(model, info, num_envs, device, seeds)
+        super().__init__(model.for_algo(config), info, num_envs, device, seeds)
         self.cfg = config
         self.sequence_length = sequence_length
         self.buffer: ReplayBuffer | None = None  # made on the first step: eval needs none
         self.env_steps = 0  # per seed
+        S = len(self.seeds)
+        self.reward_stats = nn.ModuleDict({g.name: RunningMeanStd(S) for g in info.groups}).to(
+            self.device
+        )
 
     # ------------------------------------------------------------ storage
 
@@ -75,10 +84,13 @@ class OffPolicyTrainer(Trainer):
         split = self.split(ob)
         actions, extra = self.explore(split, self._first)
         tr = env.step({k: v.flatten(0, 1) for k, v in actions.items()})
-        terminated = tr.terminated.view(S, -1)
-        done = terminated | tr.truncated.view(S, -1)
+        done = (tr.terminated | tr.truncated).view(S, -1)
+        terminated = tr.terminated.view(S, -1) if self.cfg.bootstrap_time_limit else done
         rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
         self.stats.record(rewards, done)
+        if self.cfg.reward_scaling != "none":
+            for name, stats in self.reward_stats.items():
+                stats.update(rewards[name], split.active[name])
         step = transition(
             split, self.split(next_observation(tr)), actions, rewards, terminated, self._first
         )
@@ -91,6 +103,30 @@ class OffPolicyTrainer(Trainer):
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def reward(self, batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        """Group `name`'s sampled rewards, normalised as `reward_scaling` says."""
+        reward = batch[f"reward/{name}"]
+        stats = self.reward_stats[name]
+        if self.cfg.reward_scaling == "standardise":
+            return stats.normalize(reward)
+        if self.cfg.reward_scaling == "scale":
+            return reward / torch.sqrt(per_seed(stats.var, reward) + 1e-8)
+        return reward
+
+    def update_targets(self, pairs: list[tuple[nn.Module, nn.Module]]) -> None:
+        """After a gradient step: Polyak-average each (target, online) pair, or copy the
+        online weights every `target_update_every` steps."""
+        every = self.cfg.target_update_every
+        if every and (self.updates + 1) % every:
+            return
+        targets = [t for target, _ in pairs for t in target.parameters()]
+        sources = [p for _, online in pairs for p in online.parameters()]
+        with torch.no_grad():
+            if every:
+                torch._foreach_copy_(targets, sources)
+            else:
+                torch._foreach_lerp_(targets, sources, self.cfg.tau)
 
     def train_iteration(self, env: BatchedEnv, ob: Observation):
         for _ in range(self.cfg.rollout_steps):
@@ -120,12 +156,26 @@ class OffPolicyTrainer(Trainer):
     # ------------------------------------------------------------ checkpoints
 
     def extra_state(self, index: int | None) -> dict:
-        state: dict = {"env_steps": self.env_steps}
+        pick = slice(None) if index is None else slice(index, index + 1)
+        state: dict = {
+            "env_steps": self.env_steps,
+            "reward_stats": {
+                f"{name}.{key}": value[pick].clone()
+                for name, stats in self.reward_stats.items()
+                for key, value in stats.state_dict().items()
+            },
+        }
         if self.cfg.checkpoint_replay and self.buffer is not None:
             state["replay"] = self.buffer.state_dict(index)
         return state
 
     def load_extra_states(self, states: list[dict]) -> None:
         self.env_steps = int(states[0].get("env_steps", 0))
+        if all("reward_stats" in s for s in states):
+            joined = {
+                k: torch.cat([s["reward_stats"][k] for s in states])
+                for k in states[0]["reward_stats"]
+            }
+            self.reward_stats.load_state_dict(joined)
         if all("replay" in s for s in states):
             self._ensure_buffer().load_state_dicts([s["replay"] for s in states])

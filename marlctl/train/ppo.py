@@ -120,7 +120,7 @@ class PPOTrainer(Trainer):
         centralised: bool,
         seeds: tuple[int, ...] = (0,),
     ):
-        super().__init__(model, info, num_envs, device, seeds)
+        super().__init__(model.for_algo(config), info, num_envs, device, seeds)
         self.cfg, self.total_iterations = config, max(1, total_iterations)
         self.recurrent = model.recurrent is not None
         self.policies = nn.ModuleDict(
@@ -269,14 +269,18 @@ class PPOTrainer(Trainer):
                     mean = (adv * weight).sum(dims) / count
                     std = (((adv - per_seed(mean, adv)) ** 2 * weight).sum(dims) / count).sqrt()
                     adv = (adv - per_seed(mean, adv)) / (per_seed(std, adv) + 1e-8)
+                # The clip window is around the critic's own outputs at collection time:
+                # normalised with the statistics they were made with, before this update.
+                old_values = layout(r.values)
                 if cfg.value_norm:
+                    old_values = pol.value_norm.normalize(old_values)
                     pol.value_norm.update(ret, active)
                 data[name] = {
                     "actor_in": layout(r.actor_in),
                     "critic_in": layout(r.critic_in),
                     "actions": layout(r.actions),
                     "log_probs": layout(r.log_probs),
-                    "values": layout(r.values),
+                    "values": old_values,
                     "masks": None if r.masks is None else layout(r.masks),
                     "active": weight,
                     "adv": adv,
@@ -372,8 +376,8 @@ class PPOTrainer(Trainer):
         entropy = mean(_entropy(dist, pol.group.discrete))
 
         ret, old_value = flat(take(d["ret"])), flat(take(d["values"]))
-        if cfg.value_norm:
-            ret, old_value = pol.value_norm.normalize(ret), pol.value_norm.normalize(old_value)
+        if cfg.value_norm:  # old values are normalised already
+            ret = pol.value_norm.normalize(ret)
         error = ret - value
         if cfg.value_clip:
             clipped = old_value + (value - old_value).clamp(-cfg.clip, cfg.clip)

@@ -20,8 +20,8 @@ from marlctl.algos.qmix import QLearningConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, polyak
-from marlctl.train.core import BatchedMLP
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.core import BatchedMLP, adam
 from marlctl.train.networks import reset_where
 from marlctl.train.offpolicy import OffPolicyTrainer
 
@@ -29,7 +29,13 @@ from marlctl.train.offpolicy import OffPolicyTrainer
 
 
 class QMixer(nn.Module):
-    """Q_tot(q, s) = w2(s)·elu(w1(s)·q + b1(s)) + V(s), with |w1|, |w2| (QMIX §4.2)."""
+    """Q_tot(q, s) = w2(s)·elu(w1(s)·q + b1(s)) + V(s), with |w1|, |w2| (QMIX §4.2).
+
+    Two-layer hypernetworks for w1 and w2, `nn.Linear`'s default initialisation, as in
+    EPyMARL's `modules/mixers/qmix.py` (`hypernet_layers: 2`): the mixer's gain
+    d Q_tot / d Q_i starts near 1 to 3, in the range where the agents' own Q values sit
+    once rewards are standardised.
+    """
 
     def __init__(
         self,
@@ -42,16 +48,17 @@ class QMixer(nn.Module):
     ):
         super().__init__()
         self.n_agents, self.embed = n_agents, embed
-        common = {"activation": "relu", "layer_norm": False, "generators": generators}
-        # Small mixing weights at the start: the mixer's gain d Q_tot / d Q_i begins near 1,
-        # not ~embed, which would amplify the max in the TD target into runaway estimates.
-        gain = 1.0 / embed
-        self.hyper_w1 = BatchedMLP(
-            seeds, 1, state_dim, [hidden], n_agents * embed, out_gain=gain, **common
-        )
-        self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, out_gain=gain, **common)
-        self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, [hidden], embed, out_gain=gain, **common)
-        self.value = BatchedMLP(seeds, 1, state_dim, [embed], 1, out_gain=gain, **common)
+        common = {
+            "activation": "relu",
+            "layer_norm": False,
+            "generators": generators,
+            "out_gain": 1.0,
+            "init": "torch",
+        }
+        self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, [hidden], n_agents * embed, **common)
+        self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, **common)
+        self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, [hidden], embed, **common)
+        self.value = BatchedMLP(seeds, 1, state_dim, [embed], 1, **common)
 
     def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """q `[S, X, N]`, state `[S, X, D]` -> Q_tot `[S, X]`."""
@@ -104,7 +111,7 @@ class QLearningTrainer(OffPolicyTrainer):
         self.target.requires_grad_(False)
         self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
         self.params = list(online.parameters())
-        self.optimizer = torch.optim.Adam(self.params, lr=config.lr)
+        self.optimizer = adam(self.params, config.lr)
         self.optimizers = {"adam": self.optimizer}
         self._hidden = {
             name: net.initial_state(S, num_envs, device=self.device) for name, net in self.q.items()
@@ -166,45 +173,67 @@ class QLearningTrainer(OffPolicyTrainer):
 
     # ------------------------------------------------------------ update
 
-    def _q_values(self, nets: nn.ModuleDict, batch: dict, name: str):
-        """Q of every action at the stored and at the next observations, `[S, L * B, n, A]`."""
-        group = self.groups[name]
-        net = nets[name]
-        obs = flat_obs_batch(batch[f"obs/{name}"], group)
-        nxt = flat_obs_batch(batch[f"next_obs/{name}"], group)
+    def _unroll(
+        self, net, obs: torch.Tensor, nxt: torch.Tensor, h, first: torch.Tensor, now: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Q of every action `[S, L, B, n, A]` at the stored observations (with gradient, if
+        `now`) and at the next ones (without). Recurrent nets unroll the window from state
+        `h`; each next observation continues the sequence one step on from that step's state.
+        """
         if not self.recurrent:
-            return net(obs.flatten(1, 2))[0], net(nxt.flatten(1, 2))[0]
-        h = batch[f"hidden/{name}"][:, 0]
-        now, after = [], []
+            with torch.no_grad():
+                q_next = net(nxt)[0]
+            return (net(obs)[0] if now else None), q_next
+        current, after = [], []
         for t in range(obs.shape[1]):
-            h = reset_where(h, batch["first"][:, t])
+            h = reset_where(h, first[:, t])
             q, h = net(obs[:, t], h)
-            # The next observation continues the same sequence: one step on from h.
-            q_next, _ = net(nxt[:, t], h)
-            now.append(q)
-            after.append(q_next)
-        return torch.stack(now, 1).flatten(1, 2), torch.stack(after, 1).flatten(1, 2)
+            current.append(q)
+            with torch.no_grad():
+                after.append(net(nxt[:, t], h.detach())[0])
+        return (torch.stack(current, 1) if now else None), torch.stack(after, 1)
+
+    @torch.no_grad()
+    def _burn_in(self, net, obs: torch.Tensor, h: torch.Tensor, first: torch.Tensor):
+        """The hidden state after the window's first `burn_in` steps, from the stored one."""
+        for t in range(obs.shape[1]):
+            _, h = net(obs[:, t], reset_where(h, first[:, t]))
+        return h
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, S = self.cfg, len(self.seeds)
+        # Recurrent windows: the first `burn_in` steps only rebuild the hidden states, of the
+        # online and of the target network each (R2D2); the loss covers the rest.
+        start = cfg.burn_in_steps if self.recurrent else 0
 
-        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, L, B, ...] -> [S, L * B, ...]
-            return x.flatten(1, 2)
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, L, B, ...] -> [S, (L - start) * B, ...]
+            return x[:, start:].flatten(1, 2)
 
         chosen, target_next, rewards, active, next_active = [], [], [], [], []
         online, target = self.policies["online"]["q"], self.target["q"]
+        first = batch["first"]
         for name in self.q:
-            q, q_next_online = self._q_values(online, batch, name)
-            with torch.no_grad():
-                _, q_next = self._q_values(target, batch, name)
-                mask = batch.get(f"next_mask/{name}")
-                pick = q_next_online if cfg.double_q else q_next
-                if mask is not None:
-                    pick = pick.masked_fill(~flat(mask), torch.finfo(pick.dtype).min)
-                best = pick.argmax(-1, keepdim=True)
-                target_next.append(q_next.gather(-1, best).squeeze(-1))
+            group = self.groups[name]
+            obs = flat_obs_batch(batch[f"obs/{name}"], group)
+            nxt = flat_obs_batch(batch[f"next_obs/{name}"], group)
+            h = h_target = None
+            if self.recurrent:
+                h = h_target = batch[f"hidden/{name}"][:, 0]
+                if start:
+                    h = self._burn_in(online[name], obs[:, :start], h, first)
+                    h_target = self._burn_in(target[name], obs[:, :start], h_target, first)
+            obs, nxt, window = obs[:, start:], nxt[:, start:], first[:, start:]
+            q, q_next_online = self._unroll(online[name], obs, nxt, h, window, now=True)
+            _, q_next = self._unroll(target[name], obs, nxt, h_target, window, now=False)
+            q, q_next = q.flatten(1, 2), q_next.flatten(1, 2)
+            mask = batch.get(f"next_mask/{name}")
+            pick = q_next_online.flatten(1, 2) if cfg.double_q else q_next
+            if mask is not None:
+                pick = pick.masked_fill(~flat(mask), torch.finfo(pick.dtype).min)
+            best = pick.argmax(-1, keepdim=True)
+            target_next.append(q_next.gather(-1, best).squeeze(-1))
             chosen.append(q.gather(-1, flat(batch[f"action/{name}"]).unsqueeze(-1)).squeeze(-1))
-            rewards.append(flat(batch[f"reward/{name}"]))
+            rewards.append(flat(self.reward(batch, name)))
             active.append(flat(batch[f"active/{name}"]).to(q.dtype))
             next_active.append(flat(batch[f"next_active/{name}"]).to(q.dtype))
         a = torch.cat(active, -1)
@@ -235,7 +264,7 @@ class QLearningTrainer(OffPolicyTrainer):
         loss.sum().backward()  # seeds share no parameter
         grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, S)
         self.optimizer.step()
-        polyak(self.target, self.policies["online"], cfg.tau)
+        self.update_targets([(self.target, self.policies["online"])])
         with torch.no_grad():
             q_mean = (taken * weight).sum(dims) / count
         return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}

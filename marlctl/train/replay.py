@@ -103,8 +103,14 @@ class ReplayBuffer:
             + offset.unsqueeze(1)
             + torch.arange(length, device=self.storage).view(1, length, 1)
         ) % self.steps  # [S, L, B]
-        env = env.unsqueeze(1).expand_as(time)
-        out = {name: value[self._rows, time, env] for name, value in self.data.items()}
+        # One flat row index per sample: index_select is far cheaper than indexing three axes.
+        rows = ((self._rows * self.steps + time) * self.num_envs + env.unsqueeze(1)).flatten()
+        out = {
+            name: value.view(-1, *value.shape[3:])
+            .index_select(0, rows)
+            .view(*time.shape, *value.shape[3:])
+            for name, value in self.data.items()
+        }
         if self.storage != self.device:
             out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
         return out

@@ -302,30 +302,39 @@ def _train(
         trainer.restart_episodes()
         started, start_steps = time.perf_counter(), env_steps
         last_return: list[float | None] = [None] * S
+        # Losses add up on the device and are read once per `log_every`: reading them each
+        # iteration would make the device wait for the host at every (off-policy) env step.
+        loss_sum, loss_iterations = None, 0
+        log_tick, log_steps = time.perf_counter(), env_steps
         try:
             while env_steps < plan.total_env_steps:
-                tick = time.perf_counter()
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
-                values = torch.stack(list(losses.values())).tolist()  # [loss][seed]
-                for index, seed in enumerate(seeds):
-                    bad = [
-                        k
-                        for k, v in zip(losses, values, strict=True)
-                        if not math.isfinite(v[index])
-                    ]
-                    if bad:
-                        raise NonFiniteLoss(
-                            f"non-finite loss at env step {env_steps} (seed {seed}): "
-                            f"{', '.join(bad)}"
-                        )
-                rate = per_iter / max(time.perf_counter() - tick, 1e-9)
-                episodes = trainer.stats.take()
-                log_now = env_steps >= next_log
-                for index in range(S):
-                    if episodes[index] is not None:
-                        last_return[index] = episodes[index]["return_mean"]
-                    if log_now:
+                stacked = torch.stack([v.float() for v in losses.values()])
+                loss_sum = stacked if loss_sum is None else loss_sum + stacked
+                loss_iterations += 1
+                log_now = env_steps >= next_log or env_steps >= plan.total_env_steps
+                if log_now:
+                    values = (loss_sum / loss_iterations).tolist()  # [loss][seed]
+                    loss_sum, loss_iterations = None, 0
+                    for index, seed in enumerate(seeds):
+                        bad = [
+                            k
+                            for k, v in zip(losses, values, strict=True)
+                            if not math.isfinite(v[index])
+                        ]
+                        if bad:
+                            raise NonFiniteLoss(
+                                f"non-finite loss by env step {env_steps} (seed {seed}): "
+                                f"{', '.join(bad)}"
+                            )
+                    now = time.perf_counter()
+                    rate = (env_steps - log_steps) / max(now - log_tick, 1e-9)
+                    log_tick, log_steps = now, env_steps
+                    episodes = trainer.stats.take()
+                    for index in range(S):
+                        if episodes[index] is not None:
+                            last_return[index] = episodes[index]["return_mean"]
                         metrics = {k: v[index] for k, v in zip(losses, values, strict=True)}
                         metrics["perf/env_steps_per_s"] = rate
                         metrics["perf/agent_steps_per_s"] = rate * agents
@@ -338,7 +347,6 @@ def _train(
                                 }
                             )
                         sinks[index].log(metrics, env_steps)
-                if log_now:
                     next_log = env_steps + train.log_every
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
                     scores = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
