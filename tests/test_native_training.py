@@ -164,6 +164,33 @@ def test_native_rollout_never_syncs_with_the_host_on_cuda():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algo", ["qmix", "maddpg", "masac"])
+def test_replay_based_iterations_never_sync_with_the_host_on_cuda(algo):
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    device = torch.device("cuda")
+    env = native_class("mpe/simple_spread")({}, 2 * 16, device, seeds=2)
+    spec = Spec.model_validate(
+        {
+            "env": {"id": "mpe/simple_spread", "backend": "native"},
+            "algo": {"name": algo, "batch_size": 32, "learning_starts": 64},
+        }
+    )
+    trainer = build_trainer(spec, env.info, 16, device, 10, (0, 1))
+    ob = env.reset([0, 1])
+    for _ in range(8):  # past learning_starts; lazy CUDA initialisation may sync
+        ob, _ = trainer.train_iteration(env, ob)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            ob, _ = trainer.train_iteration(env, ob)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.slow
 def test_compiled_networks_train_and_checkpoint_under_the_same_names(tmp_path):
     body = native_spec(tmp_path, hardware={"compile": True, "num_envs": 32})

@@ -241,7 +241,7 @@ def clip_grad_norm_per_seed(
     """`clip_grad_norm_` for each seed's slice of the parameters; returns the norms `[S]`."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(seeds)
+        return torch.zeros(seeds, device=params[0].device if params else None)
     # One norm per seed's slice of each gradient: a seed's norm is computed exactly the same
     # way alone and batched (a row-wise reduction over [S, N] may round differently).
     slices = [g[s] for g in grads for s in range(seeds)]
@@ -250,6 +250,13 @@ def clip_grad_norm_per_seed(
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, [per_seed(scale, g) for g in grads])
     return total
+
+
+def freeze(params: list[torch.Tensor], frozen: bool) -> None:
+    """Stop (or restart) gradients into `params`; cheaper than `Module.requires_grad_`,
+    which walks every submodule."""
+    for p in params:
+        p.requires_grad_(not frozen)
 
 
 def flat_obs(ob: Observation, group) -> torch.Tensor:

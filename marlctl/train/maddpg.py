@@ -24,7 +24,7 @@ from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, freeze
 from marlctl.train.core import adam
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.replay import Field
@@ -299,7 +299,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         delay = getattr(cfg, "policy_delay", 1)
         pairs = [(self.target["critics"], self.critics)]
         if self.updates % delay == 0:
-            self.critics.requires_grad_(False)  # the actor loss trains the actors only
+            freeze(self.critic_params, True)  # the actor loss trains the actors only
             for name, group in self.groups.items():
                 obs = flat(batch[f"obs/{name}"])
                 member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
@@ -320,7 +320,7 @@ class MADDPGTrainer(OffPolicyTrainer):
             actor_opt = self.optimizers["actor"]
             actor_opt.zero_grad(set_to_none=True)
             actor_loss.sum().backward()
-            self.critics.requires_grad_(True)
+            freeze(self.critic_params, False)
             clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
             actor_opt.step()
         if self.updates % delay == 0 or cfg.target_update_every:  # hard copies: all at once

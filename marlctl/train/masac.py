@@ -32,7 +32,7 @@ from marlctl.algos.masac import MASACConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, freeze
 from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.qmix import flat_obs_batch
@@ -290,7 +290,7 @@ class MASACTrainer(OffPolicyTrainer):
         self.optimizers["critic"].step()
 
         # Actors against the updated critics, other agents' actions as stored; temperatures.
-        self.critics.requires_grad_(False)  # the actor loss trains the actors only
+        freeze(self.critic_params, True)  # the actor loss trains the actors only
         actor_loss = torch.zeros(S, device=self.device)
         alpha_loss = torch.zeros(S, device=self.device)
         entropy = torch.zeros(S, device=self.device)
@@ -323,7 +323,7 @@ class MASACTrainer(OffPolicyTrainer):
             entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
         self.optimizers["actor"].zero_grad(set_to_none=True)
         actor_loss.sum().backward()
-        self.critics.requires_grad_(True)
+        freeze(self.critic_params, False)
         clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
         self.optimizers["actor"].step()
         if cfg.autotune:

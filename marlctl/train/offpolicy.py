@@ -114,14 +114,23 @@ class OffPolicyTrainer(Trainer):
             return reward / torch.sqrt(per_seed(stats.var, reward) + 1e-8)
         return reward
 
+    def _parameter_lists(self, target: nn.Module, online: nn.Module):
+        """Both modules' parameter lists, gathered once: walking modules every step costs."""
+        cache = self.__dict__.setdefault("_pair_parameters", {})
+        key = (id(target), id(online))
+        if key not in cache:
+            cache[key] = (list(target.parameters()), list(online.parameters()))
+        return cache[key]
+
     def update_targets(self, pairs: list[tuple[nn.Module, nn.Module]]) -> None:
         """After a gradient step: Polyak-average each (target, online) pair, or copy the
         online weights every `target_update_every` steps."""
         every = self.cfg.target_update_every
         if every and (self.updates + 1) % every:
             return
-        targets = [t for target, _ in pairs for t in target.parameters()]
-        sources = [p for _, online in pairs for p in online.parameters()]
+        lists = [self._parameter_lists(target, online) for target, online in pairs]
+        targets = [t for pair in lists for t in pair[0]]
+        sources = [p for pair in lists for p in pair[1]]
         with torch.no_grad():
             if every:
                 torch._foreach_copy_(targets, sources)
