@@ -52,6 +52,13 @@ def settings(on_policy: bool) -> dict:
     return ON_POLICY if on_policy else OFF_POLICY
 
 
+def defaults(algo: str) -> dict:
+    """The algorithm's default hyperparameters: a recorded cell is reused only while they hold."""
+    from marlctl.algos import registered_algos
+
+    return registered_algos()[algo].config().model_dump(mode="json")
+
+
 def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
     family = settings(on_policy)
     return {
@@ -110,6 +117,7 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
         "returns": returns,
         "budget": steps,
         "settings": settings(on_policy),
+        "defaults": defaults(algo),
         "device": hw["device"],
         "env_steps": max(r["env_steps"] for r in summary["runs"]),
         "wall_s": wall,
@@ -208,7 +216,7 @@ def main() -> None:
 
     def cell(item: tuple) -> dict | None:
         algo, task, steps, on = item
-        row = done.get(key(algo, task, steps, args.seeds, settings(on)))
+        row = done.get(key(algo, task, steps, args.seeds, settings(on), defaults(algo)))
         if row is None and not args.table:
             row = run(algo, task, steps, args.seeds, on, hw)
             with DONE.open("a") as f:
@@ -225,20 +233,20 @@ def main() -> None:
     write_curves(args.out.with_name(args.out.stem + "_curves.png"), rows, references)
 
 
-def key(algo: str, task: str, steps: int, seeds: int, family: dict) -> str:
-    return json.dumps([algo, task, steps, seeds, family], sort_keys=True)
+def key(algo: str, task: str, steps: int, seeds: int, family: dict, config: dict) -> str:
+    return json.dumps([algo, task, steps, seeds, family, config], sort_keys=True)
 
 
 def load_done() -> dict[str, dict]:
-    """Cells finished by an earlier invocation, keyed by algo, task, budget, seeds and
-    settings (cells measured under other settings are not reused)."""
+    """Cells finished by an earlier invocation, keyed by algo, task, budget, seeds, settings
+    and the algorithm's defaults (cells measured under others are not reused)."""
     if not DONE.exists():
         return {}
     rows = [json.loads(line) for line in DONE.read_text().splitlines() if line.strip()]
     return {
-        key(r["algo"], r["task"], r["budget"], len(r["returns"]), r["settings"]): r
+        key(r["algo"], r["task"], r["budget"], len(r["returns"]), r["settings"], r["defaults"]): r
         for r in rows
-        if r["ok"] and "settings" in r
+        if r["ok"] and "defaults" in r
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from marlctl.algos import AlgoConfig, register_algo
 
@@ -117,13 +117,13 @@ class QLearningConfig(OffPolicyConfig):
         "Kapturowski et al. 2019); below `sequence_length`. null = a fifth of it.",
     )
 
-    @model_validator(mode="after")
-    def _burn_in_below_window(self) -> QLearningConfig:
-        if self.burn_in is not None and self.burn_in >= self.sequence_length:
-            raise ValueError(
-                f"burn_in ({self.burn_in}) must be below sequence_length ({self.sequence_length})"
-            )
-        return self
+    @field_validator("burn_in")
+    @classmethod
+    def _burn_in_below_window(cls, value: int | None, info: ValidationInfo) -> int | None:
+        window = info.data.get("sequence_length")
+        if value is not None and window is not None and value >= window:
+            raise ValueError(f"must be below algo.sequence_length={window}")
+        return value
 
     @property
     def burn_in_steps(self) -> int:

@@ -1,0 +1,135 @@
+"""The pieces replay-based learners share, checked against their reference definitions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_algorithms import QUICK
+
+
+def _trainer(algo: str, seeds: tuple[int, ...], **config):
+    """A trainer on native simple_spread (N=2, 10 steps, discrete actions), 4 envs per seed."""
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    params = {"N": 2, "max_cycles": 10, "continuous_actions": False}
+    env = native_class("mpe/simple_spread")(params, 4 * len(seeds), "cpu", seeds=len(seeds))
+    spec = Spec.model_validate(
+        {
+            "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
+            "algo": {"name": algo, **QUICK[False], **config},
+            "model": {"hidden": [16]},
+        }
+    )
+    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, seeds)
+    ob = env.reset(seeds[0] if len(seeds) == 1 else list(seeds))
+    trainer.restart_episodes()
+    return trainer, env, ob
+
+
+def _fill(trainer, env, ob, iterations: int):
+    for _ in range(iterations):
+        ob, _ = trainer.train_iteration(env, ob)
+    return ob
+
+
+def test_sampled_rewards_are_standardised_by_the_collected_rewards():
+    trainer, env, ob = _trainer("vdn", (0,), buffer_size=4_000, learning_starts=10_000)
+    ob = _fill(trainer, env, ob, 40)  # 160 transitions, no update yet
+    collected = trainer.buffer.data["reward/agent"][0, : trainer.buffer.written].flatten()
+    batch = trainer.buffer.sample(4_000)
+    scaled = trainer.reward(batch, "agent")
+    mean, std = collected.mean(), collected.std(correction=0)
+    expected = (batch["reward/agent"] - mean) / std
+    assert torch.allclose(scaled, expected, atol=1e-4)
+    assert abs(float(scaled.mean())) < 0.2 and abs(float(scaled.std()) - 1) < 0.2
+
+
+def test_raw_rewards_stay_raw_and_scaling_keeps_their_sign():
+    for mode in ("none", "scale"):
+        trainer, env, ob = _trainer("iql", (0,), reward_scaling=mode, learning_starts=10_000)
+        _fill(trainer, env, ob, 10)
+        batch = trainer.buffer.sample(64)
+        raw, scaled = batch["reward/agent"], trainer.reward(batch, "agent")
+        if mode == "none":
+            assert torch.equal(raw, scaled)
+        else:
+            assert torch.all((raw < 0) == (scaled < 0)) and not torch.equal(raw, scaled)
+
+
+def _online_target(trainer):
+    online = torch.cat([p.flatten() for p in trainer.policies["online"].parameters()])
+    target = torch.cat([p.flatten() for p in trainer.target.parameters()])
+    return online, target
+
+
+def test_hard_target_updates_copy_every_n_gradient_steps_and_not_in_between():
+    trainer, env, ob = _trainer("qmix", (0,), target_update_every=3)
+    ob = _fill(trainer, env, ob, 4)  # 16 transitions: learning starts with the next one
+    start = trainer.updates
+    for step in range(1, 7):
+        ob, _ = trainer.train_iteration(env, ob)
+        online, target = _online_target(trainer)
+        assert trainer.updates == start + step
+        assert torch.equal(online, target) == ((start + step) % 3 == 0), step
+
+
+def test_polyak_targets_move_a_tau_fraction_towards_the_online_networks():
+    trainer, env, ob = _trainer("maddpg", (0,), tau=0.25)
+    ob = _fill(trainer, env, ob, 4)
+    before = [p.clone() for p in trainer.target.parameters()]
+    ob, _ = trainer.train_iteration(env, ob)
+    online = trainer.policies["online"].parameters()
+    for old, new, source in zip(before, trainer.target.parameters(), online, strict=True):
+        assert torch.allclose(new, old + 0.25 * (source - old), atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["maddpg", "matd3"])
+def test_discrete_target_actions_are_the_target_actors_argmax(algo):
+    trainer, env, ob = _trainer(algo, (0,), **({"target_noise": 0.0} if algo == "matd3" else {}))
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.buffer.sample(64)
+
+    def flat(x):
+        return x.flatten(1, 2)
+
+    action = trainer._target_action("agent", batch, flat)
+    logits, _ = trainer.target["actors"]["agent"](flat(batch["next_obs/agent"]))
+    assert torch.equal(action.argmax(-1), logits.argmax(-1))
+    assert torch.equal(action.sum(-1), torch.ones_like(action.sum(-1)))  # one-hot
+
+
+def test_matd3_smooths_discrete_targets_by_sampling_at_temperature_target_noise():
+    trainer, env, ob = _trainer("matd3", (0,), target_noise=1.0)
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.buffer.sample(1)
+    batch = {k: v.expand(-1, -1, 20_000, *v.shape[3:]).contiguous() for k, v in batch.items()}
+
+    def flat(x):
+        return x.flatten(1, 2)
+
+    action = trainer._target_action("agent", batch, flat)  # [1, 20000, n, A]
+    logits, _ = trainer.target["actors"]["agent"](flat(batch["next_obs/agent"])[:, :1])
+    expected = torch.softmax(logits[0, 0], -1)  # [n, A]
+    assert torch.allclose(action[0].mean(0), expected, atol=0.02)
+
+
+def test_the_qmix_mixer_starts_with_a_gain_near_one():
+    """dQ_tot/dQ_i at initialisation: EPyMARL's default-initialised hypernetworks, not the
+    near-zero gain that let the mixer's weights grow without bound."""
+    trainer, env, _ = _trainer("qmix", (0,))
+    mixer = trainer.mixer
+    state = torch.randn(1, 512, env.info.state_dim)
+    q = torch.zeros(1, 512, env.info.n_agents, requires_grad=True)
+    mixer(q, state).sum().backward()
+    gain = q.grad.mean()
+    assert 0.3 < float(gain) < 10.0, float(gain)
+
+
+def test_time_limits_end_returns_only_when_told():
+    for bootstrap in (True, False):
+        trainer, env, ob = _trainer("iql", (0,), bootstrap_time_limit=bootstrap)
+        _fill(trainer, env, ob, 12)  # max_cycles 10: every env hits its time limit once
+        terminated = trainer.buffer.data["terminated"][0, : trainer.buffer.written]
+        assert bool(terminated.any()) == (not bootstrap)
