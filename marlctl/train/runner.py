@@ -349,6 +349,7 @@ def _train(
                         sinks[index].log(metrics, env_steps)
                     next_log = env_steps + train.log_every
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
+                    paused = time.perf_counter()
                     scores = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
                     for index in range(S):
                         sinks[index].log(scores[index], env_steps)
@@ -362,11 +363,14 @@ def _train(
                                 }
                             )
                     next_eval = (env_steps // train.eval_every + 1) * train.eval_every
+                    log_tick += time.perf_counter() - paused  # throughput counts training only
                 if train.checkpoint_every and env_steps >= next_ckpt:
                     next_ckpt = (env_steps // train.checkpoint_every + 1) * train.checkpoint_every
+                    paused = time.perf_counter()
                     for sink in sinks:
                         sink.flush()  # a checkpoint never gets ahead of the metrics before it
                     save()
+                    log_tick += time.perf_counter() - paused
                 if progress is not None:
                     for index, p in enumerate(plans):
                         progress(
