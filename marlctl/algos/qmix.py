@@ -36,7 +36,8 @@ class OffPolicyConfig(AlgoConfig):
         ge=1,
         le=1_000_000,
         description="Samples per gradient step: transitions, or windows of `sequence_length` "
-        "steps with recurrent agents.",
+        "steps with recurrent agents. 256 as SAC; EPyMARL samples 32 whole episodes (800 "
+        "transitions on MPE) once per episode collected.",
     )
     learning_starts: int = Field(
         2_000, ge=0, description="Transitions collected (per seed) before the first update."
