@@ -180,14 +180,17 @@ def test_recurrent_qmix_learns_the_two_step_game(tmp_path):
 # ---------------------------------------------------------------- seeds and checkpoints
 
 
-def _trainer(algo: str, seeds: tuple[int, ...], **config):
+def _trainer(algo: str, seeds: tuple[int, ...], continuous: bool | None = None, **config):
+    """A trainer on native simple_spread (N=2, 10 steps), 4 envs per seed; continuous actions
+    where the algorithm has them, unless `continuous` says."""
     import torch
 
     from marlctl.envs.native import native_class
     from marlctl.spec.models import Spec
     from marlctl.train.runner import build_trainer
 
-    continuous = "continuous" in ALGOS[algo].action_kinds
+    if continuous is None:
+        continuous = "continuous" in ALGOS[algo].action_kinds
     params = {"N": 2, "max_cycles": 10, "continuous_actions": continuous}
     env = native_class("mpe/simple_spread")(params, 4 * len(seeds), "cpu", seeds=len(seeds))
     spec = Spec.model_validate(

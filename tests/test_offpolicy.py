@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_algorithms import QUICK
+from test_algorithms import _trainer as any_trainer
 
 
 def _trainer(algo: str, seeds: tuple[int, ...], **config):
-    """A trainer on native simple_spread (N=2, 10 steps, discrete actions), 4 envs per seed."""
-    from marlctl.envs.native import native_class
-    from marlctl.spec.models import Spec
-    from marlctl.train.runner import build_trainer
-
-    params = {"N": 2, "max_cycles": 10, "continuous_actions": False}
-    env = native_class("mpe/simple_spread")(params, 4 * len(seeds), "cpu", seeds=len(seeds))
-    spec = Spec.model_validate(
-        {
-            "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
-            "algo": {"name": algo, **QUICK[False], **config},
-            "model": {"hidden": [16]},
-        }
-    )
-    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, seeds)
-    ob = env.reset(seeds[0] if len(seeds) == 1 else list(seeds))
-    trainer.restart_episodes()
-    return trainer, env, ob
+    """Discrete actions: the targets checked here are one-hot."""
+    return any_trainer(algo, seeds, continuous=False, **config)
 
 
 def _fill(trainer, env, ob, iterations: int):
@@ -133,3 +117,21 @@ def test_time_limits_end_returns_only_when_told():
         _fill(trainer, env, ob, 12)  # max_cycles 10: every env hits its time limit once
         terminated = trainer.buffer.data["terminated"][0, : trainer.buffer.written]
         assert bool(terminated.any()) == (not bootstrap)
+
+
+def test_q_learning_without_double_q_trains_from_the_target_networks_max():
+    trainer, env, ob = _trainer("qmix", (0,), double_q=False)
+    ob = _fill(trainer, env, ob, 8)
+    _, losses = trainer.train_iteration(env, ob)
+    assert torch.isfinite(losses["loss/td"]).all() and float(losses["loss/grad_norm"][0]) > 0
+
+
+def test_recurrent_q_learning_without_double_q_trains_through_the_cli(tmp_path):
+    from test_algorithms import quick_spec
+    from test_training import run_json, write_spec
+
+    body = quick_spec("qmix", "native", False, model={"recurrent": "gru"})
+    body["algo"] |= {"sequence_length": 4, "double_q": False}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    assert out["runs"][0]["final_return"] is not None

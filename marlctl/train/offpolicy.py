@@ -41,6 +41,8 @@ class OffPolicyTrainer(Trainer):
         self.sequence_length = sequence_length
         self.buffer: ReplayBuffer | None = None  # made on the first step: eval needs none
         self.env_steps = 0  # per seed
+        # (target, online) -> both parameter lists, gathered once: walking modules costs.
+        self._pair_parameters: dict[tuple[int, int], tuple[list, list]] = {}
         S = len(self.seeds)
         self.reward_stats = nn.ModuleDict({g.name: RunningMeanStd(S) for g in info.groups}).to(
             self.device
@@ -115,12 +117,10 @@ class OffPolicyTrainer(Trainer):
         return reward
 
     def _parameter_lists(self, target: nn.Module, online: nn.Module):
-        """Both modules' parameter lists, gathered once: walking modules every step costs."""
-        cache = self.__dict__.setdefault("_pair_parameters", {})
         key = (id(target), id(online))
-        if key not in cache:
-            cache[key] = (list(target.parameters()), list(online.parameters()))
-        return cache[key]
+        if key not in self._pair_parameters:
+            self._pair_parameters[key] = (list(target.parameters()), list(online.parameters()))
+        return self._pair_parameters[key]
 
     def update_targets(self, pairs: list[tuple[nn.Module, nn.Module]]) -> None:
         """After a gradient step: Polyak-average each (target, online) pair, or copy the

@@ -174,24 +174,37 @@ class QLearningTrainer(OffPolicyTrainer):
     # ------------------------------------------------------------ update
 
     def _unroll(
-        self, net, obs: torch.Tensor, nxt: torch.Tensor, h, first: torch.Tensor, now: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        self,
+        net,
+        obs: torch.Tensor,
+        nxt: torch.Tensor,
+        h,
+        first: torch.Tensor,
+        now: bool,
+        after: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Q of every action `[S, L, B, n, A]` at the stored observations (with gradient, if
-        `now`) and at the next ones (without). Recurrent nets unroll the window from state
-        `h`; each next observation continues the sequence one step on from that step's state.
-        """
+        `now`) and at the next ones (without, if `after`). Recurrent nets unroll the window
+        from state `h`; each next observation continues the sequence one step on from that
+        step's state."""
         if not self.recurrent:
+            q_now = net(obs)[0] if now else None
+            if not after:
+                return q_now, None
             with torch.no_grad():
-                q_next = net(nxt)[0]
-            return (net(obs)[0] if now else None), q_next
-        current, after = [], []
+                return q_now, net(nxt)[0]
+        current, following = [], []
         for t in range(obs.shape[1]):
             h = reset_where(h, first[:, t])
             q, h = net(obs[:, t], h)
             current.append(q)
-            with torch.no_grad():
-                after.append(net(nxt[:, t], h.detach())[0])
-        return (torch.stack(current, 1) if now else None), torch.stack(after, 1)
+            if after:
+                with torch.no_grad():
+                    following.append(net(nxt[:, t], h.detach())[0])
+        return (
+            torch.stack(current, 1) if now else None,
+            torch.stack(following, 1) if after else None,
+        )
 
     @torch.no_grad()
     def _burn_in(self, net, obs: torch.Tensor, h: torch.Tensor, first: torch.Tensor):
@@ -223,7 +236,10 @@ class QLearningTrainer(OffPolicyTrainer):
                     h = self._burn_in(online[name], obs[:, :start], h, first)
                     h_target = self._burn_in(target[name], obs[:, :start], h_target, first)
             obs, nxt, window = obs[:, start:], nxt[:, start:], first[:, start:]
-            q, q_next_online = self._unroll(online[name], obs, nxt, h, window, now=True)
+            # The online net's next-step values only pick the actions of double Q.
+            q, q_next_online = self._unroll(
+                online[name], obs, nxt, h, window, now=True, after=cfg.double_q
+            )
             _, q_next = self._unroll(target[name], obs, nxt, h_target, window, now=False)
             q, q_next = q.flatten(1, 2), q_next.flatten(1, 2)
             mask = batch.get(f"next_mask/{name}")
