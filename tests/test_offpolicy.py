@@ -135,3 +135,18 @@ def test_recurrent_q_learning_without_double_q_trains_through_the_cli(tmp_path):
     out = run_json("run", str(write_spec(tmp_path, body)))
     assert out["exit_code"] == 0, out
     assert out["runs"][0]["final_return"] is not None
+
+
+def test_masac_gives_each_agent_its_own_critic_unless_told_to_share():
+    own, env, ob = _trainer("masac", (0,), learning_starts=8, batch_size=16)
+    shared, _, _ = _trainer("masac", (0,), share_critic=True)
+    assert own.actors["agent"].sharing == shared.actors["agent"].sharing == "shared"
+    assert own.critics["agent"].sharing == "independent"
+    assert shared.critics["agent"].sharing == "shared"
+    n = own.groups["agent"].n_agents
+    per_agent = sum(p.numel() for p in own.critics["agent"].parameters())
+    one = sum(p.numel() for p in shared.critics["agent"].parameters())
+    assert n == 2 and per_agent > 1.8 * one  # one network per agent, no id input
+    before = [p.clone() for p in own.critics["agent"].parameters()]
+    _fill(own, env, ob, 6)  # past learning_starts: the per-agent critics train
+    assert any(not torch.equal(a, b) for a, b in zip(before, own.critics["agent"].parameters()))

@@ -82,10 +82,14 @@ class Trainer:
         u = self.noise(probs.shape[:-1], normal=False).unsqueeze(-1)
         return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
 
-    def agent_net(self, group, n_in: int, n_out: int, **kwargs) -> AgentNet:
+    def agent_net(
+        self, group, n_in: int, n_out: int, sharing: str | None = None, **kwargs
+    ) -> AgentNet:
+        """A network for the agents of `group`, shared among them as `model.sharing` says
+        unless `sharing` is given."""
         return AgentNet(
             len(self.seeds), group.n_agents, n_in, n_out, self.model,
-            sharing_of(self.model, group.name), self.init_generators, **kwargs,
+            sharing or sharing_of(self.model, group.name), self.init_generators, **kwargs,
         )  # fmt: skip
 
     def after_update(self) -> None:

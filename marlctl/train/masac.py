@@ -5,7 +5,8 @@ Each agent maximises its own reward plus the entropy of its policy (Haarnoja et 
 the agent's observation, two Q critics on the global state and every agent's action
 (centralised as in MADDPG, Lowe et al. 2017) with Polyak-averaged targets, the smaller of
 the two in every target (clipped double Q), and a temperature per group tuned towards a
-target entropy.
+target entropy. Critics are one per agent unless `algo.share_critic`; actors follow
+`model.sharing`.
 
 Continuous actions: a tanh-squashed Gaussian, reparameterised; log-probabilities are those
 of the action in [-1, 1] (what the critics see), so the target entropy -A does not depend
@@ -109,7 +110,10 @@ class MASACTrainer(OffPolicyTrainer):
             self.actors[g.name] = self.agent_net(g, g.obs_dim, out, out_gain=0.01)
             q_out = g.n_actions if g.discrete else 1
             # The twin critics are one ensemble of two: one batched call evaluates both.
-            self.critics[g.name] = self.agent_net(g, info.state_dim + joint, q_out, ensemble=2)
+            self.critics[g.name] = self.agent_net(
+                g, info.state_dim + joint, q_out, ensemble=2,
+                sharing=None if config.share_critic else "independent",
+            )  # fmt: skip
         self.target = copy.deepcopy(self.critics).requires_grad_(False)
         log_alpha = torch.full((S, len(info.groups)), math.log(config.initial_alpha))
         self.log_alpha = nn.Parameter(log_alpha, requires_grad=config.autotune)
