@@ -6,6 +6,7 @@ torch and mlflow are imported only inside commands that train (DESIGN.md §5).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from contextlib import contextmanager
 from enum import StrEnum
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from marlctl.errors import MarlctlError, SpecError
 
@@ -24,8 +26,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# No emoji codes: `line100.yaml:` must not print as "line💯".
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 Overrides = Annotated[
@@ -34,6 +37,18 @@ Overrides = Annotated[
         help="Hydra overrides, e.g. algo.lr=3e-4 seeds=[0,1] +env.params.N=4", show_default=False
     ),
 ]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _say(console: Console, message: str, label: str = "", style: str = "") -> None:
+    """Print text that may come from the user (file names, spec values, exception messages)
+    as it is: no markup or emoji, control characters such as ANSI escapes shown escaped."""
+    text = Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
+    if label:
+        text = Text.assemble((label, style), " ", text)
+    console.print(text, highlight=False, soft_wrap=True)
 
 
 def _print_table(table) -> None:
@@ -54,11 +69,11 @@ def _fail(error: MarlctlError, as_json: bool) -> None:
         _emit_json({"ok": False, "exit_code": error.exit_code, "errors": problems})
     elif isinstance(error, SpecError):
         for problem in error.problems:
-            err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+            _say(err, str(problem))
         count = len(error.problems)
         err.print(f"[red]{count} problem{'s' if count != 1 else ''}; nothing was run.[/red]")
     else:
-        err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        _say(err, str(error), "error:", "red")
     raise typer.Exit(error.exit_code)
 
 
@@ -87,11 +102,7 @@ def validate(
     if as_json:
         _emit_json({"ok": True, "spec": loaded.resolved, "runs": len(plan.runs)})
     else:
-        err.print(
-            f"[green]ok[/green] {spec}: {plan.algo} on {plan.env.id}, {len(plan.runs)} run(s)",
-            highlight=False,
-            soft_wrap=True,
-        )
+        _say(err, f"{spec}: {plan.algo} on {plan.env.id}, {len(plan.runs)} run(s)", "ok", "green")
 
 
 # ---------------------------------------------------------------- run
@@ -448,9 +459,9 @@ def _print_sweep(summary) -> None:
             table.add_row(str(rank), str(row["trial"]), f"{row['value']:.4g}", params, steps)
         out.print(table)
     if summary.best_spec:
-        out.print(f"best spec: {summary.best_spec} (marlctl run {summary.best_spec})")
+        _say(out, f"best spec: {summary.best_spec} (marlctl run {summary.best_spec})")
     for error in summary.worker_errors:
-        err.print(f"[red]{error}[/red]", highlight=False)
+        _say(err, str(error), "error:", "red")
     if summary.best is None and not summary.interrupted:
         err.print("[red]no trial completed[/red]")
 
@@ -569,7 +580,7 @@ def report(
         if sweep.note:
             out.print(f"sweep {sweep.name}: {sweep.note}", style="dim", markup=False)
     for path in written:
-        out.print(f"wrote {path}", highlight=False)
+        _say(out, f"wrote {path}")
 
 
 def _report_format(fmt, target) -> str | None:
@@ -675,9 +686,9 @@ def eval_(
     _print_table(table)
     for r in summary.runs:
         if r.checkpoint != "policy/final.pt":
-            out.print(f"weights: {r.checkpoint}", highlight=False)
+            _say(out, f"weights: {r.checkpoint}")
         if r.video:
-            out.print(f"wrote {r.video}", highlight=False)
+            _say(out, f"wrote {r.video}")
 
 
 @app.command()
@@ -843,8 +854,12 @@ def main() -> None:
     from typer.exceptions import TyperException
 
     # `kill -USR1 PID` prints every thread's stack: where a stuck run is stuck.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (OSError, ValueError):  # stderr without a file descriptor (embedded, captured)
+        pass
 
+    as_json = "--json" in sys.argv[1:]
     try:
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, typer.Abort):
@@ -854,6 +869,45 @@ def main() -> None:
         if hasattr(error, "show"):
             error.show()
         else:
-            err.print(f"[red]error:[/red] {error.format_message()}", highlight=False)
+            _say(err, error.format_message(), "error:", "red")
         code = 2
+    except typer.Exit as done:
+        code = done.exit_code
+    except MarlctlError as error:  # raised outside a command's own handler
+        try:
+            _fail(error, as_json)
+        except typer.Exit as done:
+            code = done.exit_code
+    except Exception as error:  # a defect: one line and where the traceback went
+        code = _internal_error(error, as_json)
     raise SystemExit(code or 0)
+
+
+def _internal_error(error: BaseException, as_json: bool) -> int:
+    """Write the traceback to a file in the temp dir; say what failed and where it is."""
+    import tempfile
+    import time
+    import traceback
+
+    summary = f"{type(error).__name__}: {_one_line(str(error))}"
+    text = "".join(traceback.format_exception(error))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"marlctl-{stamp}-", suffix=".traceback", delete=False
+        ) as file:
+            file.write(f"marlctl {' '.join(sys.argv[1:])}\n\n{text}")
+        where = file.name
+    except OSError:  # nowhere to write: the traceback itself, so nothing is lost
+        where = None
+    if as_json:
+        _emit_json({"ok": False, "exit_code": 1, "errors": [summary], "traceback": where})
+    else:
+        _say(err, summary, "internal error:", "red")
+        _say(err, f"the traceback is in {where}" if where else text)
+    return 1
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

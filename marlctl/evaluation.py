@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from marlctl import tracking
 from marlctl.atomic import replacing
@@ -202,6 +203,19 @@ def _policies(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[di
     raise SpecError.at("--checkpoint", f"'{artifact}' holds no marlctl policy weights")
 
 
+def _load_policies(trainer, policies: Any, artifact: str) -> None:
+    """Weights into the run's networks, or exit 2 naming what does not fit."""
+    try:
+        trainer.policies.load_state_dict(policies)
+    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
+        detail = " ".join(str(err).split())
+        if len(detail) > 300:
+            detail = detail[:299] + "…"
+        raise SpecError.at(
+            "--checkpoint", f"'{artifact}' does not fit this run's networks: {detail}"
+        ) from None
+
+
 def _evaluate_one(
     client,
     run,
@@ -243,7 +257,7 @@ def _evaluate_one(
     # The layout of training's evaluation env: the same episodes land on the same copies.
     num_envs = min(episodes, EVAL_ENVS)
     trainer = build_trainer(spec, plan.env, num_envs, torch_device, total_iterations=1)
-    trainer.policies.load_state_dict(policies)
+    _load_policies(trainer, policies, artifact)
     env = make_env(spec, plan.env, num_envs, torch_device)
     try:
         (result,) = evaluate(trainer, env, episodes, [chosen_seed])
@@ -278,7 +292,7 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
     from marlctl.train.runner import build_trainer
 
     trainer = build_trainer(spec, plan.env, 1, device, total_iterations=1)
-    trainer.policies.load_state_dict(policies)
+    _load_policies(trainer, policies, "the checkpoint")
     try:
         env = PettingZooEnv(
             spec.env.id, dict(spec.env.params), plan.env, 1, device, render_mode="rgb_array"

@@ -76,6 +76,12 @@ def test_eval_chooses_weights(trained, tmp_path):
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     junk = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "junk.pt"))
     assert junk.exit_code == 2 and "cannot load" in junk.output
+    import torch
+
+    torch.save({"policies": {"actor.w": torch.zeros(3)}}, tmp_path / "other.pt")
+    other = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "other.pt"))
+    assert other.exit_code == 2 and "Traceback" not in other.output
+    assert "does not fit this run's networks" in other.output
 
 
 def test_eval_on_cpu_of_a_run_placed_on_a_gpu(trained, tmp_path):

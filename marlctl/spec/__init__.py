@@ -166,9 +166,10 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         except errors as err:
             problem = _composition_problem(err, source, provenance)
             problems.append(problem)
-            if problem.file != OVERRIDES:
+            culprit = overrides[problem.line - 1] if problem.file == OVERRIDES else None
+            if culprit not in active:  # e.g. overrides that interpolate each other in a cycle
                 raise SpecError(sort_problems(problems)) from None
-            active.remove(overrides[problem.line - 1])
+            active.remove(culprit)
     for group, choice in (choices or {}).items():
         if group.startswith("hydra") or choice is None:
             continue

@@ -152,6 +152,9 @@ class TrackingSpec(Strict):
 Condition = dict[str, Any]
 
 
+MAX_GRID_VALUES = 100_000  # values one search dimension may enumerate
+
+
 class Range(Strict):
     """A numeric range. Integer bounds (and step) make an integer parameter unless `type`
     says float, as in Hydra's `interval(1, 10)`."""
@@ -175,6 +178,8 @@ class Range(Strict):
             raise ValueError("a log range needs low > 0")
         if self.log and self.step is not None:
             raise ValueError("a log range cannot have a step")
+        if self.step is not None and (self.high - self.low) / self.step >= MAX_GRID_VALUES:
+            raise ValueError(f"the step gives more than {MAX_GRID_VALUES:,} values")
         if self.type == "int" and not all(
             float(v).is_integer() for v in (self.low, self.high, self.step or 1)
         ):

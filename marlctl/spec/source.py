@@ -12,6 +12,12 @@ import yaml
 
 from marlctl.errors import Problem, SpecError
 
+# Bounds on what a spec may be, so hostile input fails fast instead of exhausting memory,
+# the stack or the user's patience: specs are a few kilobytes and a few levels deep.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_NODES = 100_000  # values after YAML aliases are expanded
+
 
 @dataclass
 class SourceFile:
@@ -68,12 +74,17 @@ _Loader.add_implicit_resolver(
 def load_source(path: Path, display: str | None = None) -> SourceFile:
     """Parse `path`; raise SpecError (with the file's line) when it cannot be read."""
     shown = display or str(path)
-    if not path.is_file():
-        raise SpecError([Problem(shown, None, "", "no such file")])
     try:
+        if not path.is_file():
+            raise SpecError([Problem(shown, None, "", "no such file")])
+        if path.stat().st_size > MAX_BYTES:
+            raise SpecError([Problem(shown, None, "", f"larger than {MAX_BYTES >> 20} MiB")])
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError([Problem(shown, None, "", f"cannot read file: {err}")]) from None
+    except OSError as err:
+        raise SpecError([Problem(shown, None, "", f"cannot read file: {err.strerror}")]) from None
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise SpecError([Problem(shown, line, "", "not UTF-8 text")]) from None
     if path.suffix.lower() == ".toml":
         data, lines, problems = _parse_toml(text, shown)
     elif path.suffix.lower() in (".yaml", ".yml"):
@@ -91,11 +102,19 @@ def load_source(path: Path, display: str | None = None) -> SourceFile:
 
 
 def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Problem]]:
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow
+        line = text[: err.position].count("\n") + 1
+        message = f"invalid YAML: character U+{err.character:04X} is not allowed"
+        return {}, {}, [Problem(shown, line, "", message)]
     try:
         node = loader.get_single_node()
         if node is None:
             return {}, {}, []
+        too_big = _check_nodes(node, shown)
+        if too_big:
+            return {}, {}, [too_big]
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as err:
         # At the end of the input the problem mark lies past the last line; the context mark
@@ -109,6 +128,8 @@ def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
         return {}, {}, [Problem(shown, line, "", f"invalid YAML: {message}")]
     except yaml.YAMLError as err:
         return {}, {}, [Problem(shown, None, "", f"invalid YAML: {err}")]
+    except RecursionError:  # the composer recurses once per nesting level
+        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
     finally:
         loader.dispose()
     if not isinstance(data, dict):
@@ -117,6 +138,47 @@ def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
     problems: list[Problem] = []
     _walk_yaml(node, "", lines, problems, shown)
     return data, lines, problems
+
+
+def _check_nodes(root: yaml.Node, shown: str) -> Problem | None:
+    """The problem with a YAML node graph that is too deep, too large once its aliases are
+    expanded (a "billion laughs" bomb), or that contains itself; None when it is fine."""
+    expanded: dict[int, int] = {}  # id(node) -> values below it, aliases expanded
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, depth, done = stack.pop()
+        line = node.start_mark.line + 1
+        if done:
+            open_nodes.discard(id(node))
+            total = 1 + sum(expanded[id(child)] for child in _children(node))
+            if total > MAX_NODES:
+                return Problem(
+                    shown, line, "", f"more than {MAX_NODES:,} values once aliases expand"
+                )
+            expanded[id(node)] = total
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in open_nodes:
+            return Problem(shown, line, "", "an alias refers to a node that contains it")
+        if depth > MAX_DEPTH:
+            return Problem(shown, line, "", f"nested deeper than {MAX_DEPTH} levels")
+        open_nodes.add(id(node))
+        stack.append((node, depth, True))
+        for child in _children(node):
+            if id(child) in open_nodes:
+                return Problem(shown, line, "", "an alias refers to a node that contains it")
+            stack.append((child, depth + 1, False))
+    return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _walk_yaml(node: yaml.Node, prefix: str, lines: dict, problems: list, shown: str) -> None:
@@ -154,11 +216,15 @@ def _toml_key(raw: str) -> str:
 def _parse_toml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Problem]]:
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
     except tomllib.TOMLDecodeError as err:
         found = _TOML_LINE_ERROR.search(str(err))
         message = _TOML_LINE_ERROR.sub("", str(err)).strip()
         line = int(found.group(1)) if found else None
         return {}, {}, [Problem(shown, line, "", f"invalid TOML: {message}")]
+    if _depth(data) > MAX_DEPTH:
+        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
     # tomllib keeps no positions: recover them from table headers and `key =` lines.
     lines: dict[str, int] = {}
     table = ""
@@ -173,3 +239,16 @@ def _parse_toml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
             path = _toml_key(key.group(1))
             lines.setdefault(f"{table}.{path}" if table else path, number)
     return data, lines, []
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of plain data, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest

@@ -15,7 +15,7 @@ from typing import Any
 
 from marlctl.errors import Problem, SpecError
 from marlctl.spec import OVERRIDES, PRESET_GROUPS, LoadedSpec, load_spec, sort_problems
-from marlctl.spec.models import Choices, Range
+from marlctl.spec.models import MAX_GRID_VALUES, Choices, Range
 
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -190,6 +190,15 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[Param]]:
             if "log" in tags:
                 problems.append(Problem(OVERRIDES, index, key, "log applies to interval() only"))
                 continue
+            if isinstance(value, RangeSweep):
+                step = value.step if value.step is not None else 1
+                if step == 0:
+                    problems.append(Problem(OVERRIDES, index, key, "range() step must not be 0"))
+                    continue
+                if (value.stop - value.start) / step > MAX_GRID_VALUES:
+                    message = f"range() gives more than {MAX_GRID_VALUES:,} values"
+                    problems.append(Problem(OVERRIDES, index, key, message))
+                    continue
             choices = tuple(override.sweep_iterator())
             if not choices:
                 problems.append(Problem(OVERRIDES, index, key, "the sweep has no values"))

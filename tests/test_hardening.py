@@ -1,0 +1,153 @@
+"""Hostile or careless input: exit 2 with a located message, no traceback, nothing written,
+quickly; a defect anywhere: one line, exit 1, the traceback kept in a file."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from marlctl import cli
+
+MINIMAL = "defaults:\n  - envs: simple_spread\n  - algos: mappo\n  - _self_\n"
+
+
+def main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`marlctl ARGS` through the real entry point: exit code, stdout, stderr."""
+    monkeypatch.setattr(sys, "argv", ["marlctl", *args])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    captured = capsys.readouterr()
+    return done.value.code, captured.out, captured.err
+
+
+def rejected(monkeypatch, capsys, *args: str, seconds: float = 5.0) -> str:
+    """Exit 2, no traceback, nothing new in the working folder, within `seconds`."""
+    before = set(Path.cwd().iterdir())
+    start = time.perf_counter()
+    code, out, err = main(monkeypatch, capsys, *args)
+    assert time.perf_counter() - start < seconds
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    assert set(Path.cwd().iterdir()) == before
+    return err
+
+
+BAD_FILES = {
+    "control.yaml": (
+        b"seeds: [0]\nenv:\n  id: a\x01b\n",
+        "control.yaml:3: invalid YAML: character U+0001",
+    ),
+    "nul.yaml": (b"seeds: [0]\x00\n", "nul.yaml:1: invalid YAML: character U+0000"),
+    "latin1.yaml": (b"seeds: [0]\nname: caf\xe9\n", "latin1.yaml:2: not UTF-8 text"),
+    "loop.yaml": (b"a: &a [*a]\n", "loop.yaml:1: an alias refers to a node that contains it"),
+    "deep.yaml": (b"a: " + b"[" * 150 + b"]" * 150 + b"\n", "deep.yaml:1: nested deeper than"),
+    "deeper.yaml": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "deeper.yaml: nested deeper than"),
+    "deep.toml": (b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n", "deep.toml: nested deeper than"),
+    "huge.yaml": (b"# " + b"x" * (2 << 20) + b"\n", "huge.yaml: larger than 1 MiB"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_unreadable_specs_are_located_problems(name, monkeypatch, capsys):
+    content, message = BAD_FILES[name]
+    Path(name).write_bytes(content)
+    err = rejected(monkeypatch, capsys, "validate", name)
+    assert message in err
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(monkeypatch, capsys):
+    lines = ["a: &a [" + ",".join(["x"] * 10) + "]"]
+    for prev, name in zip("abcdef", "bcdefg", strict=True):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    Path("bomb.yaml").write_text("\n".join(lines) + "\n")
+    err = rejected(monkeypatch, capsys, "validate", "bomb.yaml", seconds=2.0)
+    assert "bomb.yaml:5: more than 100,000 values once aliases expand" in err
+
+
+def test_json_output_survives_unreadable_input(monkeypatch, capsys):
+    Path("nul.yaml").write_bytes(b"seeds: [0]\x00\n")
+    code, out, _ = main(monkeypatch, capsys, "validate", "nul.yaml", "--json")
+    document = json.loads(out)
+    assert code == 2 and document["ok"] is False
+    assert document["errors"] == ["nul.yaml:1: invalid YAML: character U+0000 is not allowed"]
+
+
+def test_a_file_name_too_long_for_the_system(monkeypatch, capsys):
+    err = rejected(monkeypatch, capsys, "validate", "x" * 300 + ".yaml")
+    assert "cannot read file: File name too long" in err
+
+
+def test_overrides_that_interpolate_each_other(monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "+a=${b}", "+b=${a}")
+    assert "<overrides>:1: a: Recursive interpolation detected" in err
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.epochs=range(0,1,0)", "algo.epochs: range() step must not be 0"),
+        ("algo.epochs=range(1,100000000)", "algo.epochs: range() gives more than 100,000 values"),
+    ],
+)
+def test_sweep_ranges_that_never_end(override, message, monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "sweep", "spec.yaml", override, "--trials", "1")
+    assert f"<overrides>:1: {message}" in err
+
+
+def test_a_grid_step_too_fine_to_enumerate(monkeypatch, capsys):
+    body = (
+        MINIMAL
+        + "sweep:\n  sampler: grid\n  space:\n    algo.lr: {low: 0.1, high: 0.2, step: 1.0e-300}\n"
+    )
+    Path("spec.yaml").write_text(body)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert "spec.yaml:8: sweep.space.algo.lr: the step gives more than 100,000 values" in err
+
+
+def test_locations_print_literally(monkeypatch, capsys):
+    """rich would print `:100:` as an emoji and obey markup or ANSI escapes in user text."""
+    Path("spec.yaml").write_text(MINIMAL + "#\n" * 95 + "algo:\n  lr: -1\n")
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert "spec.yaml:101: algo.lr: Input should be greater than 0" in err
+    Path("[bold]x.yaml").write_text("seeds: [0\n")
+    err = rejected(monkeypatch, capsys, "validate", "[bold]x.yaml")
+    assert err.startswith("[bold]x.yaml:1: invalid YAML")
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "algo.lr='\x1b[31mred'")
+    assert "\x1b" not in err and "\\x1b[31mred" in err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_defect_prints_one_line_and_keeps_the_traceback(as_json, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something internal\nwith a second line")
+
+    monkeypatch.setattr(cli, "_load", broken)
+    Path("spec.yaml").write_text(MINIMAL)
+    args = ["validate", "spec.yaml", *(["--json"] if as_json else [])]
+    code, out, err = main(monkeypatch, capsys, *args)
+    assert code == 1 and "Traceback" not in out + err
+    (saved,) = tmp_path.glob("marlctl-*.traceback")
+    text = saved.read_text()
+    assert text.startswith("marlctl validate spec.yaml") and "Traceback" in text
+    assert "RuntimeError: something internal" in text
+    if as_json:
+        document = json.loads(out)
+        assert document["ok"] is False and document["exit_code"] == 1
+        assert document["errors"] == ["RuntimeError: something internal with a second line"]
+        assert document["traceback"] == str(saved)
+    else:
+        assert err.splitlines() == [
+            "internal error: RuntimeError: something internal with a second line",
+            f"the traceback is in {saved}",
+        ]
