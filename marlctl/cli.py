@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from marlctl.errors import MarlctlError, SpecError
+from marlctl.redact import redact
 
 app = typer.Typer(
     name="marlctl",
@@ -45,7 +46,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def _say(console: Console, message: str, label: str = "", style: str = "") -> None:
     """Print text that may come from the user (file names, spec values, exception messages)
     as it is: no markup or emoji, control characters such as ANSI escapes shown escaped."""
-    text = Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message))
+    text = Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redact(message)))
     if label:
         text = Text.assemble((label, style), " ", text)
     console.print(text, highlight=False, soft_wrap=True)
@@ -60,7 +61,7 @@ def _print_table(table) -> None:
 
 
 def _emit_json(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.write(redact(json.dumps(document, indent=2, default=str)) + "\n")
 
 
 def _fail(error: MarlctlError, as_json: bool) -> None:

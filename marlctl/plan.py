@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.algos import registered_algos
-from marlctl.envs.registry import EnvInfo, EnvLookupError, probe
+from marlctl.envs.registry import EnvInfo, EnvLookupError, ProbeTimeout, probe
 from marlctl.errors import SpecError
 from marlctl.spec import LoadedSpec
 
@@ -252,6 +252,8 @@ def probe_problem(env_id: str, params: dict[str, Any], prov) -> Any:
 def _env_problem(env_id: str, err: Exception, prov):
     if isinstance(err, EnvLookupError):
         return prov.problem("env.id", str(err))
+    if isinstance(err, ProbeTimeout):
+        return prov.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):
         return prov.problem("env.params", f"env '{env_id}' rejected its params: {err}")
     # The user's factory may raise anything; report it, never a traceback.

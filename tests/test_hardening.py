@@ -151,3 +151,39 @@ def test_a_defect_prints_one_line_and_keeps_the_traceback(as_json, monkeypatch, 
             "internal error: RuntimeError: something internal with a second line",
             f"the traceback is in {saved}",
         ]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("seeds=[-1]", "seeds.0: Input should be greater than or equal to 0"),
+        ("seeds=[18446744073709551616]", "seeds.0: Input should be less than or equal to"),
+        ("train.total_env_steps=true", "train.total_env_steps: Input should be a valid integer"),
+        ("train.total_env_steps=1e26", "train.total_env_steps: "),
+        ("algo.lr=false", "algo.lr: Input should be a valid number"),
+        ("tracking.uri='::::'", "tracking.uri: must be an MLflow database or server URI"),
+        ("env.params.max_cycles=[[1]]", "env.params: env 'mpe/simple_spread' rejected its params"),
+    ],
+)
+def test_values_that_would_only_fail_once_running(override, message, monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", override)
+    assert f"<overrides>:1: {message}" in err
+
+
+def test_an_env_too_large_to_build_quickly_is_refused(monkeypatch, capsys):
+    from marlctl.envs import registry
+
+    monkeypatch.setattr(registry, "PROBE_SECONDS", 0.5)
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "env.params.N=3000")
+    assert "env.params: building, resetting and stepping env 'mpe/simple_spread' once took" in err
+
+
+def test_passwords_in_errors_are_masked(monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    uri = "tracking.uri='pgsql://alice:hunter2@db.example/runs'"
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", uri)
+    assert "hunter2" not in err and "alice:***@db.example" in err
+    code, out, _ = main(monkeypatch, capsys, "validate", "spec.yaml", uri, "--json")
+    assert code == 2 and "hunter2" not in out and "alice:***@" in out

@@ -12,13 +12,12 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from marlctl.strict import Strict
 
 
-class AlgoConfig(BaseModel):
+class AlgoConfig(Strict):
     """Base of every algorithm's hyperparameters; `name` selects the algorithm."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     # The `model` fields a spec leaves null take these values: the reference implementation's.
     model_defaults: ClassVar[dict[str, Any]] = {"activation": "tanh", "layer_norm": True}
     name: str

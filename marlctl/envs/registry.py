@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
+import signal
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,10 +266,63 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
     if key in _probed:
         return _probed[key]
     entry = lookup(env_id)
-    env = resolve_factory(entry)(**params)
-    try:
-        info = describe(env, entry.id, entry.factory)
-    finally:
-        env.close()
+    factory = resolve_factory(entry)  # imports happen here, outside the time limit
+    with time_limit(PROBE_SECONDS, f"building, resetting and stepping env '{env_id}' once"):
+        env = factory(**params)
+        try:
+            info = describe(env, entry.id, entry.factory)
+            _step_once(env, info)
+        finally:
+            env.close()
     _probed[key] = info
     return info
+
+
+# Building, resetting and stepping an env once takes milliseconds; far longer means params
+# out of proportion (thousands of agents), and validation must not hang on them.
+PROBE_SECONDS = float(os.environ.get("MARLCTL_PROBE_SECONDS", "3"))
+
+
+def _action_mask(observation: Any, info: Any) -> np.ndarray | None:
+    for source in (observation, info):
+        if isinstance(source, dict) and "action_mask" in source:
+            return np.asarray(source["action_mask"], dtype=np.int8)
+    return None
+
+
+class ProbeTimeout(Exception):
+    """The env probe ran past its time limit."""
+
+
+@contextmanager
+def time_limit(seconds: float, what: str):
+    """Raise ProbeTimeout in the main thread once `seconds` pass (no limit elsewhere)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise ProbeTimeout(f"{what} took longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _step_once(env: Any, info: EnvInfo) -> None:
+    """One step with sampled actions: params that only matter once the env runs (a time
+    limit of the wrong type, say) fail here rather than in the first training run."""
+    observations, infos = env.reset(seed=0)
+    actions = {}
+    for agent in env.agents:
+        space = env.action_space(agent)
+        space.seed(0)
+        mask = _action_mask(observations.get(agent), (infos or {}).get(agent))
+        actions[agent] = space.sample(mask=mask) if mask is not None else space.sample()
+    env.step(actions)
+    if info.state_from_env:
+        env.state()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.errors import Problem, SpecError
+from marlctl.redact import redact
 from marlctl.spec.models import Spec, model_fields_at
 from marlctl.spec.source import SourceFile, load_source
 
@@ -309,7 +310,7 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
         else:
             message = item["msg"].removeprefix("Value error, ")
             if "input" in item and kind not in ("model_type", "dict_type"):
-                message += f" (got {item['input']!r})"
+                message += f" (got {redact(repr(item['input']))})"
         if dotted in seen:
             continue  # one problem per key: a union reports each member's complaint
         seen.add(dotted)

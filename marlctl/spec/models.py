@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -16,12 +15,11 @@ from pydantic import (
 )
 
 from marlctl.algos import AlgoConfig, registered_algos
+from marlctl.strict import Strict
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# MLflow's SQLAlchemy dialects (`postgresql+psycopg2://` counts as postgresql) and servers.
+_TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
 
 
 class EnvSpec(Strict):
@@ -80,7 +78,10 @@ class ModelSpec(Strict):
 
 class TrainSpec(Strict):
     total_env_steps: int = Field(
-        1_000_000, ge=1, description="Joint env steps per run (one step moves every agent)."
+        1_000_000,
+        ge=1,
+        le=10**13,
+        description="Joint env steps per run (one step moves every agent).",
     )
     eval_every: int = Field(
         100_000, ge=0, description="Env steps between evaluations; 0 = end only."
@@ -148,10 +149,25 @@ class TrackingSpec(Strict):
         5.0, gt=0, le=3600, description="Seconds between batched metric uploads."
     )
 
+    @field_validator("uri")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme = value.split("://", 1)[0].split("+", 1)[0] if "://" in value else ""
+        if scheme not in _TRACKING_SCHEMES and value != "databricks":
+            raise ValueError(
+                "must be an MLflow database or server URI: sqlite:///PATH, "
+                "postgresql://HOST/DB, mysql://HOST/DB or http(s)://SERVER (MLflow's "
+                "file store is not supported)"
+            )
+        return value
+
 
 Condition = dict[str, Any]
 
 
+MAX_SEED = 2**31 - 1  # every generator the runs seed (torch, numpy, PettingZoo) takes it
 MAX_GRID_VALUES = 100_000  # values one search dimension may enumerate
 
 
@@ -249,8 +265,11 @@ AlgoUnion = _algo_union()
 
 class Spec(Strict):
     name: str | None = Field(None, description="MLflow experiment name; default: the file stem.")
-    seeds: list[int] = Field(
-        default_factory=lambda: [0], min_length=1, description="One run per seed."
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        max_length=1024,
+        description="One run per seed (0 to 2**31 - 1).",
     )
     env: EnvSpec
     algo: AlgoUnion  # type: ignore[valid-type]

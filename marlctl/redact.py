@@ -1,0 +1,24 @@
+"""Passwords out of everything shown or stored: `scheme://user:secret@host` -> `user:***@`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):(?P<secret>[^\s@/]+)@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URL in it replaced by `***`."""
+    return _CREDENTIALS.sub(r"\g<head>:***@", text)
+
+
+def redact_all(value: Any) -> Any:
+    """A copy of plain data (dicts, lists, strings) with every URL password masked."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_all(v) for v in value]
+    return value
