@@ -40,13 +40,24 @@ Overrides = Annotated[
 ]
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Control characters (ANSI escapes among them) and line breaks in text from users.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _say(console: Console, message: str, label: str = "", style: str = "") -> None:
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def _say(
+    console: Console, message: str, label: str = "", style: str = "", lines: bool = False
+) -> None:
     """Print text that may come from the user (file names, spec values, exception messages)
-    as it is: no markup or emoji, control characters such as ANSI escapes shown escaped."""
-    text = Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redact(message)))
+    as it is: no markup or emoji, control characters shown escaped, passwords masked; one
+    line unless `lines`."""
+    control = _CONTROL_BUT_LINES if lines else _CONTROL
+    text = Text(control.sub(_escaped, redact(message)))
     if label:
         text = Text.assemble((label, style), " ", text)
     console.print(text, highlight=False, soft_wrap=True)
@@ -905,7 +916,7 @@ def _internal_error(error: BaseException, as_json: bool) -> int:
         _emit_json({"ok": False, "exit_code": 1, "errors": [summary], "traceback": where})
     else:
         _say(err, summary, "internal error:", "red")
-        _say(err, f"the traceback is in {where}" if where else text)
+        _say(err, f"the traceback is in {where}" if where else text, lines=not where)
     return 1
 
 

@@ -149,4 +149,5 @@ def test_masac_gives_each_agent_its_own_critic_unless_told_to_share():
     assert n == 2 and per_agent > 1.8 * one  # one network per agent, no id input
     before = [p.clone() for p in own.critics["agent"].parameters()]
     _fill(own, env, ob, 6)  # past learning_starts: the per-agent critics train
-    assert any(not torch.equal(a, b) for a, b in zip(before, own.critics["agent"].parameters()))
+    after = own.critics["agent"].parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))

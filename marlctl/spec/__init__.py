@@ -135,10 +135,15 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     def run_compose(node: dict, chosen: list[str]):
         name = f"marlctl_spec_{next(_store_counter)}"
         store.store(name=name, node=node)
-        with initialize_config_dir(version_base=None, config_dir=str(roots[0])):
-            return compose(
-                name, overrides=[f"hydra.searchpath=[{search}]", *chosen], return_hydra_config=True
-            )
+        try:
+            with initialize_config_dir(version_base=None, config_dir=str(roots[0])):
+                return compose(
+                    name,
+                    overrides=[f"hydra.searchpath=[{search}]", *chosen],
+                    return_hydra_config=True,
+                )
+        finally:  # a stored node stays for the process: each would slow every later compose
+            store.repo.pop(f"{name}.yaml", None)
 
     errors = (HydraException, OmegaConfBaseException, ValueError)
     try:
@@ -154,23 +159,26 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
             algo_name = text.split("=", 1)[1]
     base = f"marlctl_base_{next(_store_counter)}"
     store.store(name=base, node=_defaults_skeleton(algo_name))
-    while True:
-        # Hydra stops at the first override it cannot apply: drop it and go on, so every
-        # bad override is reported at once.
-        try:
-            cfg = run_compose({**data, "defaults": [base, *defaults]}, active)
-            choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-            OmegaConf.set_struct(cfg, False)
-            del cfg["hydra"]
-            composed = OmegaConf.to_container(cfg, resolve=True)
-            break
-        except errors as err:
-            problem = _composition_problem(err, source, provenance)
-            problems.append(problem)
-            culprit = overrides[problem.line - 1] if problem.file == OVERRIDES else None
-            if culprit not in active:  # e.g. overrides that interpolate each other in a cycle
-                raise SpecError(sort_problems(problems)) from None
-            active.remove(culprit)
+    try:
+        while True:
+            # Hydra stops at the first override it cannot apply: drop it and go on, so every
+            # bad override is reported at once.
+            try:
+                cfg = run_compose({**data, "defaults": [base, *defaults]}, active)
+                choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+                OmegaConf.set_struct(cfg, False)
+                del cfg["hydra"]
+                composed = OmegaConf.to_container(cfg, resolve=True)
+                break
+            except errors as err:
+                problem = _composition_problem(err, source, provenance)
+                problems.append(problem)
+                culprit = overrides[problem.line - 1] if problem.file == OVERRIDES else None
+                if culprit not in active:  # e.g. overrides that interpolate each other in a cycle
+                    raise SpecError(sort_problems(problems)) from None
+                active.remove(culprit)
+    finally:
+        store.repo.pop(f"{base}.yaml", None)
     for group, choice in (choices or {}).items():
         if group.startswith("hydra") or choice is None:
             continue
