@@ -187,3 +187,30 @@ def test_passwords_in_errors_are_masked(monkeypatch, capsys):
     assert "hunter2" not in err and "alice:***@db.example" in err
     code, out, _ = main(monkeypatch, capsys, "validate", "spec.yaml", uri, "--json")
     assert code == 2 and "hunter2" not in out and "alice:***@" in out
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+x=${oc.env:HOME}", "x: resolvers such as ${oc.env:...} are not allowed"),
+        ("hydra.job.name=x", "hydra.job.name=x: Hydra's own settings do not apply"),
+        ("algos=../../elsewhere/x", "algos=../../elsewhere/x: '../../elsewhere/x' is not a preset"),
+    ],
+)
+def test_a_spec_reads_nothing_from_outside(override, message, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", "/home/secret-name")
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", override)
+    assert f"<overrides>:1: {message}" in err and "secret-name" not in err
+
+
+def test_spec_files_read_nothing_from_outside(monkeypatch, capsys):
+    Path("env.yaml").write_text(MINIMAL + "name: ${oc.env:HOME}\n")
+    err = rejected(monkeypatch, capsys, "validate", "env.yaml")
+    assert "env.yaml:5: name: resolvers such as ${oc.env:...} are not allowed" in err
+    Path("hydra.yaml").write_text(MINIMAL + "hydra:\n  run: {dir: /tmp}\n")
+    err = rejected(monkeypatch, capsys, "validate", "hydra.yaml")
+    assert "hydra.yaml:5: hydra: Hydra's own settings do not apply" in err
+    Path("path.yaml").write_text(MINIMAL.replace("algos: mappo", "algos: ../../x"))
+    err = rejected(monkeypatch, capsys, "validate", "path.yaml")
+    assert "path.yaml:3: defaults.algos: '../../x' is not a preset name" in err

@@ -103,11 +103,17 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         if not parsed.key_or_group:
             problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
             continue
+        if parsed.key_or_group.split(".")[0] == "hydra":
+            problems.append(Problem(OVERRIDES, index, text, _NO_HYDRA))
+            continue
         provenance.overrides.append((parsed.key_or_group, text, index))
     # Overrides that do not parse are reported with whatever else is wrong; the rest apply.
     active = [text for _, text, _ in provenance.overrides]
 
     data = dict(source.data)
+    if "hydra" in data:
+        problems.append(Problem(shown, source.line_of("hydra"), "hydra", _NO_HYDRA))
+        del data["hydra"]
     defaults = data.get("defaults", [])
     if not isinstance(defaults, list):
         raise SpecError(
@@ -120,6 +126,19 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
                 )
             ]
         )
+    for position, entry in enumerate(defaults):
+        for group, choice in entry.items() if isinstance(entry, dict) else ():
+            if not _PRESET_NAME.match(str(choice)):
+                line = source.line_of(f"defaults.{position}")
+                message = f"'{choice}' is not a preset name (letters, digits, _ and -; no paths)"
+                problems.append(Problem(shown, line, f"defaults.{group}", message))
+    for key, text, index in provenance.overrides:
+        choice = text.split("=", 1)[1] if "=" in text else ""
+        if key.lstrip("+~").split("@")[0] in PRESET_GROUPS and not _PRESET_NAME.match(choice):
+            message = f"'{choice}' is not a preset name (letters, digits, _ and -; no paths)"
+            problems.append(Problem(OVERRIDES, index, text, message))
+    if problems:
+        raise SpecError(sort_problems(problems))
     if "_self_" not in defaults:
         defaults = [*defaults, "_self_"]  # the file's own values win over its presets
     data["defaults"] = defaults
@@ -168,6 +187,14 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
                 choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
                 OmegaConf.set_struct(cfg, False)
                 del cfg["hydra"]
+                resolvers = _resolver_calls(OmegaConf.to_container(cfg, resolve=False))
+                if resolvers:
+                    message = (
+                        "resolvers such as ${oc.env:...} are not allowed: a spec reads "
+                        "nothing from the environment (interpolate other keys as ${key.path})"
+                    )
+                    problems.extend(provenance.problem(path, message) for path in resolvers)
+                    raise SpecError(sort_problems(problems))
                 composed = OmegaConf.to_container(cfg, resolve=True)
                 break
             except errors as err:
@@ -195,6 +222,30 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     composed.pop("defaults", None)
     provenance.failed = problems
     return composed, provenance
+
+
+_PRESET_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+_NO_HYDRA = "Hydra's own settings do not apply: marlctl composes specs, it runs no Hydra app"
+_RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")
+
+
+def _resolver_calls(data: Any, prefix: str = "") -> list[str]:
+    """Key paths whose value calls an OmegaConf resolver (`${oc.env:HOME}`)."""
+    found: list[str] = []
+    items = (
+        data.items()
+        if isinstance(data, dict)
+        else enumerate(data)
+        if isinstance(data, list)
+        else ()
+    )
+    for key, value in items:
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, str) and _RESOLVER.search(value):
+            found.append(path)
+        else:
+            found.extend(_resolver_calls(value, path))
+    return found
 
 
 def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
