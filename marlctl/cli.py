@@ -32,6 +32,28 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+TrustOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trust-factory",
+        metavar="MODULE:FACTORY",
+        help="Let a spec read from the tracking store import and call this env factory "
+        "(repeatable; or list them in MARLCTL_TRUSTED_FACTORIES).",
+    ),
+]
+
+
+def _trust(factories: list[str] | None) -> None:
+    """Trusted env factories for this command and the run processes it starts."""
+    import os
+
+    from marlctl.envs.registry import TRUSTED_FACTORIES_VAR
+
+    if factories:
+        known = [f for f in os.environ.get(TRUSTED_FACTORIES_VAR, "").split(",") if f]
+        os.environ[TRUSTED_FACTORIES_VAR] = ",".join([*known, *factories])
+
+
 Overrides = Annotated[
     list[str] | None,
     typer.Argument(
@@ -139,10 +161,12 @@ def run(
             "--tracking-uri", help="MLflow store holding the run to resume (default: ./mlflow.db)."
         ),
     ] = None,
+    trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validate, compile and train every seed; log to MLflow; print a summary."""
     _stop_on_sigterm()
+    _trust(trust_factory)
     with _exit_codes(as_json):
         if resume is not None:
             if spec is not None:
@@ -356,7 +380,10 @@ def sweep(
     ] = False,
     out_dir: Annotated[
         str | None,
-        typer.Option("--out", help="Folder for best.yaml (default: ./sweep-STUDY)."),
+        typer.Option(
+            "--out",
+            help="Folder for best.yaml (default: ./sweep-STUDY, the study name made a file name).",
+        ),
     ] = None,
     launcher: Annotated[
         LauncherKind, typer.Option("--launcher", help="local processes, or submitit jobs.")
@@ -656,6 +683,7 @@ def eval_(
         str | None,
         typer.Option("--tracking-uri", help="MLflow store holding the run (default: ./mlflow.db)."),
     ] = None,
+    trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained policy (deterministic actions) on either env backend.
@@ -663,6 +691,7 @@ def eval_(
     Without --episodes and --seed it repeats the run's final evaluation.
     """
     _stop_on_sigterm()
+    _trust(trust_factory)
     with _exit_codes(as_json):
         from marlctl.evaluation import Render, check_render, evaluate_runs
 

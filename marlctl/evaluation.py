@@ -93,6 +93,7 @@ def evaluate_runs(
     """
     from mlflow.exceptions import MlflowException
 
+    tracking.check_store(tracking_uri)
     client = tracking.client_for(tracking_uri)
     try:
         run = client.get_run(run_id)
@@ -246,7 +247,7 @@ def _evaluate_one(
             overrides.append(f"env.backend={backend}")
         if backend == "native":
             overrides.append("hardware.env_workers=0")
-        loaded = load_spec(spec_path, overrides)
+        loaded = load_spec(spec_path, overrides, stored=f"run {run_id}")
         plan = compile_plan(loaded)
         policies, artifact = _policies(client, run_id, checkpoint, tmp)
     spec = loaded.spec

@@ -16,6 +16,7 @@ import yaml
 from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
+from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
 from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
@@ -145,8 +146,7 @@ def resume(
         return SpecError([Problem("--resume", None, "", message)])
 
     store = tracking.resolve_uri(tracking_uri)
-    if tracking_uri is None and not (Path.cwd() / "mlflow.db").exists():
-        raise problem(f"no MLflow store at {store}; pass --tracking-uri")
+    tracking.check_store(tracking_uri)
     client = tracking.client_for(tracking_uri)
     try:
         run = client.get_run(run_id)
@@ -160,10 +160,11 @@ def resume(
     pending = [c for c in children if c.info.run_id in wanted and c.info.status != "FINISHED"]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)
-        loaded = load_spec(spec_path)
+        loaded = load_spec(spec_path, stored=f"run {parent_id}")
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
-    uri = loaded.spec.tracking.uri or tracking_uri
+    # The store the run was found in: the stored spec keeps no password to connect with.
+    uri = tracking.resolve_uri(tracking_uri)
     requests = [
         RunRequest(
             loaded.resolved,
@@ -207,7 +208,7 @@ def resume(
 def log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / SPEC_ARTIFACT
-        path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        path.write_text(yaml.safe_dump(redact_all(resolved), sort_keys=False))
         client.log_artifact(run_id, str(path))
 
 

@@ -16,8 +16,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+
+from marlctl.errors import SpecError
+from marlctl.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"
 ERROR_TAG = "marlctl.error"
@@ -31,6 +34,17 @@ def resolve_uri(uri: str | None) -> str:
     return uri or default_uri()
 
 
+def check_store(uri: str | None) -> None:
+    """Refuse a SQLite store that does not exist instead of creating an empty one (for the
+    commands that only read a store: eval, report, resume)."""
+    resolved = resolve_uri(uri)
+    if resolved.startswith("sqlite:///"):
+        path = resolved.removeprefix("sqlite:///")
+        if path and not path.startswith(":memory:") and not Path(path).is_file():
+            where = "--tracking-uri" if uri else "mlflow.db"
+            raise SpecError.at(where, f"no MLflow store at {path}; pass --tracking-uri")
+
+
 def client_for(uri: str | None) -> MlflowClient:
     import logging
     import os
@@ -39,7 +53,26 @@ def client_for(uri: str | None) -> MlflowClient:
     # A new SQLite store prints its schema migrations; they are not the user's business.
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return MlflowClient(tracking_uri=resolve_uri(uri))
+    return RedactingClient(tracking_uri=resolve_uri(uri))
+
+
+class RedactingClient(MlflowClient):
+    """An MLflow client that stores no URL password in a param or tag (`redact`)."""
+
+    def set_tag(self, run_id: str, key: str, value: Any, synchronous: bool | None = None):
+        return super().set_tag(run_id, key, redact(str(value)), synchronous=synchronous)
+
+    def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None):
+        return super().log_param(run_id, key, redact(str(value)), synchronous=synchronous)
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
+        params = [Param(p.key, redact(p.value)) for p in params]
+        tags = [RunTag(t.key, redact(t.value)) for t in tags]
+        return super().log_batch(run_id, metrics, params, tags, synchronous=synchronous)
+
+    def create_run(self, experiment_id, start_time=None, tags=None, run_name=None):
+        tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+        return super().create_run(experiment_id, start_time, tags, run_name)
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str | None) -> str:

@@ -214,3 +214,63 @@ def test_spec_files_read_nothing_from_outside(monkeypatch, capsys):
     Path("path.yaml").write_text(MINIMAL.replace("algos: mappo", "algos: ../../x"))
     err = rejected(monkeypatch, capsys, "validate", "path.yaml")
     assert "path.yaml:3: defaults.algos: '../../x' is not a preset name" in err
+
+
+def test_no_password_reaches_the_tracking_store(tmp_path):
+    from mlflow.entities import Param, RunTag
+
+    from marlctl import tracking
+    from marlctl.launch import SPEC_ARTIFACT, log_spec
+
+    url = "postgresql://alice:hunter2@db.example/runs"
+    client = tracking.client_for(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = tracking.ensure_experiment(client, "secrets", None)
+    run_id = client.create_run(experiment, tags={"origin": url}).info.run_id
+    client.set_tag(run_id, "marlctl.error", f"could not connect to {url}")
+    client.log_param(run_id, "storage", url)
+    client.log_batch(run_id, params=[Param("tracking.uri", url)], tags=[RunTag("t", url)])
+    log_spec(client, run_id, {"tracking": {"uri": url}, "seeds": [0]})
+    run = client.get_run(run_id)
+    stored = [*run.data.params.values(), *run.data.tags.values()]
+    stored.append(Path(client.download_artifacts(run_id, SPEC_ARTIFACT, str(tmp_path))).read_text())
+    assert not any("hunter2" in text for text in stored)
+    assert sum("alice:***@db.example" in text for text in stored) == 6
+
+
+def test_eval_runs_no_factory_named_by_a_stored_spec_unless_trusted(monkeypatch, capsys):
+    Path("spec.yaml").write_text(
+        "env: {id: 'toy_envs:constant_reward', params: {max_cycles: 5}}\n"
+        "algo: {name: mappo, rollout_steps: 5, epochs: 1}\n"
+        "train: {total_env_steps: 200, eval_every: 0, eval_episodes: 2, checkpoint_every: 0}\n"
+        "hardware: {num_envs: 2, device: cpu}\n"
+    )
+    code, out, err = main(monkeypatch, capsys, "run", "spec.yaml", "--json")
+    assert code == 0, err
+    run_id = json.loads(out)["runs"][0]["run_id"]
+    import toy_envs
+
+    calls, factory = [], toy_envs.constant_reward
+    monkeypatch.setattr(toy_envs, "constant_reward", lambda **p: calls.append(p))
+    code, out, _ = main(monkeypatch, capsys, "eval", run_id, "--json")
+    (message,) = json.loads(out)["errors"]
+    assert code == 2 and calls == []  # refused before importing or calling anything
+    assert "names the env factory 'toy_envs:constant_reward'" in message
+    monkeypatch.setattr(toy_envs, "constant_reward", factory)
+    monkeypatch.setenv("MARLCTL_TRUSTED_FACTORIES", "")
+    trusted = ["--trust-factory", "toy_envs:constant_reward", "--json"]
+    code, out, err = main(monkeypatch, capsys, "eval", run_id, *trusted)
+    assert code == 0 and json.loads(out)["runs"][0]["episodes"] == 2, out + err
+
+
+def test_reading_commands_create_no_store(monkeypatch, capsys):
+    for args in (["eval", "0123456789abcdef"], ["run", "--resume", "0123456789abcdef"]):
+        err = rejected(monkeypatch, capsys, *args)
+        assert "mlflow.db: no MLflow store at" in err
+
+
+def test_a_study_name_cannot_place_best_yaml_elsewhere():
+    from marlctl.sweep import _file_name
+
+    assert _file_name("x/../../../../tmp/escaped") == "x_.._.._.._.._tmp_escaped"
+    assert _file_name("../up") == "_up" and _file_name("..") == "study"
+    assert _file_name("spread_mappo-v2.1") == "spread_mappo-v2.1"

@@ -366,8 +366,23 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     assert 4_000 <= steps_before < 16_000
 
     parent_id = seed_run.data.tags["mlflow.parentRunId"]
-    done = subprocess.run(
+    # The stored spec names a factory: resuming imports it only when this machine trusts it.
+    refused = subprocess.run(
         [sys.executable, "-m", "marlctl", "run", "--resume", parent_id, "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (message,) = json.loads(refused.stdout)["errors"]
+    assert message.startswith(f"run {parent_id}: env.id: the spec stored with run {parent_id}")
+    assert "--trust-factory toy_envs:dying_spread" in message
+    assert mlflow.get_run(seed_run.info.run_id).info.status == "RUNNING"
+    trust = ["--trust-factory", "toy_envs:dying_spread"]
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", "run", "--resume", parent_id, *trust, "--json"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

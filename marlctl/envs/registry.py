@@ -118,6 +118,25 @@ def lookup(env_id: str) -> EnvEntry:
     )
 
 
+TRUSTED_FACTORIES_VAR = "MARLCTL_TRUSTED_FACTORIES"
+
+
+def untrusted_factory(env_id: Any) -> str | None:
+    """The factory a spec read from a tracking store would import and call, unless it is a
+    registered env or one the user trusts on this machine (`MARLCTL_TRUSTED_FACTORIES`,
+    comma-separated, or `--trust-factory`); None when loading that spec runs no user code."""
+    if not isinstance(env_id, str) or env_id in ENVS:
+        return None
+    try:
+        entry = lookup(env_id)
+    except EnvLookupError:
+        return None  # validation reports it; nothing would be imported
+    if entry.suite != "user":
+        return None
+    trusted = {f.strip() for f in os.environ.get(TRUSTED_FACTORIES_VAR, "").split(",")}
+    return None if entry.factory in trusted else entry.factory
+
+
 def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
     module_name, _, attr = entry.factory.partition(":")
     try:

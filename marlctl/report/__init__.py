@@ -17,7 +17,7 @@ import numpy as np
 from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.report import stats
-from marlctl.report.runs import Filter, RunRecord, Selection, check_store, load_curves, select
+from marlctl.report.runs import Filter, RunRecord, Selection, load_curves, select
 
 DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
@@ -152,7 +152,7 @@ def build(
     from marlctl.sweep.study import shown_url
 
     parsed = [Filter.parse(text, i + 1) for i, text in enumerate(filters)]
-    check_store(uri)
+    tracking.check_store(uri)
     try:
         client = tracking.client_for(uri)
         selection = select(client, uri, experiments, run_ids, parsed)

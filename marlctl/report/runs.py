@@ -10,7 +10,6 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -165,16 +164,6 @@ def _trial_number(record: RunRecord) -> int:
 def _is_marlctl(record: RunRecord) -> bool:
     """Runs other tools logged to the same store are not seeds: marlctl's carry its algo."""
     return "algo.name" in record.params or "marlctl.algo" in record.tags
-
-
-def check_store(uri: str | None) -> None:
-    """Refuse a SQLite store that does not exist instead of creating an empty one."""
-    resolved = tracking.resolve_uri(uri)
-    if resolved.startswith("sqlite:///"):
-        path = resolved.removeprefix("sqlite:///")
-        if path and not path.startswith(":memory:") and not Path(path).is_file():
-            where = "--tracking-uri" if uri else "mlflow.db"
-            raise SpecError.at(where, f"no MLflow store at {path}; pass --tracking-uri")
 
 
 def _all_runs(client, experiment_ids: list[str]) -> list:

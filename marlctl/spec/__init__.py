@@ -70,14 +70,36 @@ def preset_roots() -> list[Path]:
     return roots
 
 
-def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
-    """Load, compose and validate; raise SpecError listing every problem found."""
+def load_spec(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), stored: str | None = None
+) -> LoadedSpec:
+    """Load, compose and validate; raise SpecError listing every problem found.
+
+    `stored` names where the file came from when it was read from a tracking store (a run
+    id): such a spec may not import an env factory this machine does not trust.
+    """
     spec_path = Path(path)
     source = load_source(spec_path)
+    if stored is not None:
+        _refuse_untrusted_factory(source, stored)
     provenance = Provenance(source)
     composed, provenance = _compose(source, list(overrides), provenance)
     spec = _validate(composed, provenance)
     return LoadedSpec(spec, spec.model_dump(mode="json"), provenance)
+
+
+def _refuse_untrusted_factory(source: SourceFile, stored: str) -> None:
+    from marlctl.envs.registry import TRUSTED_FACTORIES_VAR, untrusted_factory
+
+    env = source.data.get("env")
+    factory = untrusted_factory(env.get("id") if isinstance(env, dict) else None)
+    if factory is not None:
+        message = (
+            f"the spec stored with {stored} names the env factory '{factory}': loading it "
+            f"would run that code here. If you trust it, pass --trust-factory {factory} "
+            f"(or list it in {TRUSTED_FACTORIES_VAR})"
+        )
+        raise SpecError([Problem(stored, None, "env.id", message)])
 
 
 _store_counter = itertools.count()

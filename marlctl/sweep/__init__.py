@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import yaml
 
 from marlctl.atomic import replacing
 from marlctl.errors import Problem, SpecError
+from marlctl.redact import redact_all
 from marlctl.spec import load_spec
 from marlctl.sweep.space import check_space, space_of, split_overrides
 from marlctl.sweep.study import (
@@ -223,7 +225,7 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
     top = [_trial_row(t) for t in complete[:TOP]]
     best_spec = None
     if complete and SPEC_ATTR in complete[0].user_attrs:
-        folder = out_dir or Path(ctx.cwd) / f"sweep-{ctx.study}"
+        folder = out_dir or Path(ctx.cwd) / f"sweep-{_file_name(ctx.study)}"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "best.yaml"
         header = (
@@ -232,7 +234,7 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
             f"{sweep.metric} = {complete[0].value:.6g}\n"
         )
         with replacing(path) as tmp:  # never a half-written spec
-            spec = yaml.safe_dump(complete[0].user_attrs[SPEC_ATTR], sort_keys=False)
+            spec = yaml.safe_dump(redact_all(complete[0].user_attrs[SPEC_ATTR]), sort_keys=False)
             tmp.write_text(header + spec)
         best_spec = str(path)
     retried = (
@@ -281,6 +283,11 @@ def _find_study_run(ctx: SweepContext) -> str | None:
         order_by=["attributes.start_time ASC"],
     )
     return found[0].info.run_id if found else None
+
+
+def _file_name(name: str) -> str:
+    """A study name as one file name in the working folder: `x/../../tmp` stays here."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name).lstrip(".") or "study"
 
 
 def _storage_key(ctx: SweepContext) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.errors import Problem, SpecError
+from marlctl.redact import redact, redact_all
 from marlctl.sweep.space import (
     Param,
     active,
@@ -541,7 +542,7 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
             )
         try:
             if error is not None:
-                trial.set_user_attr(ERROR_ATTR, error[:2000])
+                trial.set_user_attr(ERROR_ATTR, redact(error)[:2000])
             if state == "COMPLETE":
                 study.tell(trial, value)
             else:
@@ -560,7 +561,7 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
     try:
         values = sample(trial, ctx.params)
         chosen = overrides_for(values, listed_groups(ctx.spec_path))
-        trial.set_user_attr("marlctl.overrides", chosen)
+        trial.set_user_attr("marlctl.overrides", redact_all(chosen))
         trial.set_user_attr("marlctl.worker", f"{socket.gethostname()}:{os.getpid()}")
         experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
         run_id = client.create_run(
@@ -583,7 +584,7 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
         except SpecError as err:
             return finish("FAIL", "invalid spec: " + "; ".join(str(p) for p in err.problems))
         resolved = {k: v for k, v in portable.resolved.items() if k != "sweep"}
-        trial.set_user_attr(SPEC_ATTR, {**resolved, "name": loaded.experiment})
+        trial.set_user_attr(SPEC_ATTR, redact_all({**resolved, "name": loaded.experiment}))
         tracking.log_params(client, run_id, tracking.flatten(resolved))
         for key, value in run_tags(loaded, plan).items():
             client.set_tag(run_id, key, value)

@@ -26,6 +26,7 @@ from marlctl.algos import registered_algos
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan
+from marlctl.redact import redact
 from marlctl.spec.models import Spec
 from marlctl.train.core import EpisodeStats
 
@@ -183,7 +184,7 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
             if trace is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "error.txt"
-                    path.write_text(trace)
+                    path.write_text(redact(trace))
                     client.log_artifact(result.run_id, str(path))
             client.set_terminated(result.run_id, status)
 
