@@ -274,3 +274,14 @@ def test_a_study_name_cannot_place_best_yaml_elsewhere():
     assert _file_name("x/../../../../tmp/escaped") == "x_.._.._.._.._tmp_escaped"
     assert _file_name("../up") == "_up" and _file_name("..") == "study"
     assert _file_name("spread_mappo-v2.1") == "spread_mappo-v2.1"
+
+
+def test_a_thousand_bad_overrides_are_reported_quickly(monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    unknown = [f"algo.nokey{i}={i}" for i in range(1000)]
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *unknown)
+    assert err.splitlines()[-1] == "1000 problems; nothing was run."
+    assert "<overrides>:1000: algo.nokey999: unknown key" in err
+    dangling = [f"+x{i}=${{y{i}}}" for i in range(300)]
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *dangling)
+    assert "<overrides>: stopped after 10 overrides that do not apply" in err

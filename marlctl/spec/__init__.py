@@ -198,8 +198,17 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     for key, text, _ in provenance.overrides:
         if key.lstrip("+") == "algo.name":
             algo_name = text.split("=", 1)[1]
+    skeleton = _defaults_skeleton(algo_name)
+    # Unknown keys are found here all at once: Hydra stops at the first, and composing again
+    # for each of a thousand bad overrides would take minutes.
+    known = OmegaConf.merge(OmegaConf.create(skeleton), first)
+    for key, text, _ in provenance.overrides:
+        if text.lstrip()[:1] not in "+~" and _unknown_key(known, key) and text in active:
+            active.remove(text)
+            problems.append(_composition_problem(_UnknownKey(text, key), source, provenance))
     base = f"marlctl_base_{next(_store_counter)}"
-    store.store(name=base, node=_defaults_skeleton(algo_name))
+    store.store(name=base, node=skeleton)
+    retries = 0
     try:
         while True:
             # Hydra stops at the first override it cannot apply: drop it and go on, so every
@@ -226,6 +235,11 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
                 if culprit not in active:  # e.g. overrides that interpolate each other in a cycle
                     raise SpecError(sort_problems(problems)) from None
                 active.remove(culprit)
+                retries += 1
+                if retries >= MAX_RETRIES:
+                    message = f"stopped after {MAX_RETRIES} overrides that do not apply"
+                    problems.append(Problem(OVERRIDES, None, "", message))
+                    raise SpecError(sort_problems(problems)) from None
     finally:
         store.repo.pop(f"{base}.yaml", None)
     for group, choice in (choices or {}).items():
@@ -290,6 +304,31 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
 
 def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+MAX_RETRIES = 10  # compositions repeated to find overrides that do not apply, beyond unknown keys
+
+
+class _UnknownKey(Exception):
+    """An override of a key the composed spec does not have (worded as Hydra's error)."""
+
+    def __init__(self, text: str, key: str):
+        super().__init__(f"Could not override '{key}'. No match in config: {text}")
+
+
+def _unknown_key(known: Any, key: str) -> bool:
+    """Whether an override `key=...` names a mapping key that does not exist (keys under
+    lists and preset groups are left to Hydra)."""
+    from omegaconf import DictConfig
+
+    if key.split("@")[0] in PRESET_GROUPS or "[" in key:
+        return False
+    node, parts = known, key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node._get_node(part)
+    return isinstance(node, DictConfig) and parts[-1] not in node
 
 
 def _composition_problem(err: Exception, source: SourceFile, provenance: Provenance) -> Problem:
