@@ -201,8 +201,11 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     skeleton = _defaults_skeleton(algo_name)
     # Unknown keys are found here all at once: Hydra stops at the first, and composing again
     # for each of a thousand bad overrides would take minutes.
-    known = OmegaConf.merge(OmegaConf.create(skeleton), first)
-    for key, text, _ in provenance.overrides:
+    try:
+        known = OmegaConf.merge(OmegaConf.create(skeleton), first)
+    except OmegaConfBaseException:  # e.g. a list where a mapping belongs: reported below
+        known = None
+    for key, text, _ in provenance.overrides if known is not None else ():
         if text.lstrip()[:1] not in "+~" and _unknown_key(known, key) and text in active:
             active.remove(text)
             problems.append(_composition_problem(_UnknownKey(text, key), source, provenance))
