@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from marlctl import tracking
+from marlctl.atomic import remove_stale_staging, staging
 from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
@@ -73,8 +73,10 @@ def run_plan(
     The seeds' runs go under a new parent run, or under `parent_id` (a sweep's trial run,
     which its caller creates and ends). `stop` (an Event) ends every seed early.
     """
+    remove_stale_staging()
     spec = loaded.spec
     uri = spec.tracking.uri
+    tracking.check_reachable(uri)
     client = tracking.client_for(uri)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
     common = run_tags(loaded, plan)
@@ -147,6 +149,7 @@ def resume(
 
     store = tracking.resolve_uri(tracking_uri)
     tracking.check_store(tracking_uri)
+    remove_stale_staging()
     client = tracking.client_for(tracking_uri)
     try:
         run = client.get_run(run_id)
@@ -206,8 +209,8 @@ def resume(
 
 
 def log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / SPEC_ARTIFACT
+    with staging() as tmp:
+        path = tmp / SPEC_ARTIFACT
         path.write_text(yaml.safe_dump(redact_all(resolved), sort_keys=False))
         client.log_artifact(run_id, str(path))
 

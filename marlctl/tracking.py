@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import random
 import subprocess
 import threading
 import time
@@ -43,6 +44,7 @@ def check_store(uri: str | None) -> None:
         if path and not path.startswith(":memory:") and not Path(path).is_file():
             where = "--tracking-uri" if uri else "mlflow.db"
             raise SpecError.at(where, f"no MLflow store at {path}; pass --tracking-uri")
+    check_reachable(uri)
 
 
 def client_for(uri: str | None) -> MlflowClient:
@@ -53,7 +55,16 @@ def client_for(uri: str | None) -> MlflowClient:
     # A new SQLite store prints its schema migrations; they are not the user's business.
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return RedactingClient(tracking_uri=resolve_uri(uri))
+    # Opening a new SQLite store creates its schema; two commands starting together in a
+    # fresh folder race on it, and the loser tries again.
+    for attempt in range(STORE_ATTEMPTS):
+        try:
+            return RedactingClient(tracking_uri=resolve_uri(uri))
+        except Exception as err:
+            if attempt == STORE_ATTEMPTS - 1:
+                raise _store_error(uri, err) from None
+            time.sleep(0.2 * (attempt + 1) + 0.1 * random.random())
+    raise AssertionError("unreachable")
 
 
 class RedactingClient(MlflowClient):
@@ -76,13 +87,59 @@ class RedactingClient(MlflowClient):
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str | None) -> str:
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = None
-    if uri is None:
-        location = (Path.cwd() / "mlruns").as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    """The experiment's id, created if new; a command that loses the race to create it
+    tries again."""
+    location = None if uri is not None else (Path.cwd() / "mlruns").as_uri()
+    for attempt in range(STORE_ATTEMPTS):
+        try:
+            found = client.get_experiment_by_name(name)
+            if found is not None:
+                return found.experiment_id
+            return client.create_experiment(name, artifact_location=location)
+        except Exception as err:
+            if attempt == STORE_ATTEMPTS - 1:
+                raise _store_error(uri, err) from None
+            time.sleep(0.2 * (attempt + 1) + 0.1 * random.random())
+    raise AssertionError("unreachable")
+
+
+STORE_ATTEMPTS = 5
+CONNECT_TIMEOUT_S = 10
+
+
+def check_reachable(uri: str | None) -> None:
+    """Fail fast (exit 2, the store named) when a database or server store cannot be
+    reached or refuses the credentials; MLflow itself retries for minutes first."""
+    resolved = resolve_uri(uri)
+    scheme = resolved.split("://", 1)[0].split("+", 1)[0]
+    try:
+        if scheme in ("postgresql", "mysql", "mssql"):
+            import sqlalchemy
+
+            args = {"connect_timeout": CONNECT_TIMEOUT_S} if scheme != "mssql" else {}
+            engine = sqlalchemy.create_engine(resolved, connect_args=args, poolclass=None)
+            try:
+                with engine.connect():
+                    pass
+            finally:
+                engine.dispose()
+        elif scheme in ("http", "https"):
+            import socket
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(resolved)
+            port = parts.port or (443 if scheme == "https" else 80)
+            socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except Exception as err:
+        raise _store_error(uri, err) from None
+
+
+def _store_error(uri: str | None, err: Exception) -> SpecError:
+    reason = " ".join(str(getattr(err, "orig", None) or err).split())
+    if len(reason) > 300:
+        reason = reason[:299] + "…"
+    where = "tracking.uri" if uri else "mlflow.db"
+    return SpecError.at(where, f"cannot use the MLflow store {redact(resolve_uri(uri))}: {reason}")
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:

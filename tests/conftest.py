@@ -10,7 +10,12 @@ really needs the repository as its working directory is marked `@pytest.mark.rep
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -87,3 +92,60 @@ def _migrated_mlflow_store(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) ->
         return original(uri)
 
     monkeypatch.setattr(tracking, "client_for", client_for)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres():
+    """A PostgreSQL server in a temporary folder, as a non-root user; skipped if it cannot start."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if not bins:
+        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+    pg_bin = bins[-1].parent
+    pytest.importorskip("psycopg")
+    base = Path(tempfile.mkdtemp(prefix="marlctl-pg-"))
+    prefix: list[str] = []
+    if os.getuid() == 0:
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser to drop to the postgres user")
+        shutil.chown(base, "postgres")
+        prefix = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    data = base / "data"
+
+    def pg(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=60)
+
+    init = pg(str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "marlctl", "--no-sync")
+    if init.returncode != 0:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"initdb failed: {init.stderr.strip()[:300]}")
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
+    start = pg(
+        str(pg_bin / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-l",
+        str(base / "log"),
+        "-w",
+        "start",
+    )
+    if start.returncode != 0:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"PostgreSQL did not start: {start.stderr.strip()[:300]}")
+    try:
+        created = pg(
+            str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "marlctl", "sweeps"
+        )
+        assert created.returncode == 0, created.stderr
+        yield f"postgresql://marlctl@127.0.0.1:{port}/sweeps"
+    finally:
+        pg(str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(base, ignore_errors=True)

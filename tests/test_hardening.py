@@ -4,6 +4,7 @@ quickly; a defect anywhere: one line, exit 1, the traceback kept in a file."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -285,3 +286,69 @@ def test_a_thousand_bad_overrides_are_reported_quickly(monkeypatch, capsys):
     dangling = [f"+x{i}=${{y{i}}}" for i in range(300)]
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *dangling)
     assert "<overrides>: stopped after 10 overrides that do not apply" in err
+
+
+def test_staging_folders_of_killed_processes_are_removed(monkeypatch, tmp_path):
+    import subprocess
+    import tempfile
+
+    from marlctl.atomic import STAGING_PREFIX, remove_stale_staging, staging
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    pid = int(dead.stdout)
+    stale = tmp_path / f"{STAGING_PREFIX}{pid}-abc"
+    (stale / "checkpoints").mkdir(parents=True)
+    (stale / "checkpoints" / "latest.pt").write_bytes(b"x" * 1000)
+    with staging() as mine:
+        assert mine.parent == tmp_path and mine.name.startswith(f"{STAGING_PREFIX}{os.getpid()}-")
+        assert remove_stale_staging() == 1
+        assert not stale.exists() and mine.exists()  # a running process keeps its own
+    assert not mine.exists()
+
+
+TINY_RUN = MINIMAL + (
+    "env: {backend: native, params: {N: 2, max_cycles: 10}}\n"
+    "train: {total_env_steps: 400, eval_every: 0, eval_episodes: 2, checkpoint_every: 0}\n"
+    "hardware: {num_envs: 4, device: cpu}\n"
+)
+
+
+def test_an_unreachable_store_is_named_at_once(monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    Path("spec.yaml").write_text(TINY_RUN)
+    uri = f"tracking.uri='postgresql://alice:hunter2@127.0.0.1:{port}/runs'"
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", uri, seconds=15)
+    assert (
+        f"tracking.uri: cannot use the MLflow store postgresql://alice:***@127.0.0.1:{port}" in err
+    )
+    assert "hunter2" not in err
+
+
+def test_a_missing_postgresql_database_is_named_at_once(postgres, monkeypatch, capsys):
+    Path("spec.yaml").write_text(TINY_RUN)
+    missing = postgres.rsplit("/", 1)[0] + "/no_such_db"
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", f"tracking.uri='{missing}'")
+    assert f"tracking.uri: cannot use the MLflow store {missing}" in err
+    assert 'database "no_such_db" does not exist' in err
+
+
+def test_two_runs_started_together_in_a_fresh_folder_both_record():
+    import subprocess
+
+    Path("spec.yaml").write_text(TINY_RUN)
+    command = [sys.executable, "-m", "marlctl", "run", "spec.yaml", "--json"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    runs.append(
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    outcomes = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outcomes]
+    parents = {json.loads(out)["parent_run_id"] for out, _ in outcomes}
+    assert len(parents) == 2

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -617,63 +614,6 @@ def test_submitit_local_executor_runs_the_workers(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- many machines
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def postgres():
-    """A PostgreSQL server in a temporary folder, as a non-root user; skipped if it cannot start."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    if not bins:
-        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
-    pg_bin = bins[-1].parent
-    pytest.importorskip("psycopg")
-    base = Path(tempfile.mkdtemp(prefix="marlctl-pg-"))
-    prefix: list[str] = []
-    if os.getuid() == 0:
-        if shutil.which("runuser") is None:
-            pytest.skip("running as root without runuser to drop to the postgres user")
-        shutil.chown(base, "postgres")
-        prefix = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    data = base / "data"
-
-    def pg(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=60)
-
-    init = pg(str(pg_bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "marlctl", "--no-sync")
-    if init.returncode != 0:
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"initdb failed: {init.stderr.strip()[:300]}")
-    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
-    start = pg(
-        str(pg_bin / "pg_ctl"),
-        "-D",
-        str(data),
-        "-o",
-        options,
-        "-l",
-        str(base / "log"),
-        "-w",
-        "start",
-    )
-    if start.returncode != 0:
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"PostgreSQL did not start: {start.stderr.strip()[:300]}")
-    try:
-        created = pg(
-            str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "marlctl", "sweeps"
-        )
-        assert created.returncode == 0, created.stderr
-        yield f"postgresql://marlctl@127.0.0.1:{port}/sweeps"
-    finally:
-        pg(str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -156,6 +156,9 @@ def run_sweep(
             raise SpecError(
                 [_launcher_problem("submitit is not installed: pip install 'marlctl[cluster]'")]
             ) from None
+    from marlctl import tracking
+
+    tracking.check_reachable(ctx.tracking_uri)
     study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
     check_same_space(study, ctx.params)
     ctx.study_run_id = _study_run(ctx, sweep)

@@ -10,19 +10,18 @@ import importlib
 import math
 import random
 import signal
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from marlctl.algos import registered_algos
+from marlctl.atomic import staging
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan
@@ -182,8 +181,8 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
             if tag is not None:
                 client.set_tag(result.run_id, tracking.ERROR_TAG, tag)
             if trace is not None:
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "error.txt"
+                with staging() as tmp:
+                    path = tmp / "error.txt"
                     path.write_text(redact(trace))
                     client.log_artifact(result.run_id, str(path))
             client.set_terminated(result.run_id, status)
@@ -448,8 +447,8 @@ def _save_policy(client, run_id: str, trainer, index: int) -> None:
 
 def _log_torch(client, run_id: str, state: dict, artifact: str) -> None:
     folder, name = artifact.rsplit("/", 1)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
+    with staging() as tmp:
+        path = tmp / name
         torch.save(state, path)
         client.log_artifact(run_id, str(path), artifact_path=folder)
 
@@ -458,6 +457,6 @@ def _load_checkpoint(client, run_id: str) -> dict | None:
     folder = CHECKPOINT.rsplit("/", 1)[0]
     if not any(f.path == CHECKPOINT for f in client.list_artifacts(run_id, folder)):
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, CHECKPOINT, tmp)
+    with staging() as tmp:
+        path = client.download_artifacts(run_id, CHECKPOINT, str(tmp))
         return torch.load(path, weights_only=True, map_location="cpu")
