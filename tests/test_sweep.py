@@ -656,3 +656,19 @@ def test_machines_join_one_study_through_postgresql(tmp_path: Path, postgres: st
         len(runs_by_role(mlflow_client(folder), "shared").get("trial", [])) for folder in machines
     ]
     assert sum(per_machine) == 4 and all(n >= 1 for n in per_machine)
+
+
+def test_a_sweep_whose_budget_was_used_is_ok_though_a_worker_died() -> None:
+    from marlctl.sweep import SweepSummary
+
+    def summary(counts: dict[str, int], errors: list[str]) -> SweepSummary:
+        best = {"trial": 0, "value": 1.0, "params": {}}
+        return SweepSummary(
+            "s", "journal", "db", "run", 3, counts, 0, 0, best, [], None, worker_errors=errors
+        )
+
+    died = ["worker 1 ended with exit code -9"]
+    assert summary({"COMPLETE": 2, "FAIL": 1}, died).ok
+    assert not summary({"COMPLETE": 2, "RUNNING": 1}, died).ok
+    assert not summary({"COMPLETE": 2}, died).ok
+    assert summary({"COMPLETE": 2}, []).ok

@@ -70,8 +70,15 @@ class SweepSummary:
     worker_errors: list[str] = field(default_factory=list)
 
     @property
+    def budget_used(self) -> bool:
+        """Every trial of the budget ended (complete, pruned or failed), none still running."""
+        done = sum(self.counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
+        return done >= self.budget and not self.counts.get("RUNNING")
+
+    @property
     def ok(self) -> bool:
-        return self.best is not None and not self.worker_errors
+        """A best trial, and the budget used even if a worker died (others took its share)."""
+        return self.best is not None and (self.budget_used or not self.worker_errors)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -347,14 +354,14 @@ def _finish_study_run(ctx: SweepContext, summary: SweepSummary) -> None:
         client.set_tag(run_id, "marlctl.best_trial", str(summary.best["trial"]))
     if summary.best_spec:
         client.log_artifact(run_id, summary.best_spec)
-    done = sum(summary.counts.get(s, 0) for s in ("COMPLETE", "PRUNED", "FAIL"))
+    if summary.worker_errors:
+        client.set_tag(run_id, tracking.ERROR_TAG, "; ".join(summary.worker_errors)[:5000])
     if summary.interrupted:
         client.set_terminated(run_id, "KILLED")
-    elif summary.worker_errors:
-        client.set_tag(run_id, tracking.ERROR_TAG, "; ".join(summary.worker_errors)[:5000])
-        client.set_terminated(run_id, "FAILED")
-    elif done >= summary.budget and not summary.counts.get("RUNNING"):
+    elif summary.budget_used:  # a worker that died left its trials to the others
         client.set_terminated(run_id, "FINISHED")
+    elif summary.worker_errors:
+        client.set_terminated(run_id, "FAILED")
 
 
 # ---------------------------------------------------------------- launching workers
