@@ -314,8 +314,8 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
 
 def _print_summary(summary) -> None:
     table = Table(
-        title=f"{summary.experiment}",
-        caption=f"MLflow: {summary.tracking_uri} · parent run {summary.parent_run_id}",
+        title=Text(summary.experiment),
+        caption=redact(f"MLflow: {summary.tracking_uri} · parent run {summary.parent_run_id}"),
     )
     for column in ("seed", "status", "eval return", "env steps/s", "MLflow run"):
         table.add_column(column)
@@ -482,11 +482,12 @@ def _short(value: Any) -> str:
 def _print_sweep(summary) -> None:
     counts = ", ".join(f"{n} {state.lower()}" for state, n in summary.counts.items()) or "none"
     retried = f"; {summary.retried} lost or interrupted and re-run" if summary.retried else ""
-    out.print(
-        f"[bold]study {summary.study}[/bold] ({summary.storage}): trials {counts} "
-        f"of {summary.budget}{retried}; {summary.env_steps:,} env steps in all",
-        highlight=False,
-        soft_wrap=True,
+    _say(
+        out,
+        f"({summary.storage}): trials {counts} of {summary.budget}{retried}; "
+        f"{summary.env_steps:,} env steps in all",
+        f"study {summary.study}",
+        "bold",
     )
     if summary.top:
         table = Table(title="top trials", caption=f"MLflow study run {summary.study_run_id}")

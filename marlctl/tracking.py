@@ -13,6 +13,8 @@ import random
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -55,16 +57,40 @@ def client_for(uri: str | None) -> MlflowClient:
     # A new SQLite store prints its schema migrations; they are not the user's business.
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Opening a new SQLite store creates its schema; two commands starting together in a
-    # fresh folder race on it, and the loser tries again.
+    # Opening a new SQLite store creates its schema: commands on this machine take turns
+    # (two started together in a fresh folder would both migrate it and break it).
     for attempt in range(STORE_ATTEMPTS):
         try:
-            return RedactingClient(tracking_uri=resolve_uri(uri))
+            with _schema_lock(resolve_uri(uri)):
+                return RedactingClient(tracking_uri=resolve_uri(uri))
         except Exception as err:
             if attempt == STORE_ATTEMPTS - 1:
                 raise _store_error(uri, err) from None
             time.sleep(0.2 * (attempt + 1) + 0.1 * random.random())
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def _schema_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock per SQLite file, in the temp dir, while a client opens it."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock
+        yield
+        return
+    import tempfile
+
+    key = hashlib.sha256(str(Path(uri.removeprefix("sqlite:///")).resolve()).encode())
+    lock = Path(tempfile.gettempdir()) / f"marlctl-store-{key.hexdigest()[:16]}.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class RedactingClient(MlflowClient):

@@ -349,6 +349,6 @@ def test_two_runs_started_together_in_a_fresh_folder_both_record():
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     )
     outcomes = [run.communicate(timeout=300) for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outcomes]
+    assert [run.returncode for run in runs] == [0, 0], outcomes
     parents = {json.loads(out)["parent_run_id"] for out, _ in outcomes}
     assert len(parents) == 2
