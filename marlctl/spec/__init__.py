@@ -430,6 +430,8 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
                 f"must be a mapping with a name; to use the preset '{data['algo']}' "
                 f"write algos={data['algo']} (or `- algos: {data['algo']}` in defaults)"
             )
+        elif kind in ("int_parsing", "float_parsing") and item.get("input") in ("true", "false"):
+            message = f"must be a number, not {item['input']}"  # see marlctl.strict
         else:
             message = item["msg"].removeprefix("Value error, ")
             if "input" in item and kind not in ("model_type", "dict_type"):
