@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.algos import registered_algos
-from marlctl.envs.registry import EnvInfo, EnvLookupError, ProbeTimeout, probe
+from marlctl.envs.registry import EnvInfo, probe
 from marlctl.errors import SpecError
-from marlctl.spec import LoadedSpec
+from marlctl.spec import LoadedSpec, env_problem
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def compile_plan(
         try:
             env_info = probe(spec.env.id, dict(spec.env.params))
         except Exception as err:
-            raise SpecError([_env_problem(spec.env.id, err, prov)]) from None
+            raise SpecError([env_problem(spec.env.id, err, prov)]) from None
     algo = registered_algos()[spec.algo.name]
     if spec.env.backend == "native":
         from marlctl.envs.native import native_problem
@@ -238,26 +238,6 @@ def _resolve_device(device: str, gpus: int) -> str:
     if device == "auto":
         return "cuda:0" if gpus > 0 else "cpu"
     return "cuda:0" if device == "cuda" else device
-
-
-def probe_problem(env_id: str, params: dict[str, Any], prov) -> Any:
-    """The problem building the env raises, or None (used when the rest of the spec is bad)."""
-    try:
-        probe(env_id, params)
-    except Exception as err:
-        return _env_problem(env_id, err, prov)
-    return None
-
-
-def _env_problem(env_id: str, err: Exception, prov):
-    if isinstance(err, EnvLookupError):
-        return prov.problem("env.id", str(err))
-    if isinstance(err, ProbeTimeout):
-        return prov.problem("env.params", f"{err}; are the params out of proportion?")
-    if isinstance(err, TypeError):
-        return prov.problem("env.params", f"env '{env_id}' rejected its params: {err}")
-    # The user's factory may raise anything; report it, never a traceback.
-    return prov.problem("env", f"building env '{env_id}' failed: {type(err).__name__}: {err}")
 
 
 def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float:

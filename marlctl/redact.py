@@ -22,3 +22,12 @@ def redact_all(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact_all(v) for v in value]
     return value
+
+
+def shown_url(url: str) -> str:
+    """A storage URL fit to print or store: without its password."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
+    return url

@@ -270,7 +270,7 @@ def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path) -> 
 
 
 def test_storage_urls_are_shown_without_their_password() -> None:
-    from marlctl.sweep.study import shown_url
+    from marlctl.redact import shown_url
 
     assert shown_url("postgresql://me:secret@db:5432/s") == "postgresql://me@db:5432/s"
     assert shown_url("/data/optuna.journal") == "/data/optuna.journal"

@@ -149,7 +149,7 @@ def build(
     tracking) form groups of their own, so configurations are never pooled as seeds."""
     from mlflow.exceptions import MlflowException
 
-    from marlctl.sweep.study import shown_url
+    from marlctl.redact import shown_url
 
     parsed = [Filter.parse(text, i + 1) for i, text in enumerate(filters)]
     tracking.check_store(uri)

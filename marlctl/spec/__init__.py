@@ -451,10 +451,28 @@ def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]
     params = env.get("params", {})
     if not isinstance(params, dict):
         return []
-    from marlctl.plan import probe_problem
+    from marlctl.envs.registry import probe
 
-    problem = probe_problem(env["id"], params, provenance)
-    return [problem] if problem else []
+    try:
+        probe(env["id"], params)
+    except Exception as err:
+        return [env_problem(env["id"], err, provenance)]
+    return []
+
+
+def env_problem(env_id: str, err: Exception, provenance: Provenance) -> Problem:
+    """What building, resetting or stepping the env once raised, placed on the spec."""
+    from marlctl.envs.registry import EnvLookupError, ProbeTimeout
+
+    if isinstance(err, EnvLookupError):
+        return provenance.problem("env.id", str(err))
+    if isinstance(err, ProbeTimeout):
+        return provenance.problem("env.params", f"{err}; are the params out of proportion?")
+    if isinstance(err, TypeError):
+        return provenance.problem("env.params", f"env '{env_id}' rejected its params: {err}")
+    # The user's factory may raise anything; report it, never a traceback.
+    message = f"building env '{env_id}' failed: {type(err).__name__}: {err}"
+    return provenance.problem("env", message)
 
 
 def sort_problems(problems: list[Problem]) -> list[Problem]:

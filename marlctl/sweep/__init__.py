@@ -21,7 +21,7 @@ import yaml
 
 from marlctl.atomic import replacing
 from marlctl.errors import Problem, SpecError
-from marlctl.redact import redact_all
+from marlctl.redact import redact_all, shown_url
 from marlctl.spec import load_spec
 from marlctl.sweep.space import check_space, space_of, split_overrides
 from marlctl.sweep.study import (
@@ -32,7 +32,6 @@ from marlctl.sweep.study import (
     counted,
     create_study,
     load_study,
-    shown_url,
     storage_url,
 )
 

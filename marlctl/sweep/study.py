@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.errors import Problem, SpecError
-from marlctl.redact import redact, redact_all
+from marlctl.redact import redact, redact_all, shown_url
 from marlctl.sweep.space import (
     Param,
     active,
@@ -69,15 +69,6 @@ def storage_url(storage: str | None, cwd: str | Path | None = None) -> str:
     if storage is None:
         return str(Path(cwd or Path.cwd()) / JOURNAL)
     return storage
-
-
-def shown_url(url: str) -> str:
-    """A storage URL fit to print or store: without its password."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
-    return url
 
 
 def is_database(storage: str) -> bool:
