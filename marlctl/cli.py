@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from marlctl.errors import MarlctlError, SpecError
+from marlctl.errors import MarlctlError, SpecError, one_line
 from marlctl.redact import redact
 
 app = typer.Typer(
@@ -931,14 +931,14 @@ def _internal_error(error: BaseException, as_json: bool) -> int:
     import time
     import traceback
 
-    summary = f"{type(error).__name__}: {_one_line(str(error))}"
-    text = "".join(traceback.format_exception(error))
+    summary = f"{type(error).__name__}: {one_line(str(error))}"
+    text = redact("".join(traceback.format_exception(error)))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         with tempfile.NamedTemporaryFile(
             "w", prefix=f"marlctl-{stamp}-", suffix=".traceback", delete=False
         ) as file:
-            file.write(f"marlctl {' '.join(sys.argv[1:])}\n\n{text}")
+            file.write(redact(f"marlctl {' '.join(sys.argv[1:])}\n\n{text}"))
         where = file.name
     except OSError:  # nowhere to write: the traceback itself, so nothing is lost
         where = None
@@ -948,8 +948,3 @@ def _internal_error(error: BaseException, as_json: bool) -> int:
         _say(err, summary, "internal error:", "red")
         _say(err, f"the traceback is in {where}" if where else text, lines=not where)
     return 1
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,4 +1,5 @@
-"""The project's error types. The CLI maps each to one exit code; nothing else exits."""
+"""The project's error types and the wording of their messages. The CLI maps each type to one
+exit code; nothing else exits."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """An exception's message as one line of at most `limit` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 class MarlctlError(Exception):

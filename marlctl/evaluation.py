@@ -16,7 +16,7 @@ from typing import Any
 
 from marlctl import tracking
 from marlctl.atomic import replacing
-from marlctl.errors import SpecError
+from marlctl.errors import SpecError, one_line
 
 LATEST = "latest"
 VIDEO_SUFFIXES = (".gif", ".mp4")
@@ -209,12 +209,8 @@ def _load_policies(trainer, policies: Any, artifact: str) -> None:
     try:
         trainer.policies.load_state_dict(policies)
     except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
-        detail = " ".join(str(err).split())
-        if len(detail) > 300:
-            detail = detail[:299] + "…"
-        raise SpecError.at(
-            "--checkpoint", f"'{artifact}' does not fit this run's networks: {detail}"
-        ) from None
+        message = f"'{artifact}' does not fit this run's networks: {one_line(str(err))}"
+        raise SpecError.at("--checkpoint", message) from None
 
 
 def _evaluate_one(

@@ -166,14 +166,12 @@ def resume(
         loaded = load_spec(spec_path, stored=f"run {parent_id}")
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
-    # The store the run was found in: the stored spec keeps no password to connect with.
-    uri = tracking.resolve_uri(tracking_uri)
     requests = [
         RunRequest(
             loaded.resolved,
             plan.env,
             by_seed[int(c.data.tags["marlctl.seed"])],
-            uri,
+            store,  # where the run was found: the stored spec keeps no password to connect with
             c.info.run_id,
             resume=True,
         )

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):(?P<secret>[^\s@/]+)@")
+# scheme://user:secret@host: the secret runs to the last `@` before the host, so a password
+# holding an `@` is masked whole.
+_CREDENTIALS = re.compile(
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):(?P<secret>[^\s/]*?)@(?=[^\s@/]*(?:[/?#\s]|$))"
+)
 
 
 def redact(text: str) -> str:
@@ -25,9 +29,5 @@ def redact_all(value: Any) -> Any:
 
 
 def shown_url(url: str) -> str:
-    """A storage URL fit to print or store: without its password."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
-    return url
+    """A storage URL fit to print or store: without its password at all."""
+    return _CREDENTIALS.sub(r"\g<head>@", url)

@@ -13,7 +13,7 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from marlctl.errors import SpecError
+from marlctl.errors import SpecError, one_line
 from marlctl.redact import redact
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -57,12 +57,23 @@ def client_for(uri: str | None) -> MlflowClient:
     # A new SQLite store prints its schema migrations; they are not the user's business.
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Opening a new SQLite store creates its schema: commands on this machine take turns
-    # (two started together in a fresh folder would both migrate it and break it).
+    resolved = resolve_uri(uri)
+
+    def open_store() -> MlflowClient:
+        # Opening a new SQLite store creates its schema: commands on this machine take
+        # turns (two started together in a fresh folder would both migrate it and break it).
+        with _schema_lock(resolved):
+            return RedactingClient(tracking_uri=resolved)
+
+    return _retried(open_store, uri)
+
+
+def _retried(action: Callable[[], Any], uri: str | None) -> Any:
+    """`action()`, tried again after a short pause when it fails (a store another command
+    is creating at the same moment); exit 2 naming the store when it keeps failing."""
     for attempt in range(STORE_ATTEMPTS):
         try:
-            with _schema_lock(resolve_uri(uri)):
-                return RedactingClient(tracking_uri=resolve_uri(uri))
+            return action()
         except Exception as err:
             if attempt == STORE_ATTEMPTS - 1:
                 raise _store_error(uri, err) from None
@@ -116,17 +127,14 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str | None) -> str:
     """The experiment's id, created if new; a command that loses the race to create it
     tries again."""
     location = None if uri is not None else (Path.cwd() / "mlruns").as_uri()
-    for attempt in range(STORE_ATTEMPTS):
-        try:
-            found = client.get_experiment_by_name(name)
-            if found is not None:
-                return found.experiment_id
-            return client.create_experiment(name, artifact_location=location)
-        except Exception as err:
-            if attempt == STORE_ATTEMPTS - 1:
-                raise _store_error(uri, err) from None
-            time.sleep(0.2 * (attempt + 1) + 0.1 * random.random())
-    raise AssertionError("unreachable")
+
+    def find_or_create() -> str:
+        found = client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        return client.create_experiment(name, artifact_location=location)
+
+    return _retried(find_or_create, uri)
 
 
 STORE_ATTEMPTS = 5
@@ -143,7 +151,7 @@ def check_reachable(uri: str | None) -> None:
             import sqlalchemy
 
             args = {"connect_timeout": CONNECT_TIMEOUT_S} if scheme != "mssql" else {}
-            engine = sqlalchemy.create_engine(resolved, connect_args=args, poolclass=None)
+            engine = sqlalchemy.create_engine(resolved, connect_args=args)
             try:
                 with engine.connect():
                     pass
@@ -161,9 +169,7 @@ def check_reachable(uri: str | None) -> None:
 
 
 def _store_error(uri: str | None, err: Exception) -> SpecError:
-    reason = " ".join(str(getattr(err, "orig", None) or err).split())
-    if len(reason) > 300:
-        reason = reason[:299] + "…"
+    reason = one_line(str(getattr(err, "orig", None) or err))
     where = "tracking.uri" if uri else "mlflow.db"
     return SpecError.at(where, f"cannot use the MLflow store {redact(resolve_uri(uri))}: {reason}")
 

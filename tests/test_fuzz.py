@@ -62,7 +62,7 @@ def check(args: list[str], written: set[Path]) -> None:
     """Run `marlctl validate ARGS` in-process and hold it to the contract."""
     before = _snapshot()
     stdout, stderr = io.StringIO(), io.StringIO()
-    sys.argv = ["marlctl", "validate", *args]
+    argv, sys.argv = sys.argv, ["marlctl", "validate", *args]
     start = time.perf_counter()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -70,6 +70,8 @@ def check(args: list[str], written: set[Path]) -> None:
             code = 0
         except SystemExit as done:
             code = done.code
+        finally:
+            sys.argv = argv
     elapsed = time.perf_counter() - start
     out, err = stdout.getvalue(), stderr.getvalue()
     context = f"args={args!r}\nexit={code}\nstdout={out}\nstderr={err}"

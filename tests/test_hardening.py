@@ -352,3 +352,14 @@ def test_two_runs_started_together_in_a_fresh_folder_both_record():
     assert [run.returncode for run in runs] == [0, 0], outcomes
     parents = {json.loads(out)["parent_run_id"] for out, _ in outcomes}
     assert len(parents) == 2
+
+
+def test_passwords_are_masked_whole_wherever_they_stand():
+    from marlctl.redact import redact, shown_url
+
+    text = "could not reach postgresql://alice:p@ss:w0rd@db.example:5432/runs; retrying"
+    assert redact(text) == "could not reach postgresql://alice:***@db.example:5432/runs; retrying"
+    assert shown_url("mysql+pymysql://bob:s3cret@db/x?ssl=1") == "mysql+pymysql://bob@db/x?ssl=1"
+    assert redact("sqlite:///runs/mlflow.db and http://host/x") == (
+        "sqlite:///runs/mlflow.db and http://host/x"
+    )

@@ -52,7 +52,8 @@ class MASACConfig(OffPolicyConfig):
         "`model.sharing` lets actors share; false = a critic per agent, as in MADDPG (Lowe et "
         "al. 2017). A critic that values each of its agent's own actions must then tell the "
         "agents apart by id alone: shared, it did not learn MPE simple_spread (-20 per agent "
-        "at 250k env steps, 3 seeds; -16 with a critic per agent).",
+        "at 250k env steps, 3 seeds; a critic per agent: -17 there, and -12.2 at 1M, 5 seeds, "
+        "`bench/results/algorithms.md`).",
     )
     # Christodoulou's 0.98 keeps a 5-action policy almost uniform (max entropy 1.609, target
     # 1.577) and its temperature grows without bound; BenchMARL's 0.2 lets the policy commit.

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.errors import Problem, SpecError
-from marlctl.redact import redact
 from marlctl.spec.models import Spec, model_fields_at
 from marlctl.spec.source import SourceFile, load_source
 
@@ -152,13 +151,11 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         for group, choice in entry.items() if isinstance(entry, dict) else ():
             if not _PRESET_NAME.match(str(choice)):
                 line = source.line_of(f"defaults.{position}")
-                message = f"'{choice}' is not a preset name (letters, digits, _ and -; no paths)"
-                problems.append(Problem(shown, line, f"defaults.{group}", message))
+                problems.append(Problem(shown, line, f"defaults.{group}", _not_a_preset(choice)))
     for key, text, index in provenance.overrides:
         choice = text.split("=", 1)[1] if "=" in text else ""
         if key.lstrip("+~").split("@")[0] in PRESET_GROUPS and not _PRESET_NAME.match(choice):
-            message = f"'{choice}' is not a preset name (letters, digits, _ and -; no paths)"
-            problems.append(Problem(OVERRIDES, index, text, message))
+            problems.append(Problem(OVERRIDES, index, text, _not_a_preset(choice)))
     if problems:
         raise SpecError(sort_problems(problems))
     if "_self_" not in defaults:
@@ -205,10 +202,10 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         known = OmegaConf.merge(OmegaConf.create(skeleton), first)
     except OmegaConfBaseException:  # e.g. a list where a mapping belongs: reported below
         known = None
-    for key, text, _ in provenance.overrides if known is not None else ():
+    for key, text, index in provenance.overrides if known is not None else ():
         if text.lstrip()[:1] not in "+~" and _unknown_key(known, key) and text in active:
             active.remove(text)
-            problems.append(_composition_problem(_UnknownKey(text, key), source, provenance))
+            problems.append(_unknown_key_problem(key, index))
     base = f"marlctl_base_{next(_store_counter)}"
     store.store(name=base, node=skeleton)
     retries = 0
@@ -264,20 +261,25 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
 
 
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def _not_a_preset(choice: Any) -> str:
+    return f"'{choice}' is not a preset name (letters, digits, _ and -; no paths)"
+
+
 _NO_HYDRA = "Hydra's own settings do not apply: marlctl composes specs, it runs no Hydra app"
 _RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")
 
 
 def _resolver_calls(data: Any, prefix: str = "") -> list[str]:
     """Key paths whose value calls an OmegaConf resolver (`${oc.env:HOME}`)."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return []
     found: list[str] = []
-    items = (
-        data.items()
-        if isinstance(data, dict)
-        else enumerate(data)
-        if isinstance(data, list)
-        else ()
-    )
     for key, value in items:
         path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, str) and _RESOLVER.search(value):
@@ -312,13 +314,6 @@ def _first_line(err: Exception) -> str:
 MAX_RETRIES = 10  # compositions repeated to find overrides that do not apply, beyond unknown keys
 
 
-class _UnknownKey(Exception):
-    """An override of a key the composed spec does not have (worded as Hydra's error)."""
-
-    def __init__(self, text: str, key: str):
-        super().__init__(f"Could not override '{key}'. No match in config: {text}")
-
-
 def _unknown_key(known: Any, key: str) -> bool:
     """Whether an override `key=...` names a mapping key that does not exist (keys under
     lists and preset groups are left to Hydra)."""
@@ -334,6 +329,16 @@ def _unknown_key(known: Any, key: str) -> bool:
     return isinstance(node, DictConfig) and parts[-1] not in node
 
 
+def _unknown_key_problem(key: str, index: int) -> Problem:
+    """Override `index` sets a key the spec does not have: the field meant, or how to add it."""
+    bare = key.lstrip("+~")
+    parent, _, leaf = bare.rpartition(".")
+    options = model_fields_at(parent.split(".") if parent else [])
+    close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else f"to add a new key write +{bare}=..."
+    return Problem(OVERRIDES, index, bare, f"unknown key; {hint}")
+
+
 def _composition_problem(err: Exception, source: SourceFile, provenance: Provenance) -> Problem:
     message = _first_line(err)
     message = (
@@ -343,17 +348,9 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
     )
     for key, text, index in provenance.overrides:
         if text in str(err) or f"'{key}'" in str(err):
-            bare = key.lstrip("+~")
             if "not in struct" in str(err) or "Could not override" in message:
-                parent, _, leaf = bare.rpartition(".")
-                options = model_fields_at(parent.split(".") if parent else [])
-                close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.6)
-                message = "unknown key" + (
-                    f"; did you mean '{close[0]}'?"
-                    if close
-                    else "; to add a new key write +" + bare + "=..."
-                )
-            return Problem(OVERRIDES, index, bare, message)
+                return _unknown_key_problem(key, index)
+            return Problem(OVERRIDES, index, key.lstrip("+~"), message)
     full_key = getattr(err, "full_key", None)
     if full_key:
         return provenance.problem(str(full_key), message)
@@ -435,7 +432,7 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
         else:
             message = item["msg"].removeprefix("Value error, ")
             if "input" in item and kind not in ("model_type", "dict_type"):
-                message += f" (got {redact(repr(item['input']))})"
+                message += f" (got {item['input']!r})"
         if dotted in seen:
             continue  # one problem per key: a union reports each member's complaint
         seen.add(dotted)

@@ -158,16 +158,14 @@ def _check_nodes(root: yaml.Node, shown: str) -> Problem | None:
                 )
             expanded[id(node)] = total
             continue
-        if id(node) in expanded:
+        if id(node) in expanded:  # met again through an alias: counted already
             continue
-        if id(node) in open_nodes:
-            return Problem(shown, line, "", "an alias refers to a node that contains it")
         if depth > MAX_DEPTH:
             return Problem(shown, line, "", f"nested deeper than {MAX_DEPTH} levels")
         open_nodes.add(id(node))
         stack.append((node, depth, True))
         for child in _children(node):
-            if id(child) in open_nodes:
+            if id(child) in open_nodes:  # an ancestor: the graph has a cycle
                 return Problem(shown, line, "", "an alias refers to a node that contains it")
             stack.append((child, depth + 1, False))
     return None
