@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from marlctl.algos import register_algo
-from marlctl.algos.qmix import OffPolicyConfig
+from marlctl.algos.offpolicy import OffPolicyConfig
 
 
 class DDPGFamilyConfig(OffPolicyConfig):

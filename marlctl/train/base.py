@@ -16,6 +16,7 @@ from torch import nn
 from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
+from marlctl.train.actions import action_bounds, one_hot, uniform_probs
 from marlctl.train.core import EpisodeStats, per_seed
 from marlctl.train.networks import AgentNet, reset_where, sharing_of
 
@@ -46,6 +47,7 @@ class Trainer:
         self._acting: dict[str, torch.Tensor] = {}  # recurrent state while acting
         # Envs whose episode starts with the next observation (recurrent states reset there).
         self._first = torch.ones(S, num_envs, dtype=torch.bool, device=self.device)
+        self.bounds = action_bounds(info.groups, self.device)  # continuous groups' boxes
 
     def restart_episodes(self) -> None:
         """The envs were reset: every episode starts afresh."""
@@ -81,6 +83,20 @@ class Trainer:
         """Inverse-CDF sampling from seed-first probabilities: masked actions have zero mass."""
         u = self.noise(probs.shape[:-1], normal=False).unsqueeze(-1)
         return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+    def random_action(self, group, mask: torch.Tensor | None, lead: torch.Size) -> torch.Tensor:
+        """Uniform random actions of `group`'s agents, shaped `lead` (`[S, ..., n]`, plus the
+        action dimension if continuous): over the allowed actions, or over the action box."""
+        shape = (*lead, group.n_actions)
+        if group.discrete:
+            return self.sample_categorical(uniform_probs(mask, shape, self.device))
+        return self.bounds[group.name].to_env(2.0 * self.noise(shape, normal=False) - 1.0)
+
+    def critic_action(self, group, action: torch.Tensor) -> torch.Tensor:
+        """A stored env action as a centralised critic takes it: one-hot, or in [-1, 1]."""
+        if group.discrete:
+            return one_hot(action, group)
+        return self.bounds[group.name].from_env(action)
 
     def agent_net(
         self, group, n_in: int, n_out: int, sharing: str | None = None, **kwargs
@@ -261,8 +277,3 @@ def freeze(params: list[torch.Tensor], frozen: bool) -> None:
     which walks every submodule."""
     for p in params:
         p.requires_grad_(not frozen)
-
-
-def flat_obs(ob: Observation, group) -> torch.Tensor:
-    obs = ob.obs[group.name]
-    return obs.flatten(start_dim=obs.dim() - len(group.obs_shape))

@@ -24,7 +24,8 @@ from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, freeze
+from marlctl.train.actions import flat_obs, mask_logits, masked_mean
+from marlctl.train.base import clip_grad_norm_per_seed, freeze
 from marlctl.train.core import adam
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.replay import Field
@@ -111,11 +112,6 @@ class MADDPGTrainer(OffPolicyTrainer):
             "actor": adam(self.actor_params, config.lr),
             "critic": adam(self.critic_params, config.critic_lr),
         }
-        self.low, self.high = {}, {}
-        for g in info.groups:
-            if not g.discrete:
-                self.low[g.name] = torch.tensor(g.action_low, device=self.device)
-                self.high[g.name] = torch.tensor(g.action_high, device=self.device)
         S = len(self.seeds)
         self._member = {  # ensemble member of each env's current episode
             g.name: torch.zeros(S, num_envs, g.n_agents, dtype=torch.long, device=self.device)
@@ -128,24 +124,6 @@ class MADDPGTrainer(OffPolicyTrainer):
             return {}
         return {f"member/{g.name}": Field((g.n_agents,), torch.long) for g in self.info.groups}
 
-    # ------------------------------------------------------------ action scaling
-
-    def to_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
-        """A continuous action in [-1, 1] -> the env's bounds."""
-        low, high = self.low[name], self.high[name]
-        return low + (action + 1) * 0.5 * (high - low)
-
-    def from_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
-        low, high = self.low[name], self.high[name]
-        return 2 * (action - low) / (high - low) - 1
-
-    def critic_action(self, name: str, stored: torch.Tensor) -> torch.Tensor:
-        """A stored env action as the critics see it: one-hot, or scaled to [-1, 1]."""
-        group = self.groups[name]
-        if group.discrete:
-            return F.one_hot(stored, group.n_actions).to(torch.float32)
-        return self.from_env(name, stored)
-
     # ------------------------------------------------------------ acting
 
     def _draw_members(self, first: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -157,11 +135,9 @@ class MADDPGTrainer(OffPolicyTrainer):
 
     def _act(self, name: str, ob: Observation, member: torch.Tensor, explore: bool):
         group, actor = self.groups[name], self.actors[name]
-        out, _ = actor(flat_obs(ob, group), member=member)
+        out, _ = actor(flat_obs(ob.obs[name], group), member=member)
         if group.discrete:
-            mask = ob.masks[name]
-            if mask is not None:
-                out = out.masked_fill(~mask, torch.finfo(out.dtype).min)
+            out = mask_logits(out, ob.masks[name])
             if explore:  # a Gumbel-max sample is a sample of softmax(logits)
                 return self.sample_categorical(torch.softmax(out, -1))
             return out.argmax(-1)
@@ -169,7 +145,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         if explore and self.cfg.exploration_noise > 0:
             noise = self.noise(action.shape, normal=True) * self.cfg.exploration_noise
             action = (action + noise).clamp(-1, 1)
-        return self.to_env(name, action)
+        return self.bounds[name].to_env(action)
 
     def explore(self, ob: Observation, first: torch.Tensor):
         actions, extra = {}, {}
@@ -179,18 +155,10 @@ class MADDPGTrainer(OffPolicyTrainer):
             if self.cfg.ensemble > 1:
                 extra[f"member/{name}"] = self._member[name]
             if warmup:  # uniform random actions fill the buffer before the first update
-                actions[name] = self._uniform(group, ob)
+                actions[name] = self.random_action(group, ob.masks[name], ob.obs[name].shape[:3])
             else:
                 actions[name] = self._act(name, ob, self._member[name], explore=True)
         return actions, extra
-
-    def _uniform(self, group: GroupInfo, ob: Observation) -> torch.Tensor:
-        shape = (*ob.obs[group.name].shape[:3], group.n_actions)
-        if group.discrete:
-            mask = ob.masks[group.name]
-            allowed = torch.ones(shape, device=self.device) if mask is None else mask.float()
-            return self.sample_categorical(allowed / allowed.sum(-1, keepdim=True))
-        return self.to_env(group.name, self.noise(shape, normal=False) * 2 - 1)
 
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
@@ -212,9 +180,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         group = self.groups[name]
         if not group.discrete:
             return torch.tanh(logits_or_mean)
-        logits = logits_or_mean
-        if mask is not None:
-            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        logits = mask_logits(logits_or_mean, mask)
         soft = torch.softmax(
             (logits + self._gumbel(logits.shape)) / self.cfg.gumbel_temperature, -1
         )
@@ -233,14 +199,11 @@ class MADDPGTrainer(OffPolicyTrainer):
         group, cfg = self.groups[name], self.cfg
         member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
         obs = flat(batch[f"next_obs/{name}"])
-        out, _ = self.target["actors"][name](
-            obs.flatten(obs.dim() - len(group.obs_shape)), member=member
-        )
+        out, _ = self.target["actors"][name](flat_obs(obs, group), member=member)
         smooth = self.twin and cfg.target_noise > 0
         if group.discrete:
             mask = batch.get(f"next_mask/{name}")
-            if mask is not None:
-                out = out.masked_fill(~flat(mask), torch.finfo(out.dtype).min)
+            out = mask_logits(out, None if mask is None else flat(mask))
             if smooth:
                 out = out + cfg.target_noise * self._gumbel(out.shape)
             return F.one_hot(out.argmax(-1), group.n_actions).to(torch.float32)
@@ -268,7 +231,9 @@ class MADDPGTrainer(OffPolicyTrainer):
 
         state, next_state = flat(batch["state"]), flat(batch["next_state"])
         keep = 1.0 - flat(batch["terminated"]).to(state.dtype)
-        taken = {n: self.critic_action(n, flat(batch[f"action/{n}"])) for n in self.groups}
+        taken = {
+            n: self.critic_action(g, flat(batch[f"action/{n}"])) for n, g in self.groups.items()
+        }
         joint = self.joint.join(taken)
 
         # ---- critics: y_i = r_i + gamma * Q'_i(s', mu'(o')) (min of the twins for MATD3)
@@ -279,15 +244,14 @@ class MADDPGTrainer(OffPolicyTrainer):
         for name in self.groups:
             active = flat(batch[f"active/{name}"]).to(state.dtype)
             weights[name] = active
-            count = active.sum((1, 2)).clamp_min(1.0)
             with torch.no_grad():
                 next_q = self._q(self.target["critics"], name, next_state, next_joint).amin(-1)
                 alive = keep.unsqueeze(-1) * flat(batch[f"next_active/{name}"]).to(state.dtype)
                 y = flat(self.reward(batch, name)) + cfg.gamma * alive * next_q
             q = self._q(self.critics, name, state, joint)  # [S, X, n, K]
             error = ((q - y.unsqueeze(-1)) ** 2).sum(-1)
-            critic_loss = critic_loss + (error * active).sum((1, 2)) / count
-            q_mean = q_mean + (q[..., 0].detach() * active).sum((1, 2)) / count / len(self.groups)
+            critic_loss = critic_loss + masked_mean(error, active)
+            q_mean = q_mean + masked_mean(q[..., 0].detach(), active) / len(self.groups)
         critic_opt = self.optimizers["critic"]
         critic_opt.zero_grad(set_to_none=True)
         critic_loss.sum().backward()  # seeds share no parameter
@@ -303,19 +267,15 @@ class MADDPGTrainer(OffPolicyTrainer):
             for name, group in self.groups.items():
                 obs = flat(batch[f"obs/{name}"])
                 member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
-                out, _ = self.actors[name](
-                    obs.flatten(obs.dim() - len(group.obs_shape)), member=member
-                )
+                out, _ = self.actors[name](flat_obs(obs, group), member=member)
                 mask = batch.get(f"mask/{name}")
                 own = self._relaxed(name, out, None if mask is None else flat(mask))
                 joint_own = self.joint.with_own(joint, name, own)
                 q = self._q(self.critics, name, state, joint_own)[..., 0]  # TD3: the first
                 active = weights[name]
-                count = active.sum((1, 2)).clamp_min(1.0)
                 regular = (out**2).mean(-1)
-                actor_loss = (
-                    actor_loss
-                    + ((-q + cfg.policy_regularization * regular) * active).sum((1, 2)) / count
+                actor_loss = actor_loss + masked_mean(
+                    -q + cfg.policy_regularization * regular, active
                 )
             actor_opt = self.optimizers["actor"]
             actor_opt.zero_grad(set_to_none=True)

@@ -33,27 +33,14 @@ from marlctl.algos.masac import MASACConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs, freeze
+from marlctl.train.actions import flat_obs, masked_log_softmax, masked_mean
+from marlctl.train.base import clip_grad_norm_per_seed, freeze
 from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
-from marlctl.train.qmix import flat_obs_batch
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 # ---------------------------------------------------------------- policy helpers
-
-
-def masked_log_softmax(
-    logits: torch.Tensor, mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities and log-probabilities; a masked action has probability 0 and log 0,
-    so `probs * log_probs` is 0 there rather than 0 * -inf = NaN."""
-    if mask is None:
-        log_probs = F.log_softmax(logits, -1)
-        return log_probs.exp(), log_probs
-    log_probs = F.log_softmax(logits.masked_fill(~mask, torch.finfo(logits.dtype).min), -1)
-    log_probs = torch.where(mask, log_probs, torch.zeros_like(log_probs))
-    return log_probs.exp() * mask, log_probs
 
 
 def squash(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
@@ -62,12 +49,6 @@ def squash(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
     # log(1 - tanh(u)^2), written so it stays finite where tanh(u) rounds to +-1.
     jacobian = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
     return torch.tanh(u), (gaussian - jacobian).sum(-1)
-
-
-def masked_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Per-seed mean of x `[S, ...]` over the rows where weight is 1."""
-    dims = tuple(range(1, x.dim()))
-    return (x * weight).sum(dims) / weight.sum(dims).clamp_min(1.0)
 
 
 # ---------------------------------------------------------------- trainer
@@ -133,14 +114,6 @@ class MASACTrainer(OffPolicyTrainer):
         }
         if config.autotune:
             self.optimizers["alpha"] = adam([self.log_alpha], config.alpha_lr)
-        # Action bounds as tensors; unbounded dimensions act in [-1, 1].
-        self.bounds: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for g in info.groups:
-            if not g.discrete:
-                low = torch.tensor(g.action_low, device=self.device)
-                high = torch.tensor(g.action_high, device=self.device)
-                finite = low.isfinite() & high.isfinite() & (high > low)
-                self.bounds[g.name] = (low.where(finite, -1.0), high.where(finite, 1.0))
 
     # ------------------------------------------------------------ policies
 
@@ -162,46 +135,27 @@ class MASACTrainer(OffPolicyTrainer):
         u = mean + log_std.exp() * self.noise(mean.shape, normal=True)
         return squash(u, mean, log_std)
 
-    def to_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
-        """[-1, 1] -> the group's action bounds."""
-        low, high = self.bounds[name]
-        return low + (action + 1.0) * 0.5 * (high - low)
-
-    def from_env(self, name: str, action: torch.Tensor) -> torch.Tensor:
-        low, high = self.bounds[name]
-        return (2.0 * (action - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
-
     # ------------------------------------------------------------ acting
-
-    def random_actions(self, ob: Observation) -> dict[str, torch.Tensor]:
-        """Uniform over allowed actions or the action box: SAC's warm-up before learning."""
-        actions = {}
-        for name, g in self.groups.items():
-            obs, mask = ob.obs[name], ob.masks[name]
-            shape = (*obs.shape[: -len(g.obs_shape)], g.n_actions)
-            if g.discrete:
-                allowed = torch.ones(shape, device=self.device) if mask is None else mask.float()
-                # An agent that has left may have no allowed action at all.
-                total = allowed.sum(-1, keepdim=True).clamp_min(1.0)
-                actions[name] = self.sample_categorical(allowed / total)
-            else:
-                actions[name] = self.to_env(name, 2.0 * self.noise(shape, normal=False) - 1.0)
-        return actions
 
     def explore(self, ob: Observation, first: torch.Tensor):
         if self.env_steps < self.cfg.learning_starts:
-            return self.random_actions(ob), {}
+            # SAC's warm-up: uniform over the allowed actions or the action box.
+            actions = {
+                name: self.random_action(g, ob.masks[name], ob.obs[name].shape[:3])
+                for name, g in self.groups.items()
+            }
+            return actions, {}
         return self.act_step(ob, deterministic=False, first=first), {}
 
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
         for name, g in self.groups.items():
-            dist = self.policy(name, flat_obs(ob, g), ob.masks[name])
+            dist = self.policy(name, flat_obs(ob.obs[name], g), ob.masks[name])
             if g.discrete:
                 action = dist[0].argmax(-1) if deterministic else self.sample(name, dist)[0]
             else:
                 action = torch.tanh(dist[0]) if deterministic else self.sample(name, dist)[0]
-                action = self.to_env(name, action)
+                action = self.bounds[name].to_env(action)
             actions[name] = action
         return actions
 
@@ -230,13 +184,6 @@ class MASACTrainer(OffPolicyTrainer):
             blocks.append(block.flatten(-2))
         return torch.cat(blocks, -1)
 
-    def encode(self, name: str, action: torch.Tensor) -> torch.Tensor:
-        """A stored action as the critics see it: one-hot, or scaled to [-1, 1]."""
-        g = self.groups[name]
-        if g.discrete:
-            return F.one_hot(action, g.n_actions).float()
-        return self.from_env(name, action)
-
     def min_q(self, net, x: torch.Tensor) -> torch.Tensor:
         return net.every_member(x).amin(-2)
 
@@ -248,13 +195,13 @@ class MASACTrainer(OffPolicyTrainer):
         alpha = self.log_alpha.detach().exp()  # [S, G]
         keep = 1.0 - b["terminated"].float()  # [S, X]
         active = {name: b[f"active/{name}"].float() for name in self.groups}
-        obs = {name: flat_obs_batch(b[f"obs/{name}"], g) for name, g in self.groups.items()}
+        obs = {name: flat_obs(b[f"obs/{name}"], g) for name, g in self.groups.items()}
 
         # Soft Bellman targets: next actions from the current policies, the smaller target Q.
         with torch.no_grad():
             dists, samples = {}, {}
             for name, g in self.groups.items():
-                next_obs = flat_obs_batch(b[f"next_obs/{name}"], g)
+                next_obs = flat_obs(b[f"next_obs/{name}"], g)
                 dists[name] = self.policy(name, next_obs, b.get(f"next_mask/{name}"))
                 samples[name] = self.sample(name, dists[name])
             # Other agents' next actions enter as samples (one-hot for discrete groups): the
@@ -278,7 +225,9 @@ class MASACTrainer(OffPolicyTrainer):
                 targets[name] = self.reward(b, name) + cfg.gamma * bootstrap * value
 
         # Critics: both regress on the same target, on the stored joint action.
-        taken = {name: self.encode(name, b[f"action/{name}"]) for name in self.groups}
+        taken = {
+            name: self.critic_action(g, b[f"action/{name}"]) for name, g in self.groups.items()
+        }
         critic_loss = torch.zeros(S, device=self.device)
         for name, g in self.groups.items():
             own = torch.zeros_like(taken[name]) if g.discrete else taken[name]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from marlctl.algos.qmix import OffPolicyConfig
+from marlctl.algos.offpolicy import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec

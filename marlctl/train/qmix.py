@@ -20,7 +20,8 @@ from marlctl.algos.qmix import QLearningConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import clip_grad_norm_per_seed, flat_obs
+from marlctl.train.actions import flat_obs, mask_logits, masked_mean, uniform_probs
+from marlctl.train.base import clip_grad_norm_per_seed
 from marlctl.train.core import BatchedMLP, adam
 from marlctl.train.networks import reset_where
 from marlctl.train.offpolicy import OffPolicyTrainer
@@ -135,13 +136,10 @@ class QLearningTrainer(OffPolicyTrainer):
     def _greedy_or_random(
         self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float
     ) -> torch.Tensor:
-        if mask is not None:
-            q = q.masked_fill(~mask, torch.finfo(q.dtype).min)
-        action = q.argmax(-1)
+        action = mask_logits(q, mask).argmax(-1)
         if epsilon <= 0:
             return action
-        allowed = torch.ones_like(q) if mask is None else mask.to(q.dtype)
-        uniform = self.sample_categorical(allowed / allowed.sum(-1, keepdim=True))
+        uniform = self.sample_categorical(uniform_probs(mask, q.shape, q.device))
         explore = self.noise(action.shape, normal=False) < epsilon
         return torch.where(explore, uniform, action)
 
@@ -152,7 +150,7 @@ class QLearningTrainer(OffPolicyTrainer):
             if self.recurrent:
                 h = reset_where(self._hidden[name], first)
                 extra[f"hidden/{name}"] = h
-            q, h = net(flat_obs(ob, self.groups[name]), h)
+            q, h = net(flat_obs(ob.obs[name], self.groups[name]), h)
             if self.recurrent:
                 self._hidden[name] = h
             actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
@@ -165,7 +163,7 @@ class QLearningTrainer(OffPolicyTrainer):
             h = None
             if self.recurrent:
                 h = self.acting_state(name, net, first, ob.state.shape[1])
-            q, h = net(flat_obs(ob, self.groups[name]), h)
+            q, h = net(flat_obs(ob.obs[name], self.groups[name]), h)
             if h is not None:
                 self._acting[name] = h
             actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
@@ -227,8 +225,8 @@ class QLearningTrainer(OffPolicyTrainer):
         first = batch["first"]
         for name in self.q:
             group = self.groups[name]
-            obs = flat_obs_batch(batch[f"obs/{name}"], group)
-            nxt = flat_obs_batch(batch[f"next_obs/{name}"], group)
+            obs = flat_obs(batch[f"obs/{name}"], group)
+            nxt = flat_obs(batch[f"next_obs/{name}"], group)
             h = h_target = None
             if self.recurrent:
                 h = h_target = batch[f"hidden/{name}"][:, 0]
@@ -244,8 +242,7 @@ class QLearningTrainer(OffPolicyTrainer):
             q, q_next = q.flatten(1, 2), q_next.flatten(1, 2)
             mask = batch.get(f"next_mask/{name}")
             pick = q_next_online.flatten(1, 2) if cfg.double_q else q_next
-            if mask is not None:
-                pick = pick.masked_fill(~flat(mask), torch.finfo(pick.dtype).min)
+            pick = mask_logits(pick, None if mask is None else flat(mask))
             best = pick.argmax(-1, keepdim=True)
             target_next.append(q_next.gather(-1, best).squeeze(-1))
             chosen.append(q.gather(-1, flat(batch[f"action/{name}"]).unsqueeze(-1)).squeeze(-1))
@@ -273,19 +270,12 @@ class QLearningTrainer(OffPolicyTrainer):
             error = q_tot - (team_reward + cfg.gamma * keep * next_tot).detach()
             weight = (a.sum(-1) > 0).to(error.dtype)
             taken = q_tot
-        dims = tuple(range(1, error.dim()))
-        count = weight.sum(dims).clamp_min(1.0)
-        loss = (error**2 * weight).sum(dims) / count
+        loss = masked_mean(error**2, weight)
         self.optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()  # seeds share no parameter
         grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, S)
         self.optimizer.step()
         self.update_targets([(self.target, self.policies["online"])])
         with torch.no_grad():
-            q_mean = (taken * weight).sum(dims) / count
+            q_mean = masked_mean(taken, weight)
         return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}
-
-
-def flat_obs_batch(obs: torch.Tensor, group) -> torch.Tensor:
-    """Sampled observations `[S, L, B, n, *obs_shape]` -> `[S, L, B, n, obs_dim]`."""
-    return obs.flatten(start_dim=obs.dim() - len(group.obs_shape))

@@ -1,0 +1,84 @@
+"""What every algorithm does with actions and observations, written once.
+
+Action masks (a masked action is never chosen and has probability zero), means over the
+agents that act, continuous actions between the env's bounds and [-1, 1], uniform random
+actions over the allowed ones, and observations flattened for the networks. Each guard
+(an agent with no allowed action left, an unbounded action dimension) lives here, so every
+algorithm has it.
+
+Tensors are seed first, `[S, ..., n, ...]`; masks are bool, True where an action is allowed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from marlctl.envs.registry import GroupInfo
+
+
+def flat_obs(obs: torch.Tensor, group: GroupInfo) -> torch.Tensor:
+    """`[..., *obs_shape]` -> `[..., obs_dim]`: what the networks take."""
+    return obs.flatten(start_dim=obs.dim() - len(group.obs_shape))
+
+
+def mask_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Logits (or Q values) with masked actions at the lowest finite value: never the argmax,
+    probability zero under a softmax, and no inf to turn into NaN."""
+    if mask is None:
+        return logits
+    return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+
+
+def masked_log_softmax(
+    logits: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities and log-probabilities; a masked action has probability 0 and log 0,
+    so `probs * log_probs` is 0 there rather than 0 * -inf = NaN."""
+    log_probs = F.log_softmax(mask_logits(logits, mask), -1)
+    if mask is None:
+        return log_probs.exp(), log_probs
+    log_probs = torch.where(mask, log_probs, torch.zeros_like(log_probs))
+    return log_probs.exp() * mask, log_probs
+
+
+def masked_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Per-seed mean of x `[S, ...]` over the entries where `weight` (0 or 1, x's shape) is
+    1: agents that act, samples that count. A seed with none gives 0, not NaN."""
+    dims = tuple(range(1, x.dim()))
+    return (x * weight).sum(dims) / weight.sum(dims).clamp_min(1.0)
+
+
+def uniform_probs(mask: torch.Tensor | None, shape: torch.Size, device) -> torch.Tensor:
+    """Uniform probabilities over the allowed actions, `shape` = `[..., n_actions]`. An agent
+    with no allowed action (one that has left) gets all zeros; sampling then picks the last."""
+    allowed = torch.ones(shape, device=device) if mask is None else mask.to(torch.float32)
+    return allowed / allowed.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def one_hot(action: torch.Tensor, group: GroupInfo) -> torch.Tensor:
+    return F.one_hot(action, group.n_actions).to(torch.float32)
+
+
+class ActionBounds:
+    """A continuous group's action box, and the map between it and [-1, 1] (what tanh
+    policies output and centralised critics take). An unbounded dimension acts in [-1, 1]."""
+
+    def __init__(self, group: GroupInfo, device: torch.device):
+        low = torch.tensor(group.action_low, dtype=torch.float32, device=device)
+        high = torch.tensor(group.action_high, dtype=torch.float32, device=device)
+        finite = low.isfinite() & high.isfinite() & (high > low)
+        self.low, self.high = low.where(finite, -1.0), high.where(finite, 1.0)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        """[-1, 1] -> the env's bounds."""
+        return self.low + (action + 1.0) * 0.5 * (self.high - self.low)
+
+    def from_env(self, action: torch.Tensor) -> torch.Tensor:
+        """The env's bounds -> [-1, 1] (clamped: a stored action may sit on the bound)."""
+        return (2.0 * (action - self.low) / (self.high - self.low) - 1.0).clamp(-1.0, 1.0)
+
+
+def action_bounds(groups, device: torch.device) -> dict[str, ActionBounds]:
+    """The bounds of every continuous group, by name."""
+    return {g.name: ActionBounds(g, device) for g in groups if not g.discrete}

@@ -1,0 +1,416 @@
+"""What every on-policy algorithm shares (config: `marlctl.algos.onpolicy`).
+
+An actor and a critic per agent group (`model.sharing` and `model.recurrent` apply);
+rollouts of `rollout_steps` from every env, with time-limit bootstrapping; GAE (Schulman et
+al. 2016) with value normalisation; advantages standardised per seed; minibatches of single
+steps, or of whole env sequences for recurrent agents; one Adam optimiser with per-seed
+gradient clipping and an optional linear learning-rate decay.
+
+An algorithm subclasses `OnPolicyTrainer` and defines `update`, its use of one rollout
+(see `marlctl.train.ppo`). Every tensor is seed first, `[S, ..., n_agents, ...]` per group:
+no loop over agents or envs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from marlctl.algos.onpolicy import OnPolicyConfig
+from marlctl.envs.batch import BatchedEnv, Observation
+from marlctl.envs.registry import EnvInfo, GroupInfo
+from marlctl.spec.models import ModelSpec
+from marlctl.train.actions import flat_obs, mask_logits, masked_mean
+from marlctl.train.base import Trainer, clip_grad_norm_per_seed
+from marlctl.train.core import RunningMeanStd, gae, per_seed
+from marlctl.train.networks import reset_where
+
+# ---------------------------------------------------------------- networks
+
+
+class GroupPolicy(nn.Module):
+    """Actor and critic of one agent group (`model.sharing`, `model.recurrent` apply)."""
+
+    def __init__(self, trainer: Trainer, group: GroupInfo, critic_dim: int, centralised: bool):
+        super().__init__()
+        self.group, self.centralised = group, centralised
+        self.actor = trainer.agent_net(group, group.obs_dim, group.n_actions, out_gain=0.01)
+        self.critic = trainer.agent_net(group, critic_dim, 1, out_gain=1.0)
+        copies = self.actor.copies
+        self.log_std = (
+            None
+            if group.discrete
+            else nn.Parameter(torch.zeros(len(trainer.seeds), copies, group.n_actions))
+        )
+        self.value_norm = RunningMeanStd(len(trainer.seeds))
+
+    def actor_input(self, ob: Observation) -> torch.Tensor:
+        return flat_obs(ob.obs[self.group.name], self.group)
+
+    def critic_input(self, ob: Observation) -> torch.Tensor:
+        if not self.centralised:
+            return self.actor_input(ob)
+        return ob.state.unsqueeze(-2).expand(*ob.state.shape[:-1], self.group.n_agents, -1)
+
+    def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None):
+        """The action distribution, and the actor's next recurrent state."""
+        out, h = self.actor(actor_in, h)
+        if self.group.discrete:
+            return Categorical(logits=mask_logits(out, mask)), h
+        shape = (out.shape[0], *([1] * (out.dim() - 3)), self.actor.copies, out.shape[-1])
+        return Normal(out, self.log_std.exp().view(shape).expand_as(out)), h
+
+    def value(self, critic_in: torch.Tensor, h=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, h = self.critic(critic_in, h)
+        return out.squeeze(-1), h
+
+
+def log_prob(dist, action: torch.Tensor, discrete: bool) -> torch.Tensor:
+    return dist.log_prob(action) if discrete else dist.log_prob(action).sum(-1)
+
+
+def entropy(dist, discrete: bool) -> torch.Tensor:
+    return dist.entropy() if discrete else dist.entropy().sum(-1)
+
+
+# ---------------------------------------------------------------- rollout storage
+
+
+@dataclass
+class GroupRollout:
+    actor_in: torch.Tensor  # [T, S, E, n, A_in]
+    critic_in: torch.Tensor  # [T, S, E, n, C_in]
+    actions: torch.Tensor
+    log_probs: torch.Tensor  # [T, S, E, n]
+    values: torch.Tensor  # [T, S, E, n], denormalised
+    rewards: torch.Tensor  # [T, S, E, n], with truncation bootstrap
+    active: torch.Tensor  # [T, S, E, n]
+    masks: torch.Tensor | None
+    first: torch.Tensor  # [T, S, E]: an episode starts at this step (recurrent state resets)
+
+
+@dataclass
+class Minibatch:
+    """One group's minibatch under the current networks, each `[S, B, n]` (sequences
+    flattened to steps): what an update's loss is made of."""
+
+    dist: Categorical | Normal
+    log_prob: torch.Tensor  # of the taken actions, now
+    entropy: torch.Tensor
+    value: torch.Tensor  # normalised if `value_norm`
+    active: torch.Tensor  # 1.0 where the agent acted: the weight of every mean
+    adv: torch.Tensor
+    old_log_prob: torch.Tensor  # at collection
+    old_value: torch.Tensor  # at collection, normalised as `value`
+    ret: torch.Tensor  # GAE returns, normalised as `value`
+
+
+def seed_first(x: torch.Tensor) -> torch.Tensor:
+    """[T, S, E, ...] -> [S, T * E, ...]: one seed's samples together, for its minibatches."""
+    return x.transpose(0, 1).flatten(1, 2)
+
+
+def env_first(x: torch.Tensor) -> torch.Tensor:
+    """[T, S, E, ...] -> [S, E, T, ...]: one env's sequence together (recurrent minibatches)."""
+    return x.permute(1, 2, 0, *range(3, x.dim()))
+
+
+# ---------------------------------------------------------------- trainer
+
+
+class OnPolicyTrainer(Trainer):
+    """Collect `rollout_steps` from every env, estimate advantages, hand them to `update`.
+
+    Recurrent agents carry their state across rollouts (reset at episode starts) and are
+    trained on whole rollout sequences, minibatched over envs.
+    """
+
+    def __init__(
+        self,
+        config: OnPolicyConfig,
+        model: ModelSpec,
+        info: EnvInfo,
+        num_envs: int,
+        device: torch.device,
+        total_iterations: int,
+        centralised: bool,
+        seeds: tuple[int, ...] = (0,),
+    ):
+        super().__init__(model.for_algo(config), info, num_envs, device, seeds)
+        self.cfg, self.total_iterations = config, max(1, total_iterations)
+        self.recurrent = model.recurrent is not None
+        self.policies = nn.ModuleDict(
+            {
+                g.name: GroupPolicy(
+                    self, g, info.state_dim if centralised else g.obs_dim, centralised
+                )
+                for g in info.groups
+            }
+        ).to(self.device)
+        actor_params = [p for pol in self.policies.values() for p in pol.actor.parameters()]
+        actor_params += [pol.log_std for pol in self.policies.values() if pol.log_std is not None]
+        critic_params = [p for pol in self.policies.values() for p in pol.critic.parameters()]
+        self.actor_params, self.critic_params = actor_params, critic_params
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": actor_params, "lr": config.lr},
+                {"params": critic_params, "lr": config.critic_lr or config.lr},
+            ],
+            eps=1e-5,
+        )
+        self.optimizers = {"adam": self.optimizer}
+        S = len(self.seeds)
+        self._hidden = {
+            name: (
+                pol.actor.initial_state(S, num_envs, device=self.device),
+                pol.critic.initial_state(S, num_envs, device=self.device),
+            )
+            for name, pol in self.policies.items()
+        }
+
+    # ------------------------------------------------------------ acting
+
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
+        actions = {}
+        for name, pol in self.policies.items():
+            h = None
+            if self.recurrent:
+                h = self.acting_state(name, pol.actor, first, ob.state.shape[1])
+            dist, h = pol.distribution(pol.actor_input(ob), ob.masks[name], h)
+            if h is not None:
+                self._acting[name] = h
+            if deterministic:
+                action = dist.probs.argmax(-1) if pol.group.discrete else dist.mean
+            else:
+                action = self._sample(pol, dist)
+            actions[name] = action
+        return actions
+
+    def _sample(self, pol: GroupPolicy, dist) -> torch.Tensor:
+        if pol.group.discrete:
+            return self.sample_categorical(dist.probs)
+        return dist.mean + dist.stddev * self.noise(dist.mean.shape, normal=True)
+
+    # ------------------------------------------------------------ rollout
+
+    @torch.no_grad()
+    def collect(
+        self, env: BatchedEnv, ob: Observation
+    ) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor]:
+        steps, gamma, S = self.cfg.rollout_steps, self.cfg.gamma, len(self.seeds)
+        buf: dict[str, dict[str, list]] = {
+            n: {k: [] for k in GroupRollout.__annotations__} for n in self.policies
+        }
+        self._start_hidden = {}
+        dones = []
+        for t in range(steps):
+            split = self.split(ob)
+            actions, critic_h = {}, {}
+            for name, pol in self.policies.items():
+                a_in, c_in = pol.actor_input(split), pol.critic_input(split)
+                h_a = h_c = None
+                if self.recurrent:
+                    h_a, h_c = (reset_where(h, self._first) for h in self._hidden[name])
+                    if t == 0:
+                        self._start_hidden[name] = (h_a, h_c)
+                dist, h_a = pol.distribution(a_in, split.masks[name], h_a)
+                value, h_c = pol.value(c_in, h_c)
+                if self.recurrent:
+                    self._hidden[name] = (h_a, h_c)
+                critic_h[name] = h_c
+                action = self._sample(pol, dist)
+                b = buf[name]
+                b["actor_in"].append(a_in)
+                b["critic_in"].append(c_in)
+                b["actions"].append(action)
+                b["log_probs"].append(log_prob(dist, action, pol.group.discrete))
+                b["values"].append(pol.value_norm.denormalize(value))
+                b["active"].append(split.active[name])
+                b["masks"].append(split.masks[name])
+                b["first"].append(self._first)
+                actions[name] = action.flatten(0, 1)
+            tr = env.step(actions)
+            done = (tr.terminated | tr.truncated).view(S, -1)
+            rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
+            self.stats.record(rewards, done)
+            trunc = tr.truncated.view(S, -1).to(torch.float32).unsqueeze(-1)
+            final = None if tr.final is tr.next else self.split(tr.final)
+            for name, pol in self.policies.items():
+                if final is None:  # no episode ended: nothing to bootstrap
+                    buf[name]["rewards"].append(rewards[name])
+                    continue
+                # A time limit is not a terminal state: fold gamma * V(final obs) into the reward.
+                final_v, _ = pol.value(pol.critic_input(final), critic_h[name])
+                final_v = pol.value_norm.denormalize(final_v)
+                buf[name]["rewards"].append(rewards[name] + gamma * final_v * trunc)
+            dones.append(done)
+            self._first = done
+            ob = tr.next
+        rollouts = {}
+        for name, b in buf.items():
+            fields = {k: (torch.stack(v) if v[0] is not None else None) for k, v in b.items()}
+            rollouts[name] = GroupRollout(**fields)
+        return rollouts, ob, torch.stack(dones)
+
+    # ------------------------------------------------------------ advantages
+
+    @torch.no_grad()
+    def advantages(
+        self, rollouts: dict[str, GroupRollout], last_ob: Observation, dones: torch.Tensor
+    ) -> dict[str, dict]:
+        """Per group, the rollout laid out for minibatches (`[S, samples, ...]`, or
+        `[S, envs, T, ...]` for recurrent agents) with GAE advantages and returns.
+
+        Advantages are standardised per seed if `normalize_advantages`. The value normaliser
+        takes in this rollout's returns; `values` stay the critic's outputs at collection,
+        normalised with the statistics they were made with (the window of a clipped value
+        loss is around them).
+        """
+        cfg = self.cfg
+        last_split = self.split(last_ob)
+        layout = env_first if self.recurrent else seed_first
+        data = {}
+        for name, pol in self.policies.items():
+            r = rollouts[name]
+            h_c = reset_where(self._hidden[name][1], self._first) if self.recurrent else None
+            last, _ = pol.value(pol.critic_input(last_split), h_c)
+            last = pol.value_norm.denormalize(last)
+            # An agent continues past step t if its env did not end and it still acts at
+            # t + 1; one that left early must not bootstrap from its blank observation.
+            next_active = torch.cat([r.active[1:], last_split.active[name].unsqueeze(0)])
+            continues = (~dones).unsqueeze(-1) & next_active
+            adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
+            adv, ret, active = layout(adv), layout(ret), layout(r.active)
+            weight = active.to(torch.float32)
+            if cfg.normalize_advantages:
+                mean = masked_mean(adv, weight)
+                std = masked_mean((adv - per_seed(mean, adv)) ** 2, weight).sqrt()
+                adv = (adv - per_seed(mean, adv)) / (per_seed(std, adv) + 1e-8)
+            old_values = layout(r.values)
+            if cfg.value_norm:
+                old_values = pol.value_norm.normalize(old_values)
+                pol.value_norm.update(ret, active)
+            data[name] = {
+                "actor_in": layout(r.actor_in),
+                "critic_in": layout(r.critic_in),
+                "actions": layout(r.actions),
+                "log_probs": layout(r.log_probs),
+                "values": old_values,
+                "masks": None if r.masks is None else layout(r.masks),
+                "active": weight,
+                "adv": adv,
+                "ret": ret,
+                "first": layout(r.first),
+                "hidden": self._start_hidden.get(name),
+            }
+        return data
+
+    # ------------------------------------------------------------ minibatches
+
+    def minibatches(self, data: dict[str, dict], count: int):
+        """One pass over the rollout in `count` minibatches: row indices `[S, B]` per seed,
+        each seed's own permutation (single steps, or env sequences if recurrent)."""
+        first = next(iter(data.values()))["active"]
+        batch = first.shape[1]
+        size = max(1, batch // count)
+        order = torch.stack(
+            [torch.randperm(batch, generator=g, device=self.device) for g in self.generators]
+        )
+        for start in range(0, batch - size + 1, size):
+            yield order[:, start : start + size]
+
+    def evaluate(self, pol: GroupPolicy, d: dict, idx: torch.Tensor) -> Minibatch:
+        """The current actor and critic on minibatch rows `idx` `[S, B]` of group data `d`."""
+
+        def take(x: torch.Tensor) -> torch.Tensor:
+            return x[self._rows, idx]
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # sequences -> samples
+            return x.flatten(1, 2) if self.recurrent else x
+
+        mask = flat(take(d["masks"])) if d["masks"] is not None else None
+        dist, value = self._forward(pol, d, take, mask)
+        discrete = pol.group.discrete
+        ret = flat(take(d["ret"]))
+        if self.cfg.value_norm:  # old values are normalised already
+            ret = pol.value_norm.normalize(ret)
+        return Minibatch(
+            dist=dist,
+            log_prob=log_prob(dist, flat(take(d["actions"])), discrete),
+            entropy=entropy(dist, discrete),
+            value=value,
+            active=flat(take(d["active"])),
+            adv=flat(take(d["adv"])),
+            old_log_prob=flat(take(d["log_probs"])),
+            old_value=flat(take(d["values"])),
+            ret=ret,
+        )
+
+    def _forward(self, pol: GroupPolicy, d: dict, take, mask):
+        """Action distribution and value on the minibatch, `[S, B, n, ...]`."""
+        if not self.recurrent:
+            dist, _ = pol.distribution(take(d["actor_in"]), mask)
+            value, _ = pol.value(take(d["critic_in"]))
+            return dist, value
+        # Sequences [S, B, T, ...]: run the recurrent nets through time from the stored state.
+        actor_in, critic_in, first = take(d["actor_in"]), take(d["critic_in"]), take(d["first"])
+        h_a, h_c = (take(h) for h in d["hidden"])
+        outs, values = [], []
+        for t in range(actor_in.shape[2]):
+            h_a, h_c = reset_where(h_a, first[:, :, t]), reset_where(h_c, first[:, :, t])
+            out, h_a = pol.actor(actor_in[:, :, t], h_a)
+            value, h_c = pol.critic(critic_in[:, :, t], h_c)
+            outs.append(out)
+            values.append(value.squeeze(-1))
+        out = torch.stack(outs, 2).flatten(1, 2)
+        if pol.group.discrete:
+            dist = Categorical(logits=mask_logits(out, mask))
+        else:
+            shape = (out.shape[0], 1, pol.actor.copies, out.shape[-1])
+            dist = Normal(out, pol.log_std.exp().view(shape).expand_as(out))
+        return dist, torch.stack(values, 2).flatten(1, 2)
+
+    def value_error(self, error: torch.Tensor) -> torch.Tensor:
+        """Huber (`huber_delta`) or half squared error, elementwise."""
+        delta = self.cfg.huber_delta
+        if delta is None:
+            return 0.5 * error**2
+        return F.huber_loss(error, torch.zeros_like(error), reduction="none", delta=delta)
+
+    def step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One gradient step on per-seed losses `[S]`; returns the actors' gradient norms
+        before clipping. Seeds share no parameter: each gets its own gradient and clip."""
+        S = len(self.seeds)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        grad = clip_grad_norm_per_seed(self.actor_params, self.cfg.max_grad_norm, S)
+        clip_grad_norm_per_seed(self.critic_params, self.cfg.max_grad_norm, S)
+        self.optimizer.step()
+        self.after_update()
+        return grad
+
+    # ------------------------------------------------------------ one iteration
+
+    def update(self, data: dict[str, dict]) -> dict[str, torch.Tensor]:
+        """The algorithm: learn from one rollout's `advantages`; each loss term per seed."""
+        raise NotImplementedError
+
+    def train_iteration(self, env: BatchedEnv, ob: Observation):
+        cfg = self.cfg
+        if cfg.anneal_lr:
+            frac = 1.0 - self.iteration / self.total_iterations
+            self.optimizer.param_groups[0]["lr"] = cfg.lr * frac
+            self.optimizer.param_groups[1]["lr"] = (cfg.critic_lr or cfg.lr) * frac
+        rollouts, ob, dones = self.collect(env, ob)
+        losses = self.update(self.advantages(rollouts, ob, dones))
+        self.iteration += 1
+        return ob, {f"loss/{k}": v for k, v in losses.items()}
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps per iteration for each seed."""
+        return self.cfg.rollout_steps * self.num_envs
