@@ -858,19 +858,24 @@ def list_(
             )
         out.print(table)
         return
-    from marlctl.envs.native import NATIVE
-    from marlctl.envs.registry import ENVS
+    from marlctl.envs.native import NATIVE, NATIVE_ONLY
+    from marlctl.envs.registry import ENVS, lookup
 
+    entries = [*ENVS.values(), *(lookup(env_id) for env_id in NATIVE_ONLY)]
     rows = [
         {
             "id": e.id,
             "suite": e.suite,
-            "backends": ["pettingzoo", "native"] if e.id in NATIVE else ["pettingzoo"],
+            "backends": ["native"]
+            if e.id in NATIVE_ONLY
+            else ["pettingzoo", "native"]
+            if e.id in NATIVE
+            else ["pettingzoo"],
             "factory": e.factory,
             "installed": e.installed,
             "summary": e.summary,
         }
-        for e in ENVS.values()
+        for e in entries
     ]
     if as_json:
         _emit_json({"envs": rows})

@@ -285,9 +285,14 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
     import numpy as np
     import torch
 
+    from marlctl.envs.native import NATIVE_ONLY
     from marlctl.envs.pettingzoo import PettingZooEnv
     from marlctl.train.runner import build_trainer
 
+    if spec.env.id in NATIVE_ONLY:
+        raise SpecError.at(
+            "--render", f"{spec.env.id} exists only natively and has no renderer to draw frames"
+        )
     trainer = build_trainer(spec, plan.env, 1, device, total_iterations=1)
     _load_policies(trainer, policies, "the checkpoint")
     try:

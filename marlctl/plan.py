@@ -97,9 +97,12 @@ def compile_plan(
         except Exception as err:
             raise SpecError([env_problem(spec.env.id, err, prov)]) from None
     algo = registered_algos()[spec.algo.name]
-    if spec.env.backend == "native":
-        from marlctl.envs.native import native_problem
+    from marlctl.envs.native import native_only_problem, native_problem
 
+    problem = native_only_problem(env_info.id, spec.env.backend)
+    if problem is not None:
+        problems.append(prov.problem(*problem))
+    elif spec.env.backend == "native":
         problem = native_problem(env_info.id, dict(spec.env.params))
         if problem is not None:
             problems.append(prov.problem(*problem))

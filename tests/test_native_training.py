@@ -206,11 +206,13 @@ def test_compiled_networks_train_and_checkpoint_under_the_same_names(tmp_path):
 
 
 def test_list_envs_shows_the_native_backend():
-    from marlctl.envs.native import NATIVE
+    from marlctl.envs.native import NATIVE, NATIVE_ONLY
 
     data = run_json("list", "envs")
     backends = {row["id"]: row["backends"] for row in data["envs"]}
-    assert all(backends[env_id] == ["pettingzoo", "native"] for env_id in NATIVE)
+    for env_id in NATIVE:
+        expected = ["native"] if env_id in NATIVE_ONLY else ["pettingzoo", "native"]
+        assert backends[env_id] == expected
     assert backends["sisl/pursuit"] == ["pettingzoo"]
 
 

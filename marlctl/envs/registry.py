@@ -104,6 +104,10 @@ def lookup(env_id: str) -> EnvEntry:
     """The registry entry for an id; `mpe/simple_spread_v3` finds `mpe/simple_spread`."""
     if env_id in ENVS:
         return ENVS[env_id]
+    from marlctl.envs.native import NATIVE, NATIVE_ONLY
+
+    if env_id in NATIVE_ONLY:
+        return EnvEntry(env_id, NATIVE[env_id], "native", NATIVE_ONLY[env_id])
     versioned = _VERSIONED.match(env_id)
     if versioned and versioned.group("base") in ENVS:
         return ENVS[versioned.group("base")]
@@ -111,7 +115,7 @@ def lookup(env_id: str) -> EnvEntry:
         return EnvEntry(env_id, env_id, "user", "user factory")
     import difflib
 
-    close = difflib.get_close_matches(env_id, list(ENVS), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(env_id, [*ENVS, *NATIVE_ONLY], n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else "; see `marlctl list envs`"
     raise EnvLookupError(
         f"unknown env '{env_id}' (not registered and not package.module:factory){hint}"
@@ -287,12 +291,17 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
     entry = lookup(env_id)
     factory = resolve_factory(entry)  # imports happen here, outside the time limit
     with time_limit(PROBE_SECONDS, f"building, resetting and stepping env '{env_id}' once"):
-        env = factory(**params)
-        try:
-            info = describe(env, entry.id, entry.factory)
-            _step_once(env, info)
-        finally:
-            env.close()
+        if entry.suite == "native":  # no PettingZoo original: the env describes itself
+            from marlctl.envs.native.base import describe_native
+
+            info = describe_native(factory, params)
+        else:
+            env = factory(**params)
+            try:
+                info = describe(env, entry.id, entry.factory)
+                _step_once(env, info)
+            finally:
+                env.close()
     _probed[key] = info
     return info
 

@@ -1,7 +1,10 @@
-"""Native tasks: batched torch re-implementations of registered PettingZoo envs.
+"""Native tasks: batched torch envs, run on the training device with no Python loop over envs.
+
+Most re-implement a registered PettingZoo env, and a parity test holds each to its original
+(`tests/test_native_parity.py`). Some have no original: they declare their own agents and
+spaces (`marlctl.envs.native.base.NativeEnv`) and are listed in `NATIVE_ONLY`.
 
 Pure (no torch import): `validate` checks a `backend: native` spec against this table.
-Each task module holds one scenario and a parity test against its PettingZoo original.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ NATIVE: dict[str, str] = {
     ),
     "mpe/simple_crypto": "marlctl.envs.native.simple_crypto:SimpleCrypto",
     "mpe/simple_world_comm": "marlctl.envs.native.simple_world_comm:SimpleWorldComm",
+    "matrix/climbing": "marlctl.envs.native.matrix:Climbing",
+    "matrix/penalty": "marlctl.envs.native.matrix:Penalty",
+}
+# Native envs with no PettingZoo original, with the summary `marlctl list envs` shows.
+NATIVE_ONLY: dict[str, str] = {
+    "matrix/climbing": "climbing game: 2 players coordinate past -30 penalties",
+    "matrix/penalty": "penalty game: 2 players pick one of two optima, miscoordination costs k",
 }
 
 # Parameters of the originals that only affect rendering: accepted and ignored.
@@ -42,6 +52,16 @@ def native_problem(env_id: str, params: dict[str, Any]) -> tuple[str, str] | Non
     for key, reason in UNSUPPORTED.items():
         if params.get(key):
             return f"env.params.{key}", f"not supported with backend: native ({reason})"
+    return None
+
+
+def native_only_problem(env_id: str, backend: str) -> tuple[str, str] | None:
+    """(key, message) when a native-only env is asked for on another backend."""
+    if env_id in NATIVE_ONLY and backend != "native":
+        return (
+            "env.backend",
+            f"'{env_id}' exists only natively (no PettingZoo original); set env.backend: native",
+        )
     return None
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 import torch
 
 from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.native import RENDER_ONLY, UNSUPPORTED
+from marlctl.envs.native.base import SeededBatch
 from marlctl.envs.registry import EnvInfo, GroupInfo, _group_name, lookup
 
 DIM_P = 2
@@ -60,7 +61,7 @@ class Layout:
     obs_dims: dict[str, int] = field(default_factory=dict)  # agent name -> observation size
 
 
-class MPEWorld:
+class MPEWorld(SeededBatch):
     """Batched MPE env implementing `BatchedEnv`; subclasses define one scenario."""
 
     env_id = ""
@@ -89,9 +90,7 @@ class MPEWorld:
         self.local_ratio: float | None = None
         layout = self.build(**params)
         self._setup(layout)
-        if num_envs % seeds:
-            raise ValueError(f"num_envs={num_envs} does not split into {seeds} seed blocks")
-        self.generators = [torch.Generator(device=self.device) for _ in range(seeds)]
+        self._seed_blocks(seeds)
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._host_steps = 0
         self._no = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
@@ -213,11 +212,7 @@ class MPEWorld:
     # ------------------------------------------------------------ BatchedEnv
 
     def reset(self, seed: int | Sequence[int]) -> Observation:
-        seeds = [seed] if isinstance(seed, int) else list(seed)
-        if len(seeds) != len(self.generators):
-            raise ValueError(f"reset needs {len(self.generators)} seed(s), got {len(seeds)}")
-        for generator, value in zip(self.generators, seeds, strict=True):
-            generator.manual_seed(int(value))
+        self._seed(seed)
         self._assign(self.sample(self.num_envs))
         self.vel = torch.zeros(self.num_envs, self.n_entities, DIM_P, **self._like)
         self.comm = torch.zeros(self.num_envs, self.n_agents, self.dim_c, **self._like)
@@ -253,34 +248,6 @@ class MPEWorld:
         pass
 
     # ------------------------------------------------------------ internals
-
-    @property
-    def _like(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "device": self.device}
-
-    def rand(self, *shape: int, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
-        """Uniform [low, high) (`np_random.uniform`); shape[0] runs over all envs."""
-        return self._draw(torch.rand, shape, self._like) * (high - low) + low
-
-    def randint(self, high: int, *shape: int) -> torch.Tensor:
-        """Uniform integers in [0, high) (`np_random.integers`); shape[0] runs over all envs."""
-        return self._draw(partial(torch.randint, high), shape, {"device": self.device})
-
-    def _draw(self, fn, shape: tuple[int, ...], like: dict[str, Any]) -> torch.Tensor:
-        """Each seed block's rows from its own generator."""
-        if len(self.generators) == 1:
-            return fn(shape, generator=self.generators[0], **like)
-        rows = shape[0] // len(self.generators)
-        return torch.cat([fn((rows, *shape[1:]), generator=g, **like) for g in self.generators])
-
-    def _assign(self, state: dict[str, torch.Tensor], where: torch.Tensor | None = None) -> None:
-        for key, value in state.items():
-            if where is None:
-                setattr(self, key, value)
-            else:
-                old = getattr(self, key)
-                mask = where.view(-1, *([1] * (old.dim() - 1)))
-                setattr(self, key, torch.where(mask, value, old))
 
     def _restart(self, ended: torch.Tensor) -> None:
         fresh = self.sample(self.num_envs)

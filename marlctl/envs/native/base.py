@@ -1,0 +1,198 @@
+"""The base of native envs: batched torch envs on one device, seeded per seed block.
+
+`SeededBatch` holds what every native env shares: `num_envs` envs split into equal blocks,
+one per seed trained in the batch, each block drawing from its own generator. `NativeEnv`
+adds the rest of `BatchedEnv` for an env that declares its own agents, spaces and groups
+(no PettingZoo original needed): step counting, time limits, auto-reset and the final
+observation of ended episodes. A subclass writes only its rules:
+
+- `build(**params)`: read the env's parameters; return its groups and state size;
+- `start(n)`: start states of `n` envs, as a dict of tensors (they become attributes);
+- `observe()`: observations per group, the global state, and action masks;
+- `advance(actions)`: apply one step's actions; rewards per group and terminations.
+
+`marlctl.envs.native.matrix` is a complete example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.registry import EnvInfo, GroupInfo
+
+
+class SeededBatch:
+    """`num_envs` envs in `seeds` equal blocks, each with its own random stream."""
+
+    num_envs: int
+    device: torch.device
+    dtype: torch.dtype
+    generators: list[torch.Generator]
+
+    def _seed_blocks(self, seeds: int) -> None:
+        if self.num_envs % seeds:
+            raise ValueError(f"num_envs={self.num_envs} does not split into {seeds} seed blocks")
+        self.generators = [torch.Generator(device=self.device) for _ in range(seeds)]
+
+    def _seed(self, seed: int | Sequence[int]) -> None:
+        seeds = [seed] if isinstance(seed, int) else list(seed)
+        if len(seeds) != len(self.generators):
+            raise ValueError(f"reset needs {len(self.generators)} seed(s), got {len(seeds)}")
+        for generator, value in zip(self.generators, seeds, strict=True):
+            generator.manual_seed(int(value))
+
+    @property
+    def _like(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "device": self.device}
+
+    def rand(self, *shape: int, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
+        """Uniform [low, high) (`np_random.uniform`); shape[0] runs over all envs."""
+        return self._draw(torch.rand, shape, self._like) * (high - low) + low
+
+    def randint(self, high: int, *shape: int) -> torch.Tensor:
+        """Uniform integers in [0, high) (`np_random.integers`); shape[0] runs over all envs."""
+        return self._draw(partial(torch.randint, high), shape, {"device": self.device})
+
+    def _draw(self, fn, shape: tuple[int, ...], like: dict[str, Any]) -> torch.Tensor:
+        """Each seed block's rows from its own generator."""
+        if len(self.generators) == 1:
+            return fn(shape, generator=self.generators[0], **like)
+        rows = shape[0] // len(self.generators)
+        return torch.cat([fn((rows, *shape[1:]), generator=g, **like) for g in self.generators])
+
+    def _assign(self, state: dict[str, torch.Tensor], where: torch.Tensor | None = None) -> None:
+        """Set each state tensor as an attribute, only in the env rows `where` if given."""
+        for key, value in state.items():
+            if where is None:
+                setattr(self, key, value)
+            else:
+                old = getattr(self, key)
+                mask = where.view(-1, *([1] * (old.dim() - 1)))
+                setattr(self, key, torch.where(mask, value, old))
+
+
+def group(
+    name: str,
+    n_agents: int,
+    obs_dim: int,
+    n_actions: int,
+    *,
+    discrete: bool = True,
+    low: float = -1.0,
+    high: float = 1.0,
+) -> GroupInfo:
+    """A group of `n_agents` agents named `name_0`, `name_1`, ... with one observation vector
+    each and `n_actions` discrete actions (or a continuous action box of that size)."""
+    bounds = ((), ()) if discrete else ((low,) * n_actions, (high,) * n_actions)
+    agents = tuple(f"{name}_{i}" for i in range(n_agents))
+    return GroupInfo(name, agents, (obs_dim,), "float32", discrete, n_actions, *bounds)
+
+
+class NativeEnv(SeededBatch):
+    """A native env with its own agents and spaces (see the module docstring)."""
+
+    env_id = ""
+    max_cycles = 25  # default episode length; `env.params.max_cycles` overrides it
+
+    def __init__(
+        self,
+        params: dict[str, Any],
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seeds: int = 1,
+    ):
+        params = dict(params)
+        self.max_cycles = int(params.pop("max_cycles", self.max_cycles))
+        if self.max_cycles < 1:
+            raise ValueError(f"max_cycles must be at least 1, not {self.max_cycles}")
+        self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
+        self._seed_blocks(seeds)
+        groups, state_dim = self.build(**params)
+        agents = tuple(a for g in groups for a in g.agents)
+        factory = f"{type(self).__module__}:{type(self).__qualname__}"
+        self.info = EnvInfo(self.env_id, factory, tuple(groups), state_dim, True, agents)
+        self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self._active = {
+            g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
+            for g in groups
+        }
+
+    # ------------------------------------------------------------ the env's rules
+
+    def build(self, **params: Any) -> tuple[list[GroupInfo], int]:
+        """The env's groups (`group(...)` makes one) and the size of its global state."""
+        raise NotImplementedError
+
+    def start(self, n: int) -> dict[str, torch.Tensor]:
+        """Start states of `n` envs (n = num_envs); each tensor's first dim runs over envs."""
+        raise NotImplementedError
+
+    def observe(
+        self,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor | None]]:
+        """Per group `[E, n, obs_dim]`, the global state `[E, state_dim]`, and per group an
+        action mask `[E, n, n_actions]` (True = allowed) or None."""
+        raise NotImplementedError
+
+    def advance(
+        self, actions: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """Apply one step's actions (per group `[E, n]`, or `[E, n, A]` if continuous);
+        rewards per group `[E, n]`, and `[E]` bool where the episode ended for good (None if
+        it never ends before `max_cycles`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ BatchedEnv
+
+    def reset(self, seed: int | Sequence[int]) -> Observation:
+        self._seed(seed)
+        self._assign(self.start(self.num_envs))
+        self.steps.zero_()
+        return self._observation()
+
+    def step(self, actions: dict[str, torch.Tensor]) -> Transition:
+        rewards, terminated = self.advance(actions)
+        self.steps += 1
+        if terminated is None:
+            terminated = torch.zeros_like(self.steps, dtype=torch.bool)
+        truncated = (self.steps >= self.max_cycles) & ~terminated
+        final = self._observation()
+        done = terminated | truncated
+        self._assign(self.start(self.num_envs), done)
+        self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
+        return Transition(self._observation(), rewards, terminated, truncated, final)
+
+    def close(self) -> None:
+        pass
+
+    def _observation(self) -> Observation:
+        obs, state, masks = self.observe()
+        masks = {g.name: masks.get(g.name) for g in self.info.groups}
+        return Observation(obs, state, masks, self._active)
+
+
+def describe_native(cls: type[NativeEnv], params: dict[str, Any]) -> EnvInfo:
+    """Build one env of `cls` on the CPU, reset it and step it once with allowed actions;
+    its `info`. Params that only fail once the env runs fail here, at validation."""
+    env = cls(params, 1, "cpu")
+    ob = env.reset(0)
+    actions = {}
+    for g in env.info.groups:
+        mask = ob.masks[g.name]
+        if not g.discrete:
+            low = torch.tensor(g.action_low).clamp(min=-1.0)
+            high = torch.tensor(g.action_high).clamp(max=1.0)
+            actions[g.name] = ((low + high) / 2).expand(1, g.n_agents, g.n_actions)
+        elif mask is None:
+            actions[g.name] = torch.zeros(1, g.n_agents, dtype=torch.long)
+        else:
+            actions[g.name] = mask.to(torch.int8).argmax(-1)
+    env.step(actions)
+    env.close()
+    return env.info
