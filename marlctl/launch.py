@@ -1,4 +1,5 @@
-"""Launch a compiled plan: MLflow parent and child runs, seeds in-process or in processes."""
+"""Launch a compiled plan: seeds in-process or in processes, and the lifecycle of their
+MLflow runs (created here, reopened on resume, ended here with each seed's result)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
-from marlctl.train.runner import RunRequest, RunResult, execute_batch
+from marlctl.train.runner import LOGGED_EVERY_ITERATION, RunRequest, RunResult, execute_batch
 
 SPEC_ARTIFACT = "spec.yaml"
 Progress = Callable[[dict[str, Any]], None]
@@ -57,7 +58,8 @@ class Summary:
             "parent_run_id": self.parent_run_id,
             "ok": self.ok,
             "aggregate": self.aggregate(),
-            "runs": [asdict(r) for r in self.runs],
+            # The traceback of a failure is the run's `error.txt` artifact, not output.
+            "runs": [{k: v for k, v in asdict(r).items() if k != "trace"} for r in self.runs],
         }
 
 
@@ -166,20 +168,24 @@ def resume(
         loaded = load_spec(spec_path, stored=f"run {parent_id}")
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
-    requests = [
-        RunRequest(
-            loaded.resolved,
-            plan.env,
-            by_seed[int(c.data.tags["marlctl.seed"])],
-            store,  # where the run was found: the stored spec keeps no password to connect with
-            c.info.run_id,
-            resume=True,
+    requests = []
+    for child in pending:
+        run_id = child.info.run_id
+        tracking.reopen_run(client, run_id)
+        requests.append(
+            RunRequest(
+                loaded.resolved,
+                plan.env,
+                by_seed[int(child.data.tags["marlctl.seed"])],
+                store,  # where the run was found: the stored spec keeps no password
+                run_id,
+                resume=True,
+                logged_until=tracking.last_logged_step(client, run_id, LOGGED_EVERY_ITERATION),
+            )
         )
-        for c in pending
-    ]
     summary = Summary(plan.experiment, store, parent_id)
     if requests:
-        client.update_run(parent_id, status="RUNNING")
+        tracking.reopen_run(client, parent_id)
         progress = progress_factory(plan) if progress_factory else None
         summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
@@ -218,7 +224,7 @@ def _finish_parent(client, parent_id: str, summary: Summary) -> None:
     for key, value in aggregate.items():
         client.log_metric(parent_id, key, value)
     status = "FINISHED" if summary.ok else "KILLED" if summary.interrupted else "FAILED"
-    client.set_terminated(parent_id, status)
+    tracking.end_run(client, parent_id, status)
 
 
 class Terminated(KeyboardInterrupt):
@@ -242,9 +248,10 @@ def _execute_all(jobs: list[Job], parallel: int, progress: Progress | None) -> l
     if parallel <= 1 or len(jobs) <= 1:
         results: list[RunResult] = []
         for index, job in enumerate(jobs):
-            results += execute_batch(job, progress)
+            results += _ended(job, execute_batch(job, progress))
             if any(r.status == "KILLED" for r in results):
-                results += [_never_started(r) for later in jobs[index + 1 :] for r in later]
+                for later in jobs[index + 1 :]:
+                    results += _ended(later, [_never_started(r) for r in later])
                 break
         return results
     ctx = mp.get_context("spawn")
@@ -280,7 +287,7 @@ def _schedule(ctx, jobs: list[Job], parallel: int, events) -> list[RunResult]:
                     _escalate(proc, time.monotonic() - stopping_since)
                 if proc.exitcode is None:
                     continue
-                results[key] = _result_of(proc, receive, job, stopping)
+                results[key] = _ended(job, _result_of(proc, receive, job, stopping))
                 del running[key]
         except KeyboardInterrupt as interrupt:
             # Ctrl-C reached every process of the terminal's job; a SIGTERM only this one.
@@ -290,7 +297,7 @@ def _schedule(ctx, jobs: list[Job], parallel: int, events) -> list[RunResult]:
                     if proc.exitcode is None:
                         proc.terminate()
     for job in waiting:
-        results[job[0].run_id] = [_never_started(r) for r in job]
+        results[job[0].run_id] = _ended(job, [_never_started(r) for r in job])
     return [result for job in jobs for result in results[job[0].run_id]]
 
 
@@ -314,24 +321,22 @@ def _result_of(proc, receive, job: Job, stopping: bool) -> list[RunResult]:
     # The process died without reporting (killed, out of memory, a crash in native code).
     status = "KILLED" if stopping else "FAILED"
     reason = f"run process ended with exit code {proc.exitcode} before reporting"
-    client = tracking.client_for(job[0].tracking_uri)
-    results = []
-    for request in job:
-        client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
-        client.set_terminated(request.run_id, status)
-        results.append(
-            RunResult(request.run.index, request.run.seed, request.run_id, status, error=reason)
-        )
-    return results
+    return [RunResult(r.run.index, r.run.seed, r.run_id, status, error=reason) for r in job]
 
 
 def _never_started(request: RunRequest) -> RunResult:
     """A run left in the queue when the command was interrupted: resumable later."""
     reason = "interrupted before it started"
-    client = tracking.client_for(request.tracking_uri)
-    client.set_tag(request.run_id, tracking.ERROR_TAG, reason)
-    client.set_terminated(request.run_id, "KILLED")
     return RunResult(request.run.index, request.run.seed, request.run_id, "KILLED", error=reason)
+
+
+def _ended(job: Job, results: list[RunResult]) -> list[RunResult]:
+    """End each seed's MLflow run as its result says (a pruned run is FINISHED, tagged)."""
+    client = tracking.client_for(job[0].tracking_uri)
+    for result in results:
+        status = "FINISHED" if result.status == "PRUNED" else result.status
+        tracking.end_run(client, result.run_id, status, result.error, result.trace, result.tags)
+    return results
 
 
 def _run_process(job: Job, events, send) -> None:

@@ -284,3 +284,41 @@ class MetricSink:
         self._thread.join()
         if self._error is not None:
             raise RuntimeError(f"logging metrics to MLflow failed: {self._error}")
+
+
+# ---------------------------------------------------------------- run lifecycle
+# Runs are created by `launch` (experiments and seeds) and `sweep` (studies and trials),
+# which also end them, here; training only logs metrics and artifacts into them.
+
+ERROR_TEXT = 5000  # characters of a failure's reason kept in its tag
+
+
+def end_run(
+    client: MlflowClient,
+    run_id: str,
+    status: str,
+    error: str | None = None,
+    trace: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> None:
+    """End a run with MLflow `status`: the reason of a failure as its error tag, the
+    traceback as an `error.txt` artifact, both with passwords masked; then `tags`."""
+    if error is not None:
+        client.set_tag(run_id, ERROR_TAG, redact(error)[:ERROR_TEXT])
+    if trace is not None:
+        from marlctl.atomic import staging
+
+        with staging() as tmp:
+            path = tmp / "error.txt"
+            path.write_text(redact(trace))
+            client.log_artifact(run_id, str(path))
+    for key, value in (tags or {}).items():
+        client.set_tag(run_id, key, value)
+    client.set_terminated(run_id, status)
+
+
+def reopen_run(client: MlflowClient, run_id: str) -> None:
+    """A run that goes on (resumed): RUNNING again, without its last failure's reason."""
+    client.update_run(run_id, status="RUNNING")
+    if ERROR_TAG in client.get_run(run_id).data.tags:
+        client.delete_tag(run_id, ERROR_TAG)

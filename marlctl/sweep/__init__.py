@@ -183,8 +183,7 @@ def run_sweep(
         from marlctl import tracking
 
         client = tracking.client_for(ctx.tracking_uri)
-        client.set_tag(ctx.study_run_id, tracking.ERROR_TAG, f"{type(err).__name__}: {err}")
-        client.set_terminated(ctx.study_run_id, "FAILED")
+        tracking.end_run(client, ctx.study_run_id, "FAILED", f"{type(err).__name__}: {err}")
         raise
     summary = summarize(study, ctx, sweep, out_dir)
     summary.interrupted, summary.worker_errors = interrupted, errors
@@ -312,7 +311,7 @@ def _study_run(ctx: SweepContext, sweep) -> str:
     client = tracking.client_for(ctx.tracking_uri)
     found = _find_study_run(ctx)
     if found is not None:
-        client.update_run(found, status="RUNNING")
+        tracking.reopen_run(client, found)
         return found
     experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
     run = client.create_run(
@@ -353,14 +352,13 @@ def _finish_study_run(ctx: SweepContext, summary: SweepSummary) -> None:
         client.set_tag(run_id, "marlctl.best_trial", str(summary.best["trial"]))
     if summary.best_spec:
         client.log_artifact(run_id, summary.best_spec)
-    if summary.worker_errors:
-        client.set_tag(run_id, tracking.ERROR_TAG, "; ".join(summary.worker_errors)[:5000])
+    error = "; ".join(summary.worker_errors) or None
     if summary.interrupted:
-        client.set_terminated(run_id, "KILLED")
+        tracking.end_run(client, run_id, "KILLED", error)
     elif summary.budget_used:  # a worker that died left its trials to the others
-        client.set_terminated(run_id, "FINISHED")
+        tracking.end_run(client, run_id, "FINISHED", error)
     elif summary.worker_errors:
-        client.set_terminated(run_id, "FAILED")
+        tracking.end_run(client, run_id, "FAILED", error)
 
 
 # ---------------------------------------------------------------- launching workers

@@ -340,9 +340,9 @@ def _fail_mlflow_runs(tracking_uri: str | None, run_id: str | None, reason: str)
         )
         for r in [run, *children]:
             if r.info.status == "RUNNING":
-                client.set_tag(r.info.run_id, tracking.ERROR_TAG, reason)
-                client.set_tag(r.info.run_id, "marlctl.trial_state", "FAIL")
-                client.set_terminated(r.info.run_id, "FAILED")
+                tracking.end_run(
+                    client, r.info.run_id, "FAILED", reason, tags={"marlctl.trial_state": "FAIL"}
+                )
     except Exception:  # another machine's MLflow store: nothing to mark here
         pass
 
@@ -523,14 +523,10 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
     def finish(state: str, error: str | None = None, value: float | None = None) -> str:
         heartbeat.stop()
         if run_id is not None:
-            if error is not None:
-                client.set_tag(run_id, tracking.ERROR_TAG, error[:5000])
             if value is not None:
                 client.log_metric(run_id, "objective", value)
-            client.set_tag(run_id, "marlctl.trial_state", state)
-            client.set_terminated(
-                run_id, {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
-            )
+            status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
+            tracking.end_run(client, run_id, status, error, tags={"marlctl.trial_state": state})
         try:
             if error is not None:
                 trial.set_user_attr(ERROR_ATTR, redact(error)[:2000])

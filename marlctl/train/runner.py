@@ -1,7 +1,10 @@
-"""Run one seed: build env and algorithm, train, evaluate, checkpoint, log to its MLflow run.
+"""Train one seed (or a batch of seeds): build env and algorithm, train, evaluate,
+checkpoint, and log metrics and artifacts into the seed's MLflow run.
 
-A run that raises is marked FAILED with the reason; Ctrl-C checkpoints and marks it KILLED;
-a killed process leaves it RUNNING with its last checkpoint, which `run --resume` continues.
+The run's lifecycle is not this module's: `launch` creates the run, and ends it with the
+status of the `RunResult` returned here. A training that raises gives FAILED with the
+reason and traceback; Ctrl-C checkpoints and gives KILLED; a killed process leaves the run
+RUNNING with its last checkpoint, which `run --resume` continues.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +28,6 @@ from marlctl.atomic import staging
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan
-from marlctl.redact import redact
 from marlctl.spec.models import Spec
 from marlctl.train.core import EpisodeStats
 
@@ -34,6 +36,7 @@ POLICY = "policy/final.pt"
 EVAL_ENVS = 32
 LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
 PRUNED_TAG = "marlctl.pruned_at_step"
+RESUMED_TAG = "marlctl.resumed_from_step"
 
 
 @dataclass
@@ -44,6 +47,8 @@ class RunRequest:
     tracking_uri: str | None
     run_id: str
     resume: bool = False
+    # Resumed: the last env step whose metrics the run holds (none are logged twice).
+    logged_until: int = -1
     # Set by a sweep's pruner: the run stops after its current iteration, without a final
     # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`.
     stop: Any = None
@@ -59,6 +64,8 @@ class RunResult:
     final_return: float | None = None
     steps_per_s: float | None = None
     error: str | None = None
+    trace: str | None = None  # the traceback of a failure
+    tags: dict[str, str] = field(default_factory=dict)  # for the run, set as it ends
 
 
 Progress = Callable[[dict[str, Any]], None]
@@ -158,8 +165,8 @@ def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
 def execute_batch(requests: list[RunRequest], progress: Progress | None = None) -> list[RunResult]:
     """Train one run, or several seeds of one spec as one batch, to completion.
 
-    Never raises for a training failure: every run of the batch is marked FAILED (or KILLED
-    on Ctrl-C / SIGTERM, after a checkpoint) in its own MLflow run.
+    Never raises for a training failure: every result of the batch says FAILED with the
+    reason (or KILLED on Ctrl-C / SIGTERM, after a checkpoint); the caller ends the runs.
     """
     from marlctl import tracking
 
@@ -173,32 +180,13 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
     results = [RunResult(r.run.index, r.run.seed, r.run_id, "RUNNING") for r in requests]
     sinks: list = []
 
-    def finish(status: str, error: str | None, tag: str | None, trace: str | None) -> None:
+    def finish(status: str, error: str, trace: str | None) -> None:
         for sink in sinks:
             _close_quietly(sink)
         for result in results:
-            result.status, result.error = status, error
-            if tag is not None:
-                client.set_tag(result.run_id, tracking.ERROR_TAG, tag)
-            if trace is not None:
-                with staging() as tmp:
-                    path = tmp / "error.txt"
-                    path.write_text(redact(trace))
-                    client.log_artifact(result.run_id, str(path))
-            client.set_terminated(result.run_id, status)
+            result.status, result.error, result.trace = status, error, trace
 
     try:
-        skip = []
-        for request in requests:
-            skip_until = -1
-            if request.resume:
-                client.update_run(request.run_id, status="RUNNING")
-                if tracking.ERROR_TAG in client.get_run(request.run_id).data.tags:
-                    client.delete_tag(request.run_id, tracking.ERROR_TAG)
-                skip_until = tracking.last_logged_step(
-                    client, request.run_id, LOGGED_EVERY_ITERATION
-                )
-            skip.append(skip_until)
         spec = Spec.model_validate(requests[0].resolved)
         torch.set_num_threads(plan.threads)
         random.seed(plan.seed)
@@ -208,23 +196,21 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {plan.device} requested but CUDA is not available")
         every = spec.tracking.flush_every_s
-        for request, skip_until in zip(requests, skip, strict=True):
-            sinks.append(tracking.MetricSink(client, request.run_id, every, skip_until))
+        for request in requests:
+            sinks.append(tracking.MetricSink(client, request.run_id, every, request.logged_until))
         pruned_at = _train(spec, requests, client, sinks, device, results, progress)
         for sink in sinks:
             sink.close()
         sinks = []
         for result in results:
-            if pruned_at is not None:
-                client.set_tag(result.run_id, PRUNED_TAG, str(pruned_at))
-            client.set_terminated(result.run_id, "FINISHED")
             result.status = "FINISHED" if pruned_at is None else "PRUNED"
+            if pruned_at is not None:
+                result.tags[PRUNED_TAG] = str(pruned_at)
             result.env_steps = result.env_steps or (pruned_at or 0)
     except KeyboardInterrupt:
-        finish("KILLED", "interrupted", "interrupted by the user", None)
+        finish("KILLED", "interrupted by the user", None)
     except Exception as err:  # recorded, not raised: other runs go on
-        error = f"{type(err).__name__}: {err}"
-        finish("FAILED", error, error[:5000], traceback.format_exc())
+        finish("FAILED", f"{type(err).__name__}: {err}", traceback.format_exc())
     finally:
         if main_thread:  # the caller's handlers again (a run may be one of several)
             for sig, handler in previous.items():
@@ -279,7 +265,7 @@ def _train(
             next_eval, next_ckpt = int(state["next_eval"]), int(state["next_checkpoint"])
             torch.set_rng_state(state["torch_rng"])
             for request in requests:
-                client.set_tag(request.run_id, "marlctl.resumed_from_step", str(env_steps))
+                client.set_tag(request.run_id, RESUMED_TAG, str(env_steps))
             if device.type == "cuda" and state.get("cuda_rng"):
                 torch.cuda.set_rng_state_all(list(state["cuda_rng"]))
         next_log = env_steps
