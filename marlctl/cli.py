@@ -181,8 +181,10 @@ def run(
             if dry_run:
                 _print_plan(plan, loaded, as_json)
                 return
+            from marlctl import tracking
             from marlctl.launch import run_plan
 
+            tracking.check_reachable(loaded.spec.tracking.uri)  # before the progress display
             summary = _with_progress(lambda make: run_plan(loaded, plan, make(plan)), as_json)
     if as_json:
         _emit_json(summary.to_dict())
@@ -424,6 +426,9 @@ def sweep(
                 cpus,
                 time_min,
             )
+            from marlctl import tracking
+
+            tracking.check_reachable(ctx.tracking_uri)  # before the progress display
             summary = _with_sweep_progress(
                 lambda show: run_sweep(ctx, settings, workers, chosen, out, show),
                 ctx.trials,

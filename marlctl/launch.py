@@ -150,7 +150,7 @@ def resume(
         return SpecError([Problem("--resume", None, "", message)])
 
     store = tracking.resolve_uri(tracking_uri)
-    tracking.check_store(tracking_uri)
+    tracking.check_store(tracking_uri, writes=True)
     remove_stale_staging()
     client = tracking.client_for(tracking_uri)
     try:

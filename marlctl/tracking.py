@@ -37,16 +37,16 @@ def resolve_uri(uri: str | None) -> str:
     return uri or default_uri()
 
 
-def check_store(uri: str | None) -> None:
+def check_store(uri: str | None, writes: bool = False) -> None:
     """Refuse a SQLite store that does not exist instead of creating an empty one (for the
-    commands that only read a store: eval, report, resume)."""
+    commands that use an existing store: eval and report read it, resume `writes`)."""
     resolved = resolve_uri(uri)
     if resolved.startswith("sqlite:///"):
         path = resolved.removeprefix("sqlite:///")
         if path and not path.startswith(":memory:") and not Path(path).is_file():
             where = "--tracking-uri" if uri else "mlflow.db"
             raise SpecError.at(where, f"no MLflow store at {path}; pass --tracking-uri")
-    check_reachable(uri)
+    check_reachable(uri, writes)
 
 
 def client_for(uri: str | None) -> MlflowClient:
@@ -141,13 +141,17 @@ STORE_ATTEMPTS = 5
 CONNECT_TIMEOUT_S = 10
 
 
-def check_reachable(uri: str | None) -> None:
+def check_reachable(uri: str | None, writes: bool = True) -> None:
     """Fail fast (exit 2, the store named) when a database or server store cannot be
-    reached or refuses the credentials; MLflow itself retries for minutes first."""
+    reached or refuses the credentials, or when a SQLite store that will be written sits
+    in a folder that takes no writes (read-only, or a full disk); MLflow itself retries
+    for minutes first."""
     resolved = resolve_uri(uri)
     scheme = resolved.split("://", 1)[0].split("+", 1)[0]
     try:
-        if scheme in ("postgresql", "mysql", "mssql"):
+        if scheme == "sqlite" and writes:
+            _check_writable(resolved.removeprefix("sqlite:///"))
+        elif scheme in ("postgresql", "mysql", "mssql"):
             import sqlalchemy
 
             args = {"connect_timeout": CONNECT_TIMEOUT_S} if scheme != "mssql" else {}
@@ -166,6 +170,29 @@ def check_reachable(uri: str | None) -> None:
             socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
     except Exception as err:
         raise _store_error(uri, err) from None
+
+
+# A new SQLite store is about 1 MB of schema; its folder must take at least this much.
+WRITE_CHECK_BYTES = 1 << 20
+
+
+def _check_writable(path: str) -> None:
+    """SQLite writes the store and its journal next to each other: try the folder."""
+    if not path or path.startswith(":memory:") or path.startswith("file:"):
+        return
+    import os
+    import tempfile
+
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise OSError(f"no folder {folder}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".marlctl-write-check-") as probe:
+            probe.write(b"\0" * WRITE_CHECK_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as err:
+        raise OSError(f"cannot write in {folder}: {err.strerror or err}") from None
 
 
 def _store_error(uri: str | None, err: Exception) -> SpecError:

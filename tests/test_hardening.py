@@ -363,3 +363,71 @@ def test_passwords_are_masked_whole_wherever_they_stand():
     assert redact("sqlite:///runs/mlflow.db and http://host/x") == (
         "sqlite:///runs/mlflow.db and http://host/x"
     )
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A working folder that takes no writes: mode 555, or for root (whom modes do not stop)
+    the immutable attribute of ext4 and xfs."""
+    import subprocess
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    (folder / "spec.yaml").write_text(TINY_RUN)
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"no read-only folder here: chattr +i failed ({done.stderr.strip()})")
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    try:
+        try:
+            (folder / "probe").touch()
+        except OSError:
+            yield folder
+        else:
+            pytest.skip("this file system lets the folder be written anyway")
+    finally:
+        subprocess.run(undo, check=True)
+
+
+@pytest.fixture
+def full_folder(tmp_path):
+    """A working folder on a 256 KiB file system that is full (tmpfs; needs root)."""
+    import subprocess
+
+    folder = tmp_path / "full"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)]
+    done = subprocess.run(mount, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"no small file system to fill here: mount failed ({done.stderr.strip()})")
+    try:
+        (folder / "spec.yaml").write_text(TINY_RUN)
+        with open(folder / "filler", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+        yield folder
+    finally:
+        os.chdir(tmp_path)
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_working_folder_is_named_at_once(read_only_folder, monkeypatch, capsys):
+    monkeypatch.chdir(read_only_folder)
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=15)
+    assert f"mlflow.db: cannot use the MLflow store sqlite:///{read_only_folder}/mlflow.db" in err
+    assert f"cannot write in {read_only_folder}" in err
+    sweep = ("sweep", "spec.yaml", "algo.lr=0.001,0.0003", "--trials", "1")
+    assert "cannot write in" in rejected(monkeypatch, capsys, *sweep, seconds=15)
+
+
+def test_a_full_disk_at_start_is_named_at_once(full_folder, monkeypatch, capsys):
+    monkeypatch.chdir(full_folder)
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=15)
+    assert f"cannot write in {full_folder}: No space left on device" in err
