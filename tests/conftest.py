@@ -100,6 +100,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# A role of the `postgres` server that needs its password: (user, password).
+PASSWORD_ROLE = ("alice", "right-password")
+
+
 @pytest.fixture
 def postgres():
     """A PostgreSQL server in a temporary folder, as a non-root user; skipped if it cannot start."""
@@ -125,6 +129,9 @@ def postgres():
     if init.returncode != 0:
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"initdb failed: {init.stderr.strip()[:300]}")
+    # One role signs in with a password (PASSWORD_ROLE); everyone else is trusted.
+    hba = data / "pg_hba.conf"
+    hba.write_text(f"host all {PASSWORD_ROLE[0]} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
     options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
     start = pg(
         str(pg_bin / "pg_ctl"),
@@ -145,6 +152,12 @@ def postgres():
             str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "marlctl", "sweeps"
         )
         assert created.returncode == 0, created.stderr
+        user, password = PASSWORD_ROLE
+        role = pg(
+            str(pg_bin / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "marlctl",
+            "-d", "sweeps", "-c", f"CREATE ROLE {user} LOGIN PASSWORD '{password}'",
+        )  # fmt: skip
+        assert role.returncode == 0, role.stderr
         yield f"postgresql://marlctl@127.0.0.1:{port}/sweeps"
     finally:
         pg(str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")

@@ -339,6 +339,16 @@ def test_a_missing_postgresql_database_is_named_at_once(postgres, monkeypatch, c
     assert 'database "no_such_db" does not exist' in err
 
 
+def test_a_wrong_postgresql_password_is_named_at_once(postgres, monkeypatch, capsys):
+    Path("spec.yaml").write_text(TINY_RUN)
+    server = postgres.split("@", 1)[1]
+    wrong = f"postgresql://alice:not-the-password@{server}"
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", f"tracking.uri='{wrong}'")
+    assert f"tracking.uri: cannot use the MLflow store postgresql://alice:***@{server}" in err
+    assert 'password authentication failed for user "alice"' in err
+    assert "not-the-password" not in err
+
+
 def test_two_runs_started_together_in_a_fresh_folder_both_record():
     import subprocess
 
