@@ -315,20 +315,26 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
 
 
 def _print_summary(summary) -> None:
+    from rich import box
+
+    # Run ids whole at any width, to be copied: the other columns wrap, failures go below.
     table = Table(
         title=Text(summary.experiment),
-        caption=redact(f"MLflow: {summary.tracking_uri} · parent run {summary.parent_run_id}"),
+        caption=redact(f"MLflow: {summary.tracking_uri}"),
+        box=box.SIMPLE_HEAD,
     )
-    for column in ("seed", "status", "eval return", "env steps/s", "MLflow run"):
-        table.add_column(column)
+    table.add_column("seed")
+    table.add_column("status")
+    table.add_column("eval return", justify="right")
+    table.add_column("train env steps/s", justify="right")
+    table.add_column("MLflow run", no_wrap=True, min_width=32)
 
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
     for r in summary.runs:
-        status = r.status if r.error is None else f"{r.status}: {r.error}"
         table.add_row(
-            str(r.seed), status, fmt(r.final_return, ".2f"), fmt(r.steps_per_s, ",.0f"), r.run_id
+            str(r.seed), r.status, fmt(r.final_return, ".2f"), fmt(r.steps_per_s, ",.0f"), r.run_id
         )
     agg = summary.aggregate()
     spread = f" ± {agg['eval/return_std']:.2f}" if agg["eval/return_std"] is not None else ""
@@ -341,6 +347,10 @@ def _print_summary(summary) -> None:
         style="bold",
     )
     out.print(table)
+    for r in summary.runs:
+        if r.error is not None:
+            where = f" (traceback: {r.trace_file})" if r.trace_file else ""
+            out.print(Text(f"seed {r.seed} {r.status}: {r.error}{where}"), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- sweep

@@ -95,6 +95,7 @@ def evaluate_runs(
 
     tracking.check_store(tracking_uri)
     client = tracking.client_for(tracking_uri)
+    run_id = tracking.resolve_run_id(client, run_id, "RUN_ID")
     try:
         run = client.get_run(run_id)
     except MlflowException:

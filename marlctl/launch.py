@@ -153,6 +153,7 @@ def resume(
     tracking.check_store(tracking_uri, writes=True)
     remove_stale_staging()
     client = tracking.client_for(tracking_uri)
+    run_id = tracking.resolve_run_id(client, run_id, "--resume")
     try:
         run = client.get_run(run_id)
     except MlflowException:
@@ -336,6 +337,8 @@ def _ended(job: Job, results: list[RunResult]) -> list[RunResult]:
     for result in results:
         status = "FINISHED" if result.status == "PRUNED" else result.status
         tracking.end_run(client, result.run_id, status, result.error, result.trace, result.tags)
+        if result.trace is not None:
+            result.trace_file = tracking.artifact_location(client, result.run_id, "error.txt")
     return results
 
 

@@ -344,8 +344,62 @@ def end_run(
     client.set_terminated(run_id, status)
 
 
+def artifact_location(client: MlflowClient, run_id: str, name: str) -> str:
+    """Where a run's artifact is stored, as a user would open it: a path (relative to the
+    working folder when inside it) for a local store, else the artifact URI."""
+    from urllib.parse import unquote, urlsplit
+
+    uri = f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{name}"
+    parts = urlsplit(uri)
+    if parts.scheme not in ("", "file"):
+        return redact(uri)
+    path = Path(unquote(parts.path))
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def reopen_run(client: MlflowClient, run_id: str) -> None:
     """A run that goes on (resumed): RUNNING again, without its last failure's reason."""
     client.update_run(run_id, status="RUNNING")
     if ERROR_TAG in client.get_run(run_id).data.tags:
         client.delete_tag(run_id, ERROR_TAG)
+
+
+RUN_ID_LENGTH = 32
+MIN_PREFIX = 4
+
+
+def resolve_run_id(client: MlflowClient, given: str, where: str) -> str:
+    """A run id, or the one run id that starts with `given` (at least 4 hex digits), in
+    any experiment of the store; an unknown or ambiguous prefix is the user's error."""
+    import re
+
+    given = given.strip()
+    if re.fullmatch(f"[0-9a-f]{{{RUN_ID_LENGTH}}}", given):
+        return given
+    if not re.fullmatch(f"[0-9a-f]{{{MIN_PREFIX},{RUN_ID_LENGTH - 1}}}", given):
+        raise SpecError.at(
+            where,
+            f"'{given}' is not a run id or the start of one "
+            f"({MIN_PREFIX} to {RUN_ID_LENGTH} hexadecimal digits)",
+        )
+    from mlflow.entities import ViewType
+
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    found = client.search_runs(
+        experiments, f"attributes.run_id LIKE '{given}%'", ViewType.ALL, max_results=10
+    )
+    if not found:
+        raise SpecError.at(where, f"no run id starts with '{given}'")
+    if len(found) > 1:
+        listed = ", ".join(
+            f"{r.info.run_id} ({r.info.run_name})"
+            for r in sorted(found, key=lambda r: r.info.run_id)
+        )
+        more = " and more" if len(found) == 10 else ""
+        raise SpecError.at(
+            where, f"'{given}' starts {len(found)}{more} run ids: {listed}; type more of it"
+        )
+    return found[0].info.run_id

@@ -148,3 +148,34 @@ def test_bad_render_targets_fail_before_evaluating(trained, target, message):
     assert result.exit_code == 2, result.output
     assert "--render: " in result.output and message in result.output
     assert not Path(target).exists()
+
+
+def test_run_ids_can_be_shortened_to_an_unambiguous_prefix(trained):
+    ids = [r["run_id"] for r in trained["runs"]] + [trained["parent_run_id"]]
+    seed = trained["runs"][0]["run_id"]
+    # The shortest prefix of the seed's id that no other run shares.
+    prefix = next(
+        seed[:n] for n in range(4, 33) if not any(o.startswith(seed[:n]) for o in ids if o != seed)
+    )
+    result = run_json("eval", prefix)
+    assert result["exit_code"] == 0, result
+    assert [r["run_id"] for r in result["runs"]] == [seed]
+    for bad, message in (
+        ("xyz", "'xyz' is not a run id or the start of one"),
+        ("0000000", "no run id starts with '0000000'"),
+    ):
+        out = run_cli("eval", bad)
+        assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output
+    # Two runs sharing a prefix are both listed: make runs until two ids share 4 digits.
+    store = client()
+    experiment = store.get_run(seed).info.experiment_id
+    seen = {run_id[:4]: run_id for run_id in ids}
+    while True:
+        run_id = store.create_run(experiment).info.run_id
+        if run_id[:4] in seen:
+            break
+        seen[run_id[:4]] = run_id
+    out = run_cli("eval", run_id[:4])
+    assert out.exit_code == 2, out.output
+    assert run_id in out.output and seen[run_id[:4]] in out.output
+    assert "type more of it" in out.output

@@ -430,7 +430,7 @@ CASES = {
             """
         },
         "spec.yaml:2: defaults.0:",
-        "Could not find 'algos/nope'",
+        "no preset 'nope' in algos/",
     ),
     "error-inside-a-preset-file": Case(
         {
@@ -496,10 +496,16 @@ CASES = {
         "env 'mpe/simple_spread' rejected its params",
         overrides=("+env.params.foo=1",),
     ),
+    "override-misspelt-preset": Case(
+        {"spec.yaml": WITH_PRESETS},
+        "<overrides>:1: algos:",
+        "no preset 'mapo' in algos/; did you mean 'mappo'?",
+        overrides=("algos=mapo",),
+    ),
     "override-missing-preset": Case(
         {"spec.yaml": WITH_PRESETS},
         "<overrides>:1: algos:",
-        "Could not find 'algos/nope'",
+        "no preset 'nope' in algos/",
         overrides=("algos=nope",),
     ),
 }

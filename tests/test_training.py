@@ -280,6 +280,12 @@ def test_failing_run_is_recorded_failed_and_other_seeds_finish(tmp_path, monkeyp
     assert "simulated env failure" in stored.data.tags["marlctl.error"]
     parent = client().get_run(out["parent_run_id"])
     assert parent.info.status == "FAILED"
+    # The summary says where the traceback is, a path a user can open from here.
+    trace = Path(run["trace_file"])
+    assert not trace.is_absolute() and "simulated env failure" in trace.read_text()
+    assert "trace" not in run  # the traceback itself is not printed
+    text = CliRunner().invoke(app, ["run", str(spec)], env={"COLUMNS": "80"}).output
+    assert f"(traceback: {Path('mlruns')}" in text and "error.txt)" in text
 
 
 def test_nan_loss_fails_the_run(tmp_path, monkeypatch):

@@ -199,6 +199,7 @@ def select(
                     f"no experiment '{name}' in {selection.uri}; known: {', '.join(known)}",
                 )
             by_id[found.experiment_id] = found.name
+    run_ids = [tracking.resolve_run_id(client, run_id, "--runs") for run_id in run_ids]
     for run_id in run_ids:
         try:
             run = client.get_run(run_id)

@@ -346,6 +346,8 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
         if message.startswith("In '")
         else message
     )
+    missing = message.split("'")[1] if message.startswith("Could not find '") else ""
+    message = _missing_preset(message, [source.path.resolve().parent, *preset_roots()])
     for key, text, index in provenance.overrides:
         if text in str(err) or f"'{key}'" in str(err):
             if "not in struct" in str(err) or "Could not override" in message:
@@ -354,9 +356,8 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
     full_key = getattr(err, "full_key", None)
     if full_key:
         return provenance.problem(str(full_key), message)
-    if "Could not find" in message or "defaults" in message.lower():
+    if missing or "defaults" in message.lower():
         line, key = source.line_of("defaults") or 1, "defaults"
-        missing = message.split("'")[1] if message.count("'") >= 2 else ""
         for index, item in enumerate(source.data.get("defaults") or []):
             group, choice = (
                 next(iter(item.items())) if isinstance(item, dict) and item else ("", "")
@@ -365,6 +366,21 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
                 line, key = source.lines.get(f"defaults.{index}", line), f"defaults.{index}"
         return Problem(str(source.path), line, key, message)
     return Problem(str(source.path), 1, "", message)
+
+
+def _missing_preset(message: str, roots: list[Path]) -> str:
+    """Hydra's "Could not find 'algos/mapo'" as a sentence with the presets there are."""
+    if not message.startswith("Could not find '"):
+        return message
+    group, _, choice = message.split("'")[1].partition("/")
+    names = sorted({p.stem for root in roots for p in (root / group).glob("*.yaml")})
+    if group not in PRESET_GROUPS or not names:
+        return message
+    import difflib
+
+    close = difflib.get_close_matches(choice, names, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"no preset '{choice}' in {group}/{hint} ({group}: {', '.join(names)})"
 
 
 def _validate(data: dict[str, Any], provenance: Provenance) -> Spec:

@@ -65,6 +65,7 @@ class RunResult:
     steps_per_s: float | None = None
     error: str | None = None
     trace: str | None = None  # the traceback of a failure
+    trace_file: str | None = None  # where the run's store keeps it
     tags: dict[str, str] = field(default_factory=dict)  # for the run, set as it ends
 
 
