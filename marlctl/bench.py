@@ -1,7 +1,9 @@
 """`marlctl bench`: env-only and end-to-end training throughput of a spec over `num_envs`.
 
 Nothing is tracked: the measurements run in this process on the plan's first run's device
-and threads, for a fixed wall-clock budget per point after a warm-up.
+and threads, for a fixed wall-clock budget per point after a warm-up. A point whose single
+call (an env step, a training iteration) takes longer than the budget is measured on one
+call, and the larger sizes after it are skipped: each would take longer still.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from marlctl.plan import Plan
 from marlctl.spec import LoadedSpec
@@ -28,6 +30,7 @@ class Point:
     peak_memory_mb: float
     seconds: float
     seeds: int = 1  # trained as one batch (`hardware.batch_seeds`)
+    slow: bool = False  # one call took longer than the budget: larger sizes were skipped
 
     @property
     def per_seed(self) -> float:
@@ -43,6 +46,7 @@ class BenchResult:
     threads: int
     compile: bool
     points: list[Point]
+    skipped: list[str] = field(default_factory=list)  # "train num_envs=N" not measured
 
     def best(self, kind: str) -> Point | None:
         rows = [p for p in self.points if p.kind == kind]
@@ -94,12 +98,18 @@ def run_bench(
         if report is not None:
             report(point)
 
-    for num_envs in sizes:
-        record(_env_point(spec, info, num_envs, run.seed, device, seconds))
+    def measure(kind: str, point_at: Callable[[int], Point]) -> None:
+        for index, num_envs in enumerate(sizes):
+            point = point_at(num_envs)
+            record(point)
+            if point.slow:
+                result.skipped += [f"{kind} num_envs={n}" for n in sizes[index + 1 :]]
+                return
+
+    measure("env", lambda n: _env_point(spec, info, n, run.seed, device, seconds))
     if train:
         seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
-        for num_envs in sizes:
-            record(_train_point(spec, info, num_envs, seeds, device, seconds))
+        measure("train", lambda n: _train_point(spec, info, n, seeds, device, seconds))
     return result
 
 
@@ -111,11 +121,11 @@ def _env_point(spec, info, num_envs: int, seed: int, device, seconds: float) -> 
     try:
         env.reset(seed)
         actions = _random_actions(info, num_envs, device)
-        steps, elapsed = _timed(lambda: env.step(actions), seconds, device)
+        steps, elapsed, slow = _timed(lambda: env.step(actions), seconds, device)
     finally:
         env.close()
     rate = steps * num_envs / elapsed
-    return Point("env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed)
+    return Point("env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, 1, slow)
 
 
 def _train_point(spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds) -> Point:
@@ -133,21 +143,30 @@ def _train_point(spec, info, num_envs: int, seeds: tuple[int, ...], device, seco
             state["ob"], _ = trainer.train_iteration(env, state["ob"])
             trainer.stats.take()
 
-        iters, elapsed = _timed(iteration, seconds, device, warmup=1)
+        iters, elapsed, slow = _timed(iteration, seconds, device, warmup=1)
     finally:
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
     return Point(
-        "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds)
+        "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds), slow
     )
 
 
-def _timed(fn: Callable[[], object], seconds: float, device, warmup: int = 3) -> tuple[int, float]:
-    """Call `fn` for about `seconds` after a warm-up; (calls, elapsed). Syncs the device
-    only around the timed block, so asynchronous CUDA work is measured end to end."""
+def _timed(
+    fn: Callable[[], object], seconds: float, device, warmup: int = 3
+) -> tuple[int, float, bool]:
+    """Call `fn` for about `seconds` after a warm-up; (calls, elapsed, slow). Syncs the
+    device only around the timed block, so asynchronous CUDA work is measured end to end.
+    Slow: one call took longer than `seconds`, so one timed call is all there is."""
+    start = time.perf_counter()
     for _ in range(warmup):
         fn()
     _sync(device)
+    if (time.perf_counter() - start) / warmup > seconds:
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return 1, time.perf_counter() - start, True
     start = time.perf_counter()
     fn()
     fn()
@@ -157,7 +176,7 @@ def _timed(fn: Callable[[], object], seconds: float, device, warmup: int = 3) ->
     for _ in range(calls - 2):
         fn()
     _sync(device)
-    return calls, time.perf_counter() - start
+    return calls, time.perf_counter() - start, per_call > seconds
 
 
 def _random_actions(info, num_envs: int, device) -> dict:
@@ -194,3 +213,28 @@ def _peak_mb(device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def learning_note(spec, num_envs: int) -> str:
+    """What training with `num_envs` envs changes for learning, beside its speed."""
+    algo, now = spec.algo, spec.hardware.num_envs
+    if num_envs == now:
+        return "the spec's own num_envs: nothing changes for learning"
+    ratio = num_envs / now
+    if hasattr(algo, "epochs"):  # on-policy: the batch of each update follows num_envs
+        batch, new = algo.rollout_steps * now, algo.rollout_steps * num_envs
+        return (
+            f"each update then learns from {new:,} samples instead of {batch:,} "
+            f"({ratio:g}x; minibatches of {new // algo.minibatches:,}), and there are "
+            f"{ratio:g}x fewer updates per env step: learning rate, epochs and minibatches "
+            "were tuned for the old batch"
+        )
+    per_step, new = (
+        algo.updates / (algo.rollout_steps * now),
+        algo.updates / (algo.rollout_steps * num_envs),
+    )
+    return (
+        f"gradient steps per env step fall from {per_step:.3g} to {new:.3g} ({ratio:g}x "
+        "fewer): raise algo.updates to keep the replay ratio, or expect slower learning "
+        "per env step"
+    )

@@ -239,8 +239,11 @@ def _with_progress(work, as_json: bool):
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:>9} steps/s"),
-        TextColumn("return {task.fields[ret]}"),
+        # The summary's words: training speed now, the return of training episodes (with
+        # exploration), the last evaluation's return (deterministic policy).
+        TextColumn("{task.fields[rate]:>9} env steps/s"),
+        TextColumn("train return {task.fields[ret]:>7}"),
+        TextColumn("eval return {task.fields[eval]:>7}"),
         TimeRemainingColumn(),
     ]
     with Progress(*columns, console=err, transient=False, disable=as_json) as bar:
@@ -250,13 +253,16 @@ def _with_progress(work, as_json: bool):
         def make(plan):
             for r in plan.runs:
                 tasks[r.seed] = bar.add_task(
-                    f"seed {r.seed}", total=r.total_env_steps, rate="-", ret="-"
+                    f"seed {r.seed}", total=r.total_env_steps, rate="-", ret="-", eval="-"
                 )
 
             def update(event: dict[str, Any]) -> None:
                 import time
 
                 if event.get("kind") == "eval":
+                    score = event["metrics"].get("eval/return_mean")
+                    if score is not None and event["seed"] in tasks:
+                        bar.update(tasks[event["seed"]], eval=f"{score:.2f}")
                     return
                 now = time.perf_counter()
                 seed, step = event["seed"], event["step"]
@@ -773,7 +779,7 @@ def bench(
     with _exit_codes(as_json):
         sweep = _parse_sizes(num_envs)
         loaded, plan = _load(spec, overrides)
-        from marlctl.bench import run_bench
+        from marlctl.bench import learning_note, run_bench
 
         console = err if as_json else out
         console.print(
@@ -782,16 +788,17 @@ def bench(
             highlight=False,
             soft_wrap=True,
         )
+        # Progress on one transient line; the figures are printed once, in the table.
+        with err.status("measuring env num_envs=…", spinner="dots") as status:
 
-        def show(point) -> None:
-            err.print(
-                f"  {point.kind:5} num_envs={point.num_envs:<7} "
-                f"{point.env_steps_per_s:>14,.0f} env steps/s",
-                highlight=False,
-            )
+            def show(point) -> None:
+                status.update(f"measured {point.kind} num_envs={point.num_envs}; measuring on…")
 
-        result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
+            result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
     data = result.to_dict()
+    best = result.best("train")
+    if best is not None:
+        data["suggestion_note"] = learning_note(loaded.spec, best.num_envs)
     if not as_json:
         batched = any(p.seeds > 1 for p in result.points)
         columns = ["measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB"]
@@ -806,15 +813,20 @@ def bench(
             ]
             table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []))
         out.print(table)
-        if data["suggested_num_envs"] is not None:
-            best = result.best("train")
+        if result.skipped:
             out.print(
-                f"suggested: hardware.num_envs={best.num_envs} "
-                f"({best.env_steps_per_s:,.0f} training env steps/s)",
+                f"not measured: {', '.join(result.skipped)} (one call of a smaller size took "
+                f"longer than --seconds {seconds:g}; pass --num-envs to measure them)",
                 highlight=False,
                 soft_wrap=True,
             )
-        sys.stdout.write(json.dumps(data) + "\n")
+        if best is not None:
+            out.print(
+                f"fastest training: hardware.num_envs={best.num_envs} "
+                f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",
+                highlight=False,
+                soft_wrap=True,
+            )
     else:
         _emit_json(data)
 

@@ -112,7 +112,9 @@ def test_bench_measures_env_and_training_and_suggests_num_envs(tmp_path):
     spec = write_spec(tmp_path, native_spec(tmp_path))
     result = run_cli("bench", str(spec), "--num-envs", "8,32", "--seconds", "0.2")
     assert result.exit_code == 0, result.output
-    assert "suggested: hardware.num_envs=" in result.output
+    assert "fastest training: hardware.num_envs=" in result.output
+    assert "samples instead of" in result.output  # what the batch size does to PPO
+    assert "{" not in result.output  # figures once, in the table: no JSON without --json
     data = run_json("bench", str(spec), "--num-envs", "8,32", "--seconds", "0.2")
     assert data["exit_code"] == 0
     points = data["points"]
@@ -127,6 +129,20 @@ def test_bench_measures_env_and_training_and_suggests_num_envs(tmp_path):
     best = max((p for p in points if p["kind"] == "train"), key=lambda p: p["env_steps_per_s"])
     assert data["suggested_num_envs"] == best["num_envs"]
     assert not (tmp_path / "mlflow.db").exists()  # bench tracks nothing
+
+
+def test_bench_skips_sizes_past_one_that_outlasts_the_budget(tmp_path):
+    """A point whose one training iteration takes longer than --seconds is measured once,
+    and the larger sizes are skipped and named, so a point costs a few budgets at most."""
+    spec = write_spec(tmp_path, native_spec(tmp_path))
+    # 900 gradient steps per iteration: seconds, far over the budget, even with 8 envs.
+    slow = ("algo.epochs=30", "algo.minibatches=30", "--num-envs", "8,64,256", "--seconds", "0.1")
+    data = run_json("bench", str(spec), *slow, "--env-only")
+    assert [p["num_envs"] for p in data["points"]] == [8, 64, 256]  # env steps are fast
+    data = run_json("bench", str(spec), *slow)
+    train = [p for p in data["points"] if p["kind"] == "train"]
+    assert [p["num_envs"] for p in train] == [8] and train[0]["slow"]
+    assert data["skipped"] == ["train num_envs=64", "train num_envs=256"]
 
 
 def test_bench_rejects_a_bad_sweep(tmp_path):
