@@ -467,8 +467,8 @@ def _with_sweep_progress(work, budget: int, as_json: bool):
         TextColumn("trials"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("running {task.fields[running]}"),
         TextColumn("best {task.fields[best]}"),
+        TextColumn("running {task.fields[running]}"),
         TimeElapsedColumn(),
     ]
     with Progress(*columns, console=err, disable=as_json) as bar:
@@ -491,9 +491,24 @@ def _with_sweep_progress(work, budget: int, as_json: bool):
                         soft_wrap=True,
                     )
             best = "-" if event["best"] is None else f"{event['best']:.4g}"
-            bar.update(task, completed=event["done"], running=event["running"], best=best)
+            # Each running trial's env steps (its slowest seed's), as far as it has reported.
+            steps = event.get("progress", {})
+            running = ", ".join(
+                f"#{n} {_count(done)}/{_count(total)}" for n, (done, total) in sorted(steps.items())
+            )
+            unseen = event["running"] - len(steps)
+            running = ", ".join(x for x in (running, f"{unseen} starting" * (unseen > 0)) if x)
+            bar.update(task, completed=event["done"], running=running or "0", best=best)
 
         return work(show)
+
+
+def _count(steps: int) -> str:
+    """300000 -> 300k, 1500000 -> 1.5M: env steps at a glance."""
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if steps >= size:
+            return f"{steps / size:.3g}{unit}"
+    return str(steps)
 
 
 def _short(value: Any) -> str:
@@ -584,6 +599,14 @@ def report(
     out_path: Annotated[
         str | None, typer.Option("--out", help="Write the report here (Markdown adds PNGs).")
     ] = None,
+    figure_files: Annotated[
+        str | None,
+        typer.Option(
+            "--figures",
+            help="png | svg | pdf: figure files beside an md report (default png) or an html"
+            " one (default none: its plots are interactive).",
+        ),
+    ] = None,
     storage: Annotated[
         str | None,
         typer.Option("--storage", help="Optuna storage of a sweep (default: the one it used)."),
@@ -604,6 +627,10 @@ def report(
             target = Path(f"report.{chosen}")
         if direction not in (None, "maximize", "minimize"):
             raise SpecError([_arg_problem(f"--direction: '{direction}' is not maximize|minimize")])
+        if figure_files not in (None, "png", "svg", "pdf"):
+            raise SpecError([_arg_problem(f"--figures: '{figure_files}' is not png|svg|pdf")])
+        if figure_files is not None and chosen not in ("md", "html"):
+            raise SpecError([_arg_problem("--figures: figure files go with an md or html report")])
         from marlctl import report as reporting
         from marlctl.report import formats
 
@@ -621,7 +648,9 @@ def report(
         if not built.groups and not built.sweeps:
             raise SpecError([_arg_problem(_nothing_to_report(built))])
         try:
-            written = formats.write(built, chosen, target) if target is not None else []
+            written = []
+            if target is not None:
+                written = formats.write(built, chosen, target, figure_files)
         except OSError as error:
             raise SpecError([_arg_problem(f"--out: cannot write '{target}': {error}")]) from None
     if as_json:
@@ -635,6 +664,8 @@ def report(
         return
     for table in formats.rich_tables(built):
         _print_table(table)
+    for warning in formats.warnings(built):
+        out.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
     for note in formats.notes(built):
         out.print(note, style="dim", markup=False, highlight=False)
     for sweep in built.sweeps:

@@ -672,3 +672,28 @@ def test_a_sweep_whose_budget_was_used_is_ok_though_a_worker_died() -> None:
     assert not summary({"COMPLETE": 2, "RUNNING": 1}, died).ok
     assert not summary({"COMPLETE": 2}, died).ok
     assert summary({"COMPLETE": 2}, []).ok
+
+
+def test_the_display_follows_running_trials_and_status_counts_the_asked_budget(
+    tmp_path: Path,
+) -> None:
+    from marlctl.sweep import Launcher, prepare, run_sweep
+
+    body = {
+        **TINY,
+        "train": {**TINY["train"], "total_env_steps": 40_000, "eval_every": 20_000},
+        "sweep": {**TINY["sweep"], "heartbeat_s": 1},
+    }
+    spec = write_spec(tmp_path, body)
+    ctx, settings = prepare(str(spec), [], None, 2)
+    events: list[dict] = []
+    summary = run_sweep(ctx, settings, 1, Launcher("local"), None, events.append)
+    assert summary.ok
+    # While a trial trained, the display saw its env steps move (from the trial's storage).
+    seen = [step for e in events for step, total in e["progress"].values() if total == 40_000]
+    assert seen and min(seen) < 40_000, [e["progress"] for e in events]
+    assert any(e["running"] == 1 for e in events)
+    # `--status` counts against the 2 trials asked, not the spec's 4.
+    code, status = sweep_json(str(spec), "--status")
+    finished = status["counts"]["COMPLETE"] + status["counts"]["PRUNED"]
+    assert code == 0 and status["budget"] == 2 and finished == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ from marlctl.redact import redact_all, shown_url
 from marlctl.spec import load_spec
 from marlctl.sweep.space import check_space, space_of, split_overrides
 from marlctl.sweep.study import (
+    BUDGET_ATTR,
     ERROR_ATTR,
+    PROGRESS_ATTR,
     SPEC_ATTR,
     SweepContext,
     check_same_space,
@@ -167,6 +170,7 @@ def run_sweep(
     tracking.check_reachable(ctx.tracking_uri)
     study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
     check_same_space(study, ctx.params)
+    study.set_user_attr(BUDGET_ATTR, ctx.trials)  # what `--status` counts against
     ctx.study_run_id = _study_run(ctx, sweep)
     contexts = [
         SweepContext(**{**ctx.__dict__, "worker": i, "workers": workers}) for i in range(workers)
@@ -212,6 +216,7 @@ def sweep_status(
     except Exception as err:  # an unreachable database, a missing driver, a bad URL
         raise problem(f"cannot open {shown_url(url)}: {type(err).__name__}: {err}") from None
     ctx.study_run_id = _find_study_run(ctx) or ""
+    ctx.trials = int(study.user_attrs.get(BUDGET_ATTR, ctx.trials))  # the budget last asked
     return summarize(study, ctx, sweep, out_dir)
 
 
@@ -390,7 +395,20 @@ def _run_local(
     if len(contexts) == 1:
         from marlctl.sweep.study import work
 
-        work(contexts[0], lambda: _poll(study, ctx, progress))
+        # The display follows the running trial from the storage, as for many workers.
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(1.0):
+                _poll(study, ctx, progress)
+
+        watcher = threading.Thread(target=watch, daemon=True, name="sweep-progress")
+        watcher.start()
+        try:
+            work(contexts[0], lambda: _poll(study, ctx, progress))
+        finally:
+            done.set()
+            watcher.join()
         _poll(study, ctx, progress)
         return []
     spawn = mp.get_context("spawn")
@@ -507,6 +525,11 @@ def _poll(study, ctx: SweepContext, progress: Progress | None) -> None:
             "done": len(done),
             "budget": ctx.trials,
             "running": sum(t.state == TrialState.RUNNING for t in mine),
+            "progress": {
+                t.number: tuple(t.user_attrs[PROGRESS_ATTR])
+                for t in mine
+                if t.state == TrialState.RUNNING and PROGRESS_ATTR in t.user_attrs
+            },
             "best": best if best is not None and math.isfinite(best) else None,
             "finished": [
                 {

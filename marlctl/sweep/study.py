@@ -34,6 +34,9 @@ from marlctl.sweep.space import (
 
 JOURNAL = "optuna.journal"  # the embedded default storage, next to mlflow.db
 HEARTBEAT_ATTR = "marlctl.heartbeat"
+PROGRESS_ATTR = "marlctl.progress"  # [env steps of the slowest seed, total] while running
+BUDGET_ATTR = "marlctl.budget"  # the trials last asked of the study (`--trials`)
+PROGRESS_EVERY_S = 2.0
 ERROR_ATTR = "marlctl.error"
 RUN_ATTR = "marlctl.mlflow_run_id"
 SPEC_ATTR = "marlctl.spec"
@@ -431,24 +434,37 @@ def _over_budget(study, trial, budget: int) -> bool:
 
 
 class _Heartbeat:
-    """Marks a trial alive every `every` seconds while its worker trains it."""
+    """Marks a trial alive every `every` seconds while its worker trains it, and stores its
+    progress (`PROGRESS_ATTR`) every few seconds when it has moved, for the sweep's display."""
 
     def __init__(self, trial, every: float):
         self.trial, self.every = trial, every
+        self.progress: tuple[int, int] | None = None  # set by the trial's reporter
+        self._stored: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._beat()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
         self._thread.start()
 
     def _beat(self) -> None:
+        self._set(HEARTBEAT_ATTR, time.time())
+
+    def _set(self, key: str, value: Any) -> None:
         try:
-            self.trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+            self.trial.set_user_attr(key, value)
         except Exception:  # finished meanwhile, or the storage blinked: the next beat retries
             pass
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            self._beat()
+        last_beat = time.monotonic()
+        while not self._stop.wait(min(self.every, PROGRESS_EVERY_S)):
+            if time.monotonic() - last_beat >= self.every:
+                self._beat()
+                last_beat = time.monotonic()
+            progress = self.progress
+            if progress is not None and progress != self._stored:
+                self._set(PROGRESS_ATTR, list(progress))
+                self._stored = progress
 
     def stop(self) -> None:
         self._stop.set()
@@ -459,7 +475,9 @@ class _Reporter:
     """Progress callback of a trial's runs: the seeds' evaluations at one env step, combined,
     go to the pruner; when it says prune, every seed stops."""
 
-    def __init__(self, trial, metric: str, seeds: list[int], combine: str, stop, every: int):
+    def __init__(
+        self, trial, metric: str, seeds: list[int], combine: str, stop, every: int, heartbeat
+    ):
         self.trial, self.metric, self.seeds, self.combine, self.stop = (
             trial,
             metric,
@@ -468,12 +486,19 @@ class _Reporter:
             stop,
         )
         self.every = max(every, 1)
+        self.heartbeat = heartbeat
+        self.steps: dict[int, int] = {}
         self.pending: dict[int, dict[int, float]] = {}
         self.pruned_at: int | None = None
         self.lock = threading.Lock()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("kind") != "eval" or self.pruned_at is not None:
+        if event.get("kind") != "eval":  # a seed's training progress
+            self.steps[int(event["seed"])] = int(event["step"])
+            if len(self.steps) == len(self.seeds):
+                self.heartbeat.progress = (min(self.steps.values()), int(event["total"]))
+            return
+        if self.pruned_at is not None:
             return
         value = event["metrics"].get(self.metric)
         if value is None or not math.isfinite(value):
@@ -584,6 +609,7 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
             sweep.objective,
             stop,
             loaded.spec.train.eval_every,
+            heartbeat,
         )
         summary = run_plan(loaded, plan, reporter, parent_id=run_id, stop=stop)
     except KeyboardInterrupt:
