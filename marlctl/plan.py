@@ -201,7 +201,7 @@ def compile_plan(
     # Batched seeds share one process per device.
     processes = min(len(pool), len(spec.seeds)) if hw.batch_seeds else len(spec.seeds)
     concurrent = min(hw.parallel_runs, processes)
-    if hw.threads_per_run * concurrent > cores:
+    if hw.threads_per_run != "auto" and hw.threads_per_run * concurrent > cores:
         problems.append(
             prov.problem(
                 "hardware.threads_per_run",
@@ -214,7 +214,7 @@ def compile_plan(
         from marlctl.spec import sort_problems
 
         raise SpecError(sort_problems(problems))
-    threads = hw.threads_per_run
+    threads = max(1, cores // concurrent) if hw.threads_per_run == "auto" else hw.threads_per_run
     rollout = getattr(spec.algo, "rollout_steps", 1)
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)

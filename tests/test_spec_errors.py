@@ -620,6 +620,27 @@ def test_invalid_spec_with_json_lists_the_errors(tmp_path: Path) -> None:
     ]
 
 
+def test_auto_threads_split_the_cores_between_the_run_processes(tmp_path: Path) -> None:
+    from marlctl.plan import available_cores
+
+    write(tmp_path / "spec.yaml", BASE)
+    cores = available_cores()
+    for overrides, processes in (
+        (["seeds=[0,1]", "hardware.parallel_runs=2"], 2),
+        (["seeds=[0,1]", "env.backend=native", "hardware.batch_seeds=true"], 1),
+    ):
+        args = ("run", "spec.yaml", *overrides, "hardware.threads_per_run=auto", "--dry-run")
+        result = invoke(*args, "--json")
+        assert_clean_exit(result, 0)
+        runs = json.loads(result.stdout)["plan"]["runs"]
+        assert {r["threads"] for r in runs} == {max(1, cores // processes)}
+    result = invoke("validate", "spec.yaml", "hardware.threads_per_run=0")
+    assert_clean_exit(result, 2)
+    assert "hardware.threads_per_run: must be a whole number from 1 to 1024, or auto" in (
+        result.output
+    )
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[p.name for p in SPECS])
 def test_every_shipped_spec_validates(spec: Path) -> None:
     result = invoke("validate", str(spec))

@@ -93,6 +93,9 @@ class TrainSpec(Strict):
     log_every: int = Field(10_000, ge=1, description="Env steps between training metric points.")
 
 
+MAX_THREADS = 1024
+
+
 class HardwareSpec(Strict):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     num_envs: int = Field(16, ge=1, le=1_000_000, description="Parallel environments per run.")
@@ -103,12 +106,12 @@ class HardwareSpec(Strict):
         description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.",
     )
     parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
-    threads_per_run: int = Field(
+    threads_per_run: int | Literal["auto"] = Field(
         1,
-        ge=1,
-        le=1024,
         description="torch intra-op threads per run. MARL networks are small: extra threads "
-        "gain little and stall badly when env stepping or other runs share the cores.",
+        "gain little and stall badly when env stepping or other runs share the cores. auto = "
+        "the machine's cores split between the run processes at once (a native run with "
+        "thousands of envs, or seeds batched into one process, uses them).",
     )
     devices: list[str] | None = Field(
         None, min_length=1, description="Placement pool; runs are spread over it round-robin."
@@ -124,6 +127,13 @@ class HardwareSpec(Strict):
         description="torch.compile the networks: about 30 s of compilation first, then faster "
         "updates (native backend). Measure with `marlctl bench SPEC hardware.compile=true`.",
     )
+
+    @field_validator("threads_per_run", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        if value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS):
+            return value
+        raise ValueError(f"must be a whole number from 1 to {MAX_THREADS}, or auto")
 
     @field_validator("device")
     @classmethod

@@ -413,7 +413,8 @@ def placement(loaded, plan, index: int, workers: int) -> list[str]:
     seeds = len(loaded.spec.seeds)
     processes = min(len(pool), seeds) if hw.batch_seeds else seeds
     concurrent = max(1, min(hw.parallel_runs, processes, share))
-    threads = max(1, min(hw.threads_per_run, share // concurrent))
+    wanted = share if hw.threads_per_run == "auto" else hw.threads_per_run
+    threads = max(1, min(wanted, share // concurrent))
     out = [f"++hardware.parallel_runs={concurrent}", f"++hardware.threads_per_run={threads}"]
     if any(d.startswith("cuda") for d in pool):
         mine = pool[index::workers] if len(pool) >= workers else [pool[index % len(pool)]]
