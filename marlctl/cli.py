@@ -116,6 +116,8 @@ def _load(spec_path: str, overrides: list[str] | None):
     from marlctl.spec import load_spec
 
     loaded = load_spec(spec_path, overrides or [])
+    for note in loaded.notes:  # what composition changed for the user, e.g. dropped params
+        _say(err, note, "note", "yellow")
     return loaded, compile_plan(loaded)
 
 
@@ -597,7 +599,8 @@ def report(
         typer.Option("--format", help="md | html | csv | json (default: from --out's suffix)."),
     ] = None,
     out_path: Annotated[
-        str | None, typer.Option("--out", help="Write the report here (Markdown adds PNGs).")
+        str | None,
+        typer.Option("--out", help="Write the report here (Markdown adds figure files)."),
     ] = None,
     figure_files: Annotated[
         str | None,
@@ -917,9 +920,9 @@ def list_(
         out.print(table)
         return
     from marlctl.envs.native import NATIVE, NATIVE_ONLY
-    from marlctl.envs.registry import ENVS, lookup
+    from marlctl.envs.registry import lookup, preset_name, registered_ids
 
-    entries = [*ENVS.values(), *(lookup(env_id) for env_id in NATIVE_ONLY)]
+    entries = [lookup(env_id) for env_id in registered_ids()]
     rows = [
         {
             "id": e.id,
@@ -931,6 +934,9 @@ def list_(
             else ["pettingzoo"],
             "factory": e.factory,
             "installed": e.installed,
+            "missing": list(e.missing),  # modules not installed
+            "install": e.install_hint,  # the command that installs them, or null
+            "preset": preset_name(e.id),  # envs=NAME
             "summary": e.summary,
         }
         for e in entries
@@ -938,17 +944,20 @@ def list_(
     if as_json:
         _emit_json({"envs": rows})
         return
-    table = Table("env", "backends", "installed", "summary")
+    table = Table("env", "backends", "installed", "preset", "summary")
     for row in rows:
         table.add_row(
             row["id"],
             ", ".join(row["backends"]),
-            "yes" if row["installed"] else "no",
+            "yes" if row["installed"] else Text(f"no: {row['install']}"),  # [extra]: no markup
+            row["preset"],
             row["summary"],
         )
     out.print(table)
     out.print(
-        "Any PettingZoo ParallelEnv also works as env.id: package.module:factory", soft_wrap=True
+        "A spec picks an env's preset with envs=NAME (envs/NAME.yaml). Any PettingZoo "
+        "ParallelEnv also works as env.id: package.module:factory",
+        soft_wrap=True,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 # scheme://user:secret@host: the secret runs to the last `@` before the host, so a password
@@ -19,12 +20,17 @@ def redact(text: str) -> str:
 
 def redact_all(value: Any) -> Any:
     """A copy of plain data (dicts, lists, strings) with every URL password masked."""
+    return map_strings(value, redact)
+
+
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """A copy of plain data (dicts, lists, tuples as lists) with `fn` applied to each string."""
     if isinstance(value, str):
-        return redact(value)
+        return fn(value)
     if isinstance(value, dict):
-        return {k: redact_all(v) for k, v in value.items()}
+        return {k: map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [redact_all(v) for v in value]
+        return [map_strings(v, fn) for v in value]
     return value
 
 

@@ -75,7 +75,7 @@ def test_eval_of_an_unknown_run_is_a_clean_error(tmp_path):
     )
     result = run_cli("eval", "0123456789abcdef")
     assert result.exit_code == 2
-    assert "no run '0123456789abcdef'" in result.output
+    assert "no run id starts with '0123456789abcdef'" in result.output
 
 
 def test_native_training_is_deterministic_per_seed(tmp_path):

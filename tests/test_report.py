@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -245,7 +246,7 @@ def test_filters_and_experiments_select_runs(store):
         (["--filter", "algo.lr~3"], "is not KEY=VALUE"),
         (["--filter", "algo.lr<abc"], "'abc' in 'algo.lr<abc' is not a number"),
         (["--filter", "algo.name=sac"], "no finished runs match"),
-        (["--runs", "0123456789abcdef"], "no run '0123456789abcdef'"),
+        (["--runs", "0123456789abcdef"], "no run id starts with '0123456789abcdef'"),
         (["--out", "report.pdf"], "cannot tell the format"),
         (["--direction", "up"], "is not maximize|minimize"),
     ],
@@ -360,7 +361,7 @@ def test_a_diverged_final_value_is_missing_not_an_earlier_score(tmp_path):
     document = report_json()
     (g,) = document["groups"]
     assert g["scores"] == [2.0, 4.0] and g["diverged"] == 1 and g["runs"] == 3
-    assert any("1 run(s) ended with a non-finite" in n for n in document["notes"])
+    assert any("1 run ended with a non-finite" in n for n in document["notes"])
 
 
 def test_one_seed_per_env_gives_no_interval():
@@ -511,3 +512,7 @@ def test_html_report_renders_in_a_headless_browser(store, tmp_path):
     ).stdout
     # plotly.js ran and drew the curves into the page.
     assert 'class="main-svg"' in dom and "mpe/simple_speaker_listener" in dom
+    # With readable axes: the metric's label, and steps ticked as 1.5k, not 1500.
+    assert "Evaluation return (mean per agent)" in dom and "Environment steps" in dom
+    ticks = re.findall(r'class="xtick"[^>]*>.*?<text[^>]*>([^<]*)</text>', dom)
+    assert "1.5k" in ticks and "1500" not in ticks, ticks

@@ -166,7 +166,10 @@ def test_mappo_improves_on_small_spread(tmp_path, monkeypatch):
     # a 128-episode mean; with 10 steps per episode even a good policy stays near -6.
     assert run["final_return"] > baseline + 0.6, (run["final_return"], baseline)
     evals = history(run["run_id"], "eval/return_mean")
-    assert len(evals) == 2 and evals[-1][1] > evals[0][1]
+    # The untrained policy at step 0, then every eval_every, the final one at the end.
+    steps = [step for step, _ in evals]  # evaluations land on whole iterations
+    assert steps[0] == 0 and steps[-1] == 40_000 and len(steps) == 3
+    assert evals[-1][1] > evals[0][1]
 
 
 def test_heterogeneous_groups_and_masks(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from marlctl.envs.signature import FactoryParams, factory_params
+
 
 @dataclass(frozen=True)
 class EnvEntry:
@@ -26,12 +28,39 @@ class EnvEntry:
     factory: str  # "module:callable" returning a PettingZoo ParallelEnv
     suite: str
     summary: str
-    requires: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # modules the env imports beyond its package
+    extra: str | None = None  # the marlctl extra that installs `requires` (pyproject.toml)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Modules the env needs that are not installed (found without importing them)."""
+        modules = (self.factory.split(":")[0].split(".")[0], *self.requires)
+        return tuple(m for m in modules if not _importable(m))
 
     @property
     def installed(self) -> bool:
-        modules = (self.factory.split(":")[0].split(".")[0], *self.requires)
-        return all(importlib.util.find_spec(m) is not None for m in modules)
+        return not self.missing
+
+    @property
+    def install_hint(self) -> str | None:
+        """The command that installs what is missing, or None when nothing is."""
+        missing = self.missing
+        if not missing:
+            return None
+        if self.extra is not None:
+            return f"pip install 'marlctl[{self.extra}]'"
+        return "pip install " + " ".join(DISTRIBUTIONS.get(m, m) for m in missing)
+
+
+# The distribution that provides a module, where the names differ.
+DISTRIBUTIONS = {"pygame": "pygame-ce", "Box2D": "box2d"}
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _latest(package: str, name: str) -> str | None:
@@ -51,11 +80,17 @@ def _latest(package: str, name: str) -> str | None:
     return f"{package}.{name}_v{max(versions)}" if versions else None
 
 
-def _suite(prefix: str, package: str, envs: dict[str, tuple[str, tuple[str, ...]]]):
+def _suite(
+    prefix: str,
+    package: str,
+    envs: dict[str, tuple[str, tuple[str, ...]]],
+    extra: str | None = None,
+):
     for name, (summary, requires) in envs.items():
         module = _latest(package, name)
         if module is not None:
-            yield EnvEntry(f"{prefix}/{name}", f"{module}:parallel_env", prefix, summary, requires)
+            factory = f"{module}:parallel_env"
+            yield EnvEntry(f"{prefix}/{name}", factory, prefix, summary, requires, extra)
 
 
 MPE = {
@@ -86,9 +121,9 @@ BUTTERFLY = {
 ENVS: dict[str, EnvEntry] = {
     e.id: e
     for e in [
-        *_suite("mpe", "mpe2", MPE),
-        *_suite("sisl", "pettingzoo.sisl", SISL),
-        *_suite("butterfly", "pettingzoo.butterfly", BUTTERFLY),
+        *_suite("mpe", "mpe2", MPE),  # mpe2 is one of marlctl's own dependencies
+        *_suite("sisl", "pettingzoo.sisl", SISL, extra="sisl"),
+        *_suite("butterfly", "pettingzoo.butterfly", BUTTERFLY, extra="butterfly"),
     ]
 }
 
@@ -154,6 +189,34 @@ def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
     if not callable(obj):
         raise EnvLookupError(f"'{entry.factory}' is not callable")
     return obj
+
+
+def env_params(env_id: str) -> FactoryParams:
+    """The keyword parameters env `env_id` takes: its factory's, read from the signature
+    (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError."""
+    entry = lookup(env_id)
+    factory = resolve_factory(entry)
+    if entry.suite == "native":
+        return factory.parameters()
+    return factory_params(factory)
+
+
+def registered_ids() -> list[str]:
+    """Every registered id, in `marlctl list envs` order."""
+    from marlctl.envs.native import NATIVE_ONLY
+
+    return [*ENVS, *(i for i in NATIVE_ONLY if i not in ENVS)]
+
+
+def preset_name(env_id: str) -> str:
+    """The env preset of a registered id (`envs=NAME`, file `envs/NAME.yaml`): the id without
+    its suite, `mpe/simple_tag` -> `simple_tag`; where suites share a name, the first in
+    `marlctl list envs` order keeps it and the others are `suite_name` (`vmas_simple_tag`)."""
+    suite, _, name = env_id.rpartition("/")
+    for other in registered_ids():
+        if other.rpartition("/")[2] == name:
+            return name if other == env_id else f"{suite.replace('/', '_')}_{name}"
+    return name
 
 
 @dataclass(frozen=True)
@@ -259,12 +322,31 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
                 mask_source,
             )
         )
-    state_from_env = hasattr(env, "state_space") and _has_state(env)
+    state_from_env = (
+        hasattr(env, "state_space") and _has_state(env) and _module(env) not in BROKEN_STATE
+    )
     if state_from_env:
         state_dim = int(np.prod(env.state_space.shape))
     else:
         state_dim = sum(g.obs_dim * g.n_agents for g in groups)
     return EnvInfo(env_id, factory, tuple(groups), state_dim, state_from_env, tuple(agents))
+
+
+# Env modules whose `state()` fails partway through episodes: their global state is the
+# agents' observations concatenated, as for an env without one.
+BROKEN_STATE = {
+    # A fallen walker's body is destroyed and `state()` then reads its position
+    # (AttributeError): at the end of every episode a fall ends, and mid-episode with
+    # terminate_on_fall=False. Observations stay valid (zeros for a fallen walker) and hold
+    # almost all the state does: each walker's body and lidar, its neighbours and the
+    # package relative to it (the state adds the package's absolute position).
+    "pettingzoo.sisl.multiwalker.multiwalker": "state() fails once a walker has fallen",
+}
+
+
+def _module(env: Any) -> str:
+    """The module of the env class under a PettingZoo env's wrappers."""
+    return type(getattr(env, "unwrapped", env)).__module__
 
 
 def _has_state(env: Any) -> bool:

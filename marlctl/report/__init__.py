@@ -3,7 +3,8 @@
 Seeds are grouped (by `algo.name,env.id` unless told otherwise); each group gets its final
 score as mean and IQM with stratified-bootstrap 95% CIs (`stats`), its cost (env steps,
 wall-clock, throughput) and a sample-efficiency curve. A sweep gets its best trials, its
-optimisation history and the parameters' importances.
+optimisation history and the parameters' importances. An appendix (`appendix`) lists the
+hyperparameters that differ between groups and how the runs were evaluated.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import numpy as np
 
 from marlctl import tracking
 from marlctl.errors import SpecError
-from marlctl.report import stats
+from marlctl.report import labels, stats
 from marlctl.report.runs import Filter, RunRecord, Selection, load_curves, select
 
 DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
 TOP_TRIALS = 10
 # Params that differ between runs of one configuration without changing what it learns.
-_INCIDENTAL = ("seed", "name", "seeds", "hardware.", "tracking.", "sweep.")
+INCIDENTAL = ("seed", "name", "seeds", "hardware.", "tracking.", "sweep.")
 
 
 @dataclass
@@ -49,12 +50,18 @@ class Group:
     config: dict[str, str | None] = field(default_factory=dict)  # params that split it off
     envs: tuple[str, ...] = ()
     diverged: int = 0  # runs whose final value is not finite
+    # Runs with a curve but no evaluation at step 0 while others of the group have one: the
+    # mean curve can only start where every seed has data.
+    no_step0: int = 0
+    # The fewest scored seeds on any one env, and that env (None for a group on one env):
+    # the count its stratified intervals rest on.
+    fewest_seeds: tuple[int, str | None] = (0, None)
 
     @property
     def label(self) -> str:
         parts = ["—" if v is None else v for v in self.key]
         parts += [f"{k}={v}" for k, v in self.config.items()]
-        return " · ".join(parts) or "all runs"
+        return labels.public(" · ".join(parts)) or "all runs"
 
     @property
     def tasks(self) -> int:
@@ -103,13 +110,18 @@ class Sweep:
 
 @dataclass
 class Report:
-    uri: str
+    uri: str  # the store, password removed: for error messages here, never for a report
     metric: str
     direction: str  # maximize | minimize
     group_by: tuple[str, ...]
     groups: list[Group]
     sweeps: list[Sweep]
     left_out: dict[str, int]
+
+    @property
+    def store(self) -> str:
+        """The store as a report names it: its kind and file name, no path, host or password."""
+        return labels.place(self.uri)
 
     @property
     def best(self) -> dict[str, list[int]]:
@@ -213,6 +225,8 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)
         if scored:
+            count, env = stats.fewest_per_task(tasks)
+            group.fewest_seeds = (count, env if len(set(tasks)) > 1 else None)
             group.mean = stats.estimate(np.array(group.scores), tasks, "mean", reps)
             group.iqm = stats.estimate(np.array(group.scores), tasks, "iqm", reps)
         group.env_steps = _average(r.env_steps for r in runs)
@@ -220,6 +234,9 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         group.steps_per_s = _average(r.steps_per_s for r in runs)
         group.differs = _differing_params(runs)
         group.curve = _curve(runs, reps)
+        starts = [r.curve[0][0] for r in runs if r.curve is not None and len(r.curve[0]) > 0]
+        if 0 in starts:
+            group.no_step0 = sum(start > 0 for start in starts)
         groups.append(group)
     groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
@@ -238,9 +255,7 @@ def _average(values) -> float | None:
 def _differing_params(runs: list[RunRecord]) -> list[str]:
     keys = set().union(*(r.params for r in runs))
     return sorted(
-        k
-        for k in keys
-        if not k.startswith(_INCIDENTAL) and len({r.params.get(k) for r in runs}) > 1
+        k for k in keys if not k.startswith(INCIDENTAL) and len({r.params.get(k) for r in runs}) > 1
     )
 
 
@@ -267,7 +282,9 @@ def _sweep(selection: Selection, study_run: RunRecord, storage: str | None) -> S
     try:
         study = _open_study(name, url)
     except Exception as err:  # any storage failure: fall back to what MLflow holds
-        study, note = None, f"Optuna study not opened ({err}); pass --storage for importances"
+        # The reason may name the storage's path or URL: the report shows it made public.
+        reason = labels.public(str(err))
+        study, note = None, f"Optuna study not opened ({reason}); pass --storage for importances"
     if study is not None:
         trials = [
             Trial(
@@ -281,7 +298,7 @@ def _sweep(selection: Selection, study_run: RunRecord, storage: str | None) -> S
             for t in study.trials
         ]
         importances, why = _importances(study)
-        note = note or why
+        note = note or (labels.public(why) if why else None)
     else:
         trials = _trials_from_mlflow(selection.trials.get(study_run.run_id, []))
     return Sweep(

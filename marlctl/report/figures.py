@@ -1,5 +1,6 @@
-"""The report's plots, twice: PNG through matplotlib (Markdown, README) and interactive
-plotly divs (HTML). Both draw the same data with the same colours."""
+"""The report's plots, twice: files through matplotlib (PNG for Markdown and READMEs, SVG or
+PDF for papers) and interactive plotly divs (HTML). Both draw the same data with the same
+colours, the same axis labels and the same step ticks (30k, 1.5M)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from marlctl.report import Report, Sweep
+from marlctl.report import Report, Sweep, labels
+
+FILE_FORMATS = ("png", "svg", "pdf")
 
 # matplotlib's tab10, so a group has one colour in both renderings.
 COLOURS = [
@@ -39,7 +42,15 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Text stays text in an SVG (editable, searchable) and TrueType in a PDF: publishers
+    # refuse the Type 3 fonts matplotlib embeds by default. A fixed salt and no date make
+    # the same report draw byte-identical SVGs.
+    plt.rcParams.update({"svg.fonttype": "none", "pdf.fonttype": 42, "svg.hashsalt": "marlctl"})
     return plt
+
+
+def _title(report: Report) -> str:
+    return f"{labels.metric(report.metric)}: mean over seeds, 95% bootstrap CI"
 
 
 def has_curves(report: Report) -> bool:
@@ -67,10 +78,12 @@ def best_so_far(sweep: Sweep) -> tuple[list[int], list[float]]:
     return numbers, values
 
 
-# ---------------------------------------------------------------- PNG
+# ---------------------------------------------------------------- files (matplotlib)
 
 
-def curves_png(report: Report, path: Path) -> Path:
+def curves_figure(report: Report):
+    """The sample-efficiency figure, not yet saved: every group's mean curve from its first
+    evaluation (step 0 where the runs logged one) with its 95% band."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
     for i, group in enumerate(report.groups):
@@ -78,14 +91,21 @@ def curves_png(report: Report, path: Path) -> Path:
         if curve is None:
             continue
         colour = _colour(i)
-        ax.plot(curve.steps, curve.value, color=colour, lw=2, label=group.label)
+        # Markers too: a curve of one or two evaluations is still seen, step 0 included.
+        ax.plot(curve.steps, curve.value, color=colour, lw=2, marker="o", ms=3, label=group.label)
         if np.isfinite(curve.low).all():
             ax.fill_between(curve.steps, curve.low, curve.high, color=colour, alpha=0.2, lw=0)
-    title = f"{report.metric}: mean over seeds, 95% bootstrap CI"
-    return _save(plt, fig, ax, path, "env steps", report.metric, title)
+    _steps_axis(ax)
+    _finish(fig, ax, labels.STEPS_AXIS, labels.metric(report.metric), _title(report))
+    return fig
 
 
-def history_png(sweep: Sweep, path: Path) -> Path:
+def curves_file(report: Report, path: Path) -> Path:
+    """The sample-efficiency figure as `path` (PNG, SVG or PDF, by its suffix)."""
+    return _save(curves_figure(report), path)
+
+
+def history_file(sweep: Sweep, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4), dpi=120)
     for state, colour, trials in trial_points(sweep):
@@ -95,19 +115,27 @@ def history_png(sweep: Sweep, path: Path) -> Path:
     if numbers:
         ax.step(numbers, best, where="post", color="#d62728", lw=2, label="best so far")
     title = f"sweep {sweep.name}: optimisation history"
-    return _save(plt, fig, ax, path, "trial", sweep.metric, title)
+    _finish(fig, ax, "Trial", labels.metric(sweep.metric), title)
+    return _save(fig, path)
 
 
-def importances_png(sweep: Sweep, path: Path) -> Path:
+def importances_file(sweep: Sweep, path: Path) -> Path:
     plt = _pyplot()
     items = sorted((sweep.importances or {}).items(), key=lambda kv: kv[1])
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.4 * max(len(items), 1)), dpi=120)
     ax.barh([k for k, _ in items], [v for _, v in items], color="#1f77b4")
     title = f"sweep {sweep.name}: parameter importances"
-    return _save(plt, fig, ax, path, "importance (fANOVA)", None, title, legend=False)
+    _finish(fig, ax, "Importance (fANOVA)", None, title, legend=False)
+    return _save(fig, path)
 
 
-def _save(plt, fig, ax, path: Path, x: str, y: str | None, title: str, legend=True) -> Path:
+def _steps_axis(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: labels.steps(value)))
+
+
+def _finish(fig, ax, x: str, y: str | None, title: str, legend: bool = True) -> None:
     ax.set_xlabel(x)
     if y:
         ax.set_ylabel(y)
@@ -116,7 +144,17 @@ def _save(plt, fig, ax, path: Path, x: str, y: str | None, title: str, legend=Tr
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    kind = path.suffix.lower().lstrip(".")
+    if kind not in FILE_FORMATS:
+        raise ValueError(f"figure format '{kind}' is not one of {', '.join(FILE_FORMATS)}")
+    # No creation date: the same report gives the same file.
+    metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(kind)
+    fig.savefig(path, metadata=metadata)
     plt.close(fig)
     return path
 
@@ -125,7 +163,13 @@ def _save(plt, fig, ax, path: Path, x: str, y: str | None, title: str, legend=Tr
 
 
 def _div(
-    fig, first: bool, title: str, height: int, x: str | None = None, y: str | None = None
+    fig,
+    first: bool,
+    title: str,
+    height: int,
+    x: str | None = None,
+    y: str | None = None,
+    steps: bool = False,
 ) -> str:
     fig.update_layout(
         title=title,
@@ -135,6 +179,9 @@ def _div(
         template="plotly_white",
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
+    if steps:
+        # d3's SI format without trailing zeros: 30k, 1.5M, as `labels.steps` writes them.
+        fig.update_xaxes(tickformat="~s")
     # The first figure carries plotly.js inline: the HTML file needs nothing else.
     return fig.to_html(
         full_html=False, include_plotlyjs=True if first else False, config={"responsive": True}
@@ -170,14 +217,16 @@ def curves_div(report: Report, first: bool) -> str:
             go.Scatter(
                 x=x,
                 y=curve.value.tolist(),
-                mode="lines",
+                mode="lines+markers",
+                marker={"size": 5},
                 line={"color": colour, "width": 2},
                 legendgroup=group.label,
                 name=group.label,
             )
         )
-    title = f"{report.metric}: mean over seeds, 95% bootstrap CI"
-    return _div(fig, first, title, 480, "env steps", report.metric)
+    return _div(
+        fig, first, _title(report), 480, labels.STEPS_AXIS, labels.metric(report.metric), True
+    )
 
 
 def history_div(sweep: Sweep, first: bool) -> str:
@@ -206,7 +255,7 @@ def history_div(sweep: Sweep, first: bool) -> str:
         )
     )
     title = f"sweep {sweep.name}: optimisation history"
-    return _div(fig, first, title, 420, "trial", sweep.metric)
+    return _div(fig, first, title, 420, "Trial", labels.metric(sweep.metric))
 
 
 def importances_div(sweep: Sweep, first: bool) -> str:

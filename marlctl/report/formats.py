@@ -1,5 +1,10 @@
-"""A built report as a rich table, Markdown with PNGs, one self-contained HTML file, CSV or
-JSON. Files are written whole or not at all (a temporary file, then a rename)."""
+"""A built report as a rich table, Markdown with figure files, one self-contained HTML file,
+CSV or JSON. Files are written whole or not at all (a temporary file, then a rename).
+
+Every format says the same things: the table, its notes, the warnings a reader must see
+before trusting an interval, and (Markdown, HTML, JSON) the appendix. Every string passes
+through `labels.public`: a report names no local path and no password.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,14 @@ import html
 import io
 import math
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from marlctl.atomic import replacing
-from marlctl.report import Group, Report, Sweep, figures
+from marlctl.report import Group, Report, Sweep, appendix, figures, labels, stats
+from marlctl.report.labels import plural, public
 
 MISSING = "—"
 _EXPLAINED = (
@@ -38,12 +45,7 @@ def _ci(estimate) -> str:
 
 
 def _steps(value: float | None) -> str:
-    if value is None:
-        return MISSING
-    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.0f}"
+    return MISSING if value is None else labels.steps(value)
 
 
 def _duration(seconds: float | None) -> str:
@@ -61,7 +63,7 @@ def _seeds(group: Group) -> str:
 
 
 def _config(group: Group) -> str:
-    return ", ".join(f"{k}={MISSING if v is None else v}" for k, v in group.config.items())
+    return public(", ".join(f"{k}={MISSING if v is None else v}" for k, v in group.config.items()))
 
 
 def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, int], bool]]:
@@ -81,7 +83,7 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
     for g in report.groups:
         body.append(
             [
-                *(MISSING if v is None else v for v in g.key),
+                *(MISSING if v is None else public(v) for v in g.key),
                 *([_config(g) or MISSING] if configs else []),
                 _seeds(g),
                 _num(g.mean.value if g.mean else None),
@@ -100,25 +102,51 @@ def notes(report: Report) -> list[str]:
     out = []
     for g in report.groups:
         if g.diverged:
-            out.append(f"{g.label}: {g.diverged} run(s) ended with a non-finite '{report.metric}'")
+            out.append(
+                f"{g.label}: {plural(g.diverged, 'run')} ended with a non-finite '{report.metric}'"
+            )
         if g.missing > g.diverged:
             out.append(
-                f"{g.label}: {g.missing - g.diverged} run(s) logged no '{report.metric}' "
-                "(shown missing)"
+                f"{g.label}: {plural(g.missing - g.diverged, 'run')} logged no "
+                f"'{report.metric}' (shown missing)"
             )
         if g.differs:
             shown = ", ".join(g.differs[:6]) + (", …" if len(g.differs) > 6 else "")
             out.append(f"{g.label}: runs differ in {shown}; pooled as seeds by --group-by")
         if g.tasks > 1:
             out.append(
-                f"{g.label}: raw scores of {g.tasks} envs pooled; bootstrap stratified by env"
+                f"{g.label}: raw scores of {plural(g.tasks, 'env')} pooled; "
+                "bootstrap stratified by env"
             )
         if g.mean is not None and not math.isfinite(g.mean.low) and len(g.scores) > 0:
             out.append(f"{g.label}: no interval: an env has fewer than 2 seeds")
+        if g.no_step0 and g.curve is not None:
+            with_curves = sum(r.curve is not None for r in g.runs)
+            out.append(
+                f"{g.label}: no evaluation at step 0 in {plural(g.no_step0, 'seed')} of "
+                f"{with_curves}; the curve starts where every seed has data "
+                f"({labels.steps(g.curve.steps[0])} env steps)"
+            )
     if report.left_out:
         counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(report.left_out.items()))
         out.append(f"left out, not finished: {counts}")
-    return out
+    return [public(n) for n in out]
+
+
+def warnings(report: Report) -> list[str]:
+    """What a reader must know before trusting an interval: groups whose intervals rest on
+    fewer than `stats.RELIABLE_SEEDS` seeds (on some env, for a group spanning several)."""
+    out = []
+    for g in report.groups:
+        count, env = g.fewest_seeds
+        has_interval = g.mean is not None and math.isfinite(g.mean.low)
+        if has_interval and count < stats.RELIABLE_SEEDS:
+            where = f" on {env}" if env else ""
+            out.append(
+                f"{g.label}: {plural(count, 'seed')}{where}; intervals from fewer than "
+                f"{stats.RELIABLE_SEEDS} seeds are unreliable"
+            )
+    return [public(w) for w in out]
 
 
 def trial_rows(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
@@ -128,7 +156,7 @@ def trial_rows(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
         [
             str(t.number),
             _num(t.value, 3),
-            *(_param(t.params.get(n)) for n in names),
+            *(public(_param(t.params.get(n))) for n in names),
             _steps(t.env_steps),
         ]
         for t in sweep.best
@@ -146,7 +174,8 @@ def _param(value: Any) -> str:
 
 def sweep_summary(sweep: Sweep) -> str:
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(sweep.counts.items()))
-    return f"{len(sweep.trials)} trials ({counts or 'none'}), {sweep.direction} {sweep.metric}"
+    trials = plural(len(sweep.trials), "trial")
+    return f"{trials} ({counts or 'none'}), {sweep.direction} {sweep.metric}"
 
 
 # ---------------------------------------------------------------- terminal
@@ -226,6 +255,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "envs": list(g.envs),
                 "diverged": g.diverged,
                 "differs": g.differs,
+                "fewest_seeds": g.fewest_seeds[0],
                 "curve": curve,
             }
         )
@@ -244,16 +274,21 @@ def to_dict(report: Report) -> dict[str, Any]:
         }
         for s in report.sweeps
     ]
-    return {
-        "tracking_uri": report.uri,
+    # The store by its kind and file name only: a report is for sharing (labels.place).
+    document = {
+        "store": report.store,
         "metric": report.metric,
+        "metric_label": labels.metric(report.metric),
         "direction": report.direction,
         "group_by": list(report.group_by),
         "groups": groups,
         "sweeps": sweeps,
         "left_out": report.left_out,
         "notes": notes(report),
+        "warnings": warnings(report),
+        "appendix": appendix.to_dict(report),
     }
+    return labels.public_all(document)
 
 
 def to_csv(report: Report) -> str:
@@ -267,11 +302,55 @@ def to_csv(report: Report) -> str:
         estimates = []
         for e in (g.mean, g.iqm):
             estimates += [e.value, _clean(e.low), _clean(e.high)] if e else [None] * 3
+        key = [None if v is None else public(v) for v in g.key]
         writer.writerow(
-            [*g.key, _config(g), len(g.runs), len(g.scores), *estimates]
+            [*key, _config(g), len(g.runs), len(g.scores), *estimates]
             + [g.env_steps, g.wall_s, g.steps_per_s]
         )
     return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- figure files
+
+
+def _draw(report: Report, folder: Path, kind: str) -> dict[str, Path]:
+    """Every figure of the report drawn into `folder` as `kind` files, by key: `curves`,
+    `sweep{i}_history`, `sweep{i}_importances`."""
+    drawn: dict[str, Path] = {}
+    if figures.has_curves(report):
+        drawn["curves"] = figures.curves_file(report, folder / f"curves.{kind}")
+    for i, sweep in enumerate(report.sweeps):
+        if any(t.value is not None for t in sweep.trials):
+            path = folder / f"sweep{i}_history.{kind}"
+            drawn[f"sweep{i}_history"] = figures.history_file(sweep, path)
+        if sweep.importances:
+            path = folder / f"sweep{i}_importances.{kind}"
+            drawn[f"sweep{i}_importances"] = figures.importances_file(sweep, path)
+    return drawn
+
+
+def _with_figures(
+    report: Report, out: Path, folder: Path, kind: str, compose: Callable[[dict[str, str]], str]
+) -> list[Path]:
+    """Draw the figures, then write `out` as `compose(links)`, links being each figure's
+    path relative to `out`. The figures go to a fresh folder that replaces `folder` only once
+    all are drawn, so a failed report leaves the previous one whole."""
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{folder.name}."))
+    try:
+        drawn = _draw(report, staging, kind)
+        text = compose({key: f"{folder.name}/{path.name}" for key, path in drawn.items()})
+        if folder.exists():
+            shutil.rmtree(folder)
+        if drawn:
+            staging.chmod(0o755)
+            staging.rename(folder)
+        write_atomic(out, text)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out, *(folder / path.name for path in drawn.values())]
 
 
 # ---------------------------------------------------------------- Markdown
@@ -290,59 +369,88 @@ def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def markdown(report: Report, out: Path) -> list[Path]:
-    """`out` plus PNGs in `<stem>_files/` beside it, linked relatively (renders on GitHub)."""
-    import shutil
-
+def markdown(report: Report, out: Path, kind: str = "png") -> list[Path]:
+    """`out` plus its figures as `kind` files in `<stem>_files/` beside it, linked relatively
+    (renders on GitHub; a PDF is linked, as Markdown cannot show one inline)."""
     folder = out.parent / f"{out.stem}_files"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Figures go to a fresh folder that replaces the old one only once all are drawn.
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{folder.name}."))
-    try:
-        parts, written = _markdown_parts(report, staging, folder.name)
-        if folder.exists():
-            shutil.rmtree(folder)
-        if written:
-            staging.chmod(0o755)
-            staging.rename(folder)
-        write_atomic(out, "\n\n".join(parts) + "\n")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [out, *(folder / name for name in written)]
+
+    def compose(links: dict[str, str]) -> str:
+        return "\n\n".join(_markdown_parts(report, links)) + "\n"
+
+    return _with_figures(report, out, folder, kind, compose)
 
 
-def _markdown_parts(report: Report, staging: Path, linked: str) -> tuple[list[str], list[str]]:
-    """The document's blocks, and the figures drawn into `staging` (linked as `linked/`)."""
-    written: list[str] = []
+def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
+    """The document's blocks; `links` maps each drawn figure's key to its relative path."""
 
-    def figure(path: Path, alt: str) -> None:
-        written.append(path.name)
-        parts.append(f"![{alt}]({linked}/{path.name})")
+    def figure(key: str, alt: str) -> list[str]:
+        if key not in links:
+            return []
+        if links[key].endswith(".pdf"):
+            return [f"[{alt} (PDF)]({links[key]})"]
+        return [f"![{alt}]({links[key]})"]
 
     header, body, marks = rows(report)
     parts = [
         "# marlctl report",
-        f"{len(report.groups)} groups by {', '.join(report.group_by) or 'nothing'} · "
-        f"`{report.metric}`, {report.direction} · {_stamp()}",
+        f"{plural(len(report.groups), 'group')} by {', '.join(report.group_by) or 'nothing'} · "
+        f"`{report.metric}`, {report.direction} · MLflow store: {report.store} · {_stamp()}",
     ]
     if body:
         parts += [_md_table(header, body, marks), _EXPLAINED]
+    parts += [f"> **Warning:** {w}" for w in warnings(report)]
     parts += [f"- {n}" for n in notes(report)]
-    if figures.has_curves(report):
-        figure(figures.curves_png(report, staging / "curves.png"), "sample efficiency")
+    parts += figure("curves", "sample efficiency")
     for i, sweep in enumerate(report.sweeps):
         parts += [f"## Sweep `{sweep.name}`", sweep_summary(sweep)]
         head, cells = trial_rows(sweep)
         parts.append(_md_table(head, cells) if cells else "No complete trials.")
-        if any(t.value is not None for t in sweep.trials):
-            path = figures.history_png(sweep, staging / f"sweep{i}_history.png")
-            figure(path, "optimisation history")
-        if sweep.importances:
-            path = figures.importances_png(sweep, staging / f"sweep{i}_importances.png")
-            figure(path, "parameter importances")
+        parts += figure(f"sweep{i}_history", "optimisation history")
+        parts += figure(f"sweep{i}_importances", "parameter importances")
         if sweep.note:
             parts.append(f"_{sweep.note}_")
-    return parts, written
+    if report.groups:
+        parts += ["## Appendix", *_markdown_appendix(report)]
+    return parts
+
+
+def _markdown_appendix(report: Report) -> list[str]:
+    parts = ["### Hyperparameters that differ between groups"]
+    found = appendix.hyperparameters(report)
+    if found:
+        head = ["parameter", *(g.label for g in report.groups)]
+        parts.append(_md_table(head, [[f"`{h.name}`", *h.values] for h in found]))
+    else:
+        parts.append(_same_hyperparameters(report))
+    parts.append("### Evaluation protocol")
+    protocols = appendix.evaluation(report)
+    common = appendix.shared(protocols)
+    if common is not None:
+        parts.append(appendix.protocol_sentence(report.metric, common, f"`{report.metric}`"))
+    else:
+        parts.append(appendix.policy_sentence(report.metric, f"`{report.metric}`"))
+        parts.append(_md_table(*_protocol_table(protocols)))
+    return parts
+
+
+def _same_hyperparameters(report: Report) -> str:
+    if len(report.groups) < 2:
+        return "One group: nothing to compare."
+    return "The groups differ only in the keys that name them."
+
+
+def _protocol_table(protocols: list[appendix.Evaluation]) -> tuple[list[str], list[list[str]]]:
+    header = ["group", "episodes per evaluation", "evaluated", "training"]
+    body = [
+        [
+            p.group,
+            appendix.episodes_text(p.episodes),
+            appendix.every_text(p.every),
+            appendix.budget_text(p.budget),
+        ]
+        for p in protocols
+    ]
+    return header, body
 
 
 # ---------------------------------------------------------------- HTML
@@ -355,6 +463,8 @@ th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
 td.best { font-weight: bold; color: #0a7d2c; }
 .meta, .note { color: #666; font-size: 0.85rem; }
+.warning { color: #7a4b00; background: #fff4e0; border-left: 4px solid #e69500;
+  padding: 0.4rem 0.8rem; font-size: 0.9rem; }
 """
 
 
@@ -373,23 +483,39 @@ def _html_table(header: list[str], body: list[list[str]], marks=None) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
 
 
-def html_document(report: Report) -> str:
+def html_document(report: Report, links: dict[str, str] | None = None) -> str:
+    """One self-contained page with interactive plots; `links` (figure key → relative path)
+    adds a link to each plot's file for print, when figure files were written beside it."""
+    links = links or {}
     header, body, marks = rows(report)
     first = True
+
+    def printable(key: str) -> list[str]:
+        if key not in links:
+            return []
+        name = html.escape(links[key])
+        return [f'<p class="note">Figure for print: <a href="{name}">{name}</a></p>']
+
+    groups = plural(len(report.groups), "group")
     parts = [
         "<h1>marlctl report</h1>",
-        f'<p class="meta">{len(report.groups)} groups by '
+        f'<p class="meta">{groups} by '
         f"{html.escape(', '.join(report.group_by) or 'nothing')} · "
         f"<code>{html.escape(report.metric)}</code>, {report.direction} · "
-        f"{html.escape(report.uri)} · {_stamp()}</p>",
+        f"MLflow store: {html.escape(report.store)} · {_stamp()}</p>",
     ]
     if body:
         parts += [_html_table(header, body, marks), f'<p class="note">{_EXPLAINED}</p>']
+    parts += [
+        f'<p class="warning"><strong>Warning:</strong> {html.escape(w)}</p>'
+        for w in warnings(report)
+    ]
     parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes(report)]
     if figures.has_curves(report):
         parts += ["<h2>Sample efficiency</h2>", figures.curves_div(report, first)]
+        parts += printable("curves")
         first = False
-    for sweep in report.sweeps:
+    for i, sweep in enumerate(report.sweeps):
         parts += [
             f"<h2>Sweep <code>{html.escape(sweep.name)}</code></h2>",
             f'<p class="meta">{html.escape(sweep_summary(sweep))}</p>',
@@ -398,12 +524,16 @@ def html_document(report: Report) -> str:
         parts.append(_html_table(head, cells) if cells else "<p>No complete trials.</p>")
         if any(t.value is not None for t in sweep.trials):
             parts.append(figures.history_div(sweep, first))
+            parts += printable(f"sweep{i}_history")
             first = False
         if sweep.importances:
             parts.append(figures.importances_div(sweep, first))
+            parts += printable(f"sweep{i}_importances")
             first = False
         if sweep.note:
             parts.append(f'<p class="note">{html.escape(sweep.note)}</p>')
+    if report.groups:
+        parts += ["<h2>Appendix</h2>", *_html_appendix(report)]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>marlctl report</title><style>{_STYLE}</style></head>"
@@ -411,20 +541,51 @@ def html_document(report: Report) -> str:
     )
 
 
+def _html_appendix(report: Report) -> list[str]:
+    parts = ["<h3>Hyperparameters that differ between groups</h3>"]
+    found = appendix.hyperparameters(report)
+    if found:
+        head = ["parameter", *(g.label for g in report.groups)]
+        parts.append(_html_table(head, [[h.name, *h.values] for h in found]))
+    else:
+        parts.append(f"<p>{html.escape(_same_hyperparameters(report))}</p>")
+    parts.append("<h3>Evaluation protocol</h3>")
+    protocols = appendix.evaluation(report)
+    common = appendix.shared(protocols)
+    if common is not None:
+        parts.append(f"<p>{html.escape(appendix.protocol_sentence(report.metric, common))}</p>")
+    else:
+        parts.append(f"<p>{html.escape(appendix.policy_sentence(report.metric))}</p>")
+        parts.append(_html_table(*_protocol_table(protocols)))
+    return parts
+
+
+def html_page(report: Report, out: Path, kind: str | None = None) -> list[Path]:
+    """The page alone; with `kind`, its figures as files in `<stem>_figures/` beside it too
+    (a folder of its own: a Markdown report of the same name keeps `<stem>_files/`)."""
+    if kind is None:
+        write_atomic(out, html_document(report))
+        return [out]
+    folder = out.parent / f"{out.stem}_figures"
+    return _with_figures(report, out, folder, kind, lambda links: html_document(report, links))
+
+
 def write_atomic(path: Path, text: str) -> None:
     with replacing(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 
-def write(report: Report, fmt: str, out: Path) -> list[Path]:
-    """Write the report as `fmt` at `out`; returns every file written."""
+def write(report: Report, fmt: str, out: Path, figure_files: str | None = None) -> list[Path]:
+    """Write the report as `fmt` at `out`; returns every file written. `figure_files`
+    (png | svg | pdf) is the format of the figure files: Markdown's default is png; HTML
+    writes files only when asked, its plots being interactive and inline."""
     import json
 
     if fmt == "md":
-        return markdown(report, out)
+        return markdown(report, out, figure_files or "png")
     if fmt == "html":
-        write_atomic(out, html_document(report))
-    elif fmt == "csv":
+        return html_page(report, out, figure_files)
+    if fmt == "csv":
         write_atomic(out, to_csv(report))
     else:
         write_atomic(out, json.dumps(to_dict(report), indent=2, default=str) + "\n")

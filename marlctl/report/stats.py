@@ -14,6 +14,10 @@ import numpy as np
 
 REPS = 5000
 CONFIDENCE = 0.95
+# A percentile bootstrap over n runs resamples only n values: for small n its interval is
+# too narrow and covers the true value less often than it claims. Reports warn below this
+# many seeds per env; a rule of thumb, not a guarantee above it.
+RELIABLE_SEEDS = 5
 
 
 def iqm(scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -40,6 +44,14 @@ def stratified_resample(tasks: list, reps: int, rng: np.random.Generator) -> np.
         members = np.flatnonzero(task == value)
         columns.append(members[rng.integers(0, len(members), size=(reps, len(members)))])
     return np.concatenate(columns, axis=1)
+
+
+def fewest_per_task(tasks: list) -> tuple[int, object]:
+    """The smallest number of runs any task has, and that task: what a stratified interval's
+    reliability hangs on."""
+    values, counts = np.unique(np.asarray(tasks), return_counts=True)
+    index = int(np.argmin(counts))
+    return int(counts[index]), values[index].item()
 
 
 def resamplable(tasks: list) -> bool:

@@ -52,6 +52,7 @@ class LoadedSpec:
     spec: Spec
     resolved: dict[str, Any]  # the composed, validated spec as plain data (defaults filled in)
     provenance: Provenance
+    notes: list[str] = field(default_factory=list)  # what composition changed, one line each
 
     @property
     def experiment(self) -> str:
@@ -83,8 +84,111 @@ def load_spec(
         _refuse_untrusted_factory(source, stored)
     provenance = Provenance(source)
     composed, provenance = _compose(source, list(overrides), provenance)
+    _replace_env_params(composed, provenance)
+    notes = _drop_foreign_env_params(composed, provenance)
     spec = _validate(composed, provenance)
-    return LoadedSpec(spec, spec.model_dump(mode="json"), provenance)
+    return LoadedSpec(spec, spec.model_dump(mode="json"), provenance, notes)
+
+
+# ---------------------------------------------------------------- env params across env ids
+
+
+def _replace_env_params(composed: dict[str, Any], provenance: Provenance) -> None:
+    """`env.params={...}` replaces the params instead of merging into them (Hydra merges a
+    mapping override), so `env.params={}` clears what a preset set. Params set by later
+    overrides (`env.params={} env.params.N=4`) stay."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    env = composed.get("env")
+    params = env.get("params") if isinstance(env, dict) else None
+    if not isinstance(params, dict):
+        return
+    parser = None
+    keep: set[str] | None = None
+    for key, text, _ in provenance.overrides:
+        if key not in ("env", "env.params") and not key.startswith("env.params."):
+            continue
+        if key.startswith("env.params."):
+            if keep is not None:
+                keep.add(key.split(".")[2])
+            continue
+        parser = parser or OverridesParser.create()
+        try:
+            parsed = parser.parse_override(text)
+            value = parsed.value()
+        except HydraException:
+            continue  # reported by composition
+        if parsed.is_delete():
+            continue
+        if key == "env":
+            value = value.get("params") if isinstance(value, dict) else None
+        if isinstance(value, dict):
+            keep = {str(k) for k in value}
+    if keep is not None:
+        env["params"] = {k: v for k, v in params.items() if k in keep}
+
+
+# Where a value comes from, by how late the user chose it: a preset the spec's defaults
+# pick, the spec file, a preset picked on the command line (`envs=NAME`), an override.
+_FROM_PRESET, _FROM_FILE, _FROM_CHOSEN_PRESET, _FROM_OVERRIDE = range(4)
+
+
+def _origin(dotted: str, provenance: Provenance) -> int:
+    for key, _, _ in provenance.overrides:
+        if key not in PRESET_GROUPS and (dotted == key or dotted.startswith(key + ".")):
+            return _FROM_OVERRIDE
+    if provenance.spec.defines(dotted):
+        return _FROM_FILE
+    chosen = any(key.split("@")[0] == "envs" for key, _, _ in provenance.overrides)
+    return _FROM_CHOSEN_PRESET if chosen else _FROM_PRESET
+
+
+def _drop_foreign_env_params(composed: dict[str, Any], provenance: Provenance) -> list[str]:
+    """Drop the env params that were written for another env and that this one does not take.
+
+    A param is written for another env when it was set before the env id was chosen: by
+    the preset of `envs: simple_spread` when an override then says `env.id=mpe/simple_tag`,
+    or by the spec file when `envs=NAME` picks the env on the command line. Params set with
+    the id, or after it, are the user's for this env: a wrong one is still an error (the
+    probe reports it). Params the factory takes through `**kwargs` count as taken.
+    """
+    env = composed.get("env")
+    if not isinstance(env, dict) or not isinstance(env.get("id"), str):
+        return []
+    params = env.get("params")
+    if not isinstance(params, dict) or not params:
+        return []
+    chosen_at = _origin("env.id", provenance)
+    inherited = [k for k in params if _origin(f"env.params.{k}", provenance) < chosen_at]
+    if not inherited:
+        return []
+    from marlctl.envs.registry import env_params
+
+    try:
+        accepted = env_params(env["id"])
+    except Exception:  # an unknown id or a factory that does not import: the probe says so
+        return []
+    foreign = [k for k in inherited if not accepted.accepts(str(k))]
+    if not foreign:
+        return []
+    env["params"] = {k: v for k, v in params.items() if k not in foreign}
+    note = f"env.params: dropped {', '.join(map(str, foreign))}: not parameters of {env['id']}"
+    preset = _env_preset(env["id"])
+    if preset is not None and chosen_at != _FROM_CHOSEN_PRESET:
+        note += f" (its own preset: envs={preset})"
+    return [note]
+
+
+def _env_preset(env_id: str) -> str | None:
+    """The name of the env preset of a registered id, when one is found."""
+    from marlctl.envs.registry import preset_name, registered_ids
+
+    if env_id not in registered_ids():
+        return None
+    name = preset_name(env_id)
+    found = any((root / "envs" / f"{name}.yaml").is_file() for root in preset_roots())
+    return name if found else None
 
 
 def _refuse_untrusted_factory(source: SourceFile, stored: str) -> None:

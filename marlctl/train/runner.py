@@ -285,6 +285,12 @@ def _train(
             )
 
     try:
+        if train.eval_every and env_steps == 0:
+            # The untrained policy's score is where every learning curve starts. Logged only:
+            # a sweep's pruner is not shown a score no training has produced yet.
+            untrained = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
+            for index in range(S):
+                sinks[index].log(untrained[index], 0)
         ob = env.reset(_reset_seed([_derive_seed(seed, 0, env_steps) for seed in seeds]))
         trainer.restart_episodes()
         started, start_steps = time.perf_counter(), env_steps

@@ -24,6 +24,7 @@ import torch
 
 from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.registry import EnvInfo, GroupInfo
+from marlctl.envs.signature import FactoryParams, method_params
 
 
 class SeededBatch:
@@ -122,6 +123,13 @@ class NativeEnv(SeededBatch):
             g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
             for g in groups
         }
+
+    @classmethod
+    def parameters(cls) -> FactoryParams:
+        """The env's parameters: `max_cycles` and the keywords of `build` (followed through
+        `**params` it hands on, as `MatrixGame.build` does to `payoff`)."""
+        own = method_params(cls, "build")
+        return FactoryParams({"max_cycles": cls.max_cycles, **own.defaults}, own.open)
 
     # ------------------------------------------------------------ the env's rules
 

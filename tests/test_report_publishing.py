@@ -1,0 +1,470 @@
+"""`marlctl report` output fit for a paper: words that agree with their counts, no machine
+paths or passwords, a warning where few seeds make an interval unreliable, readable figure
+labels, curves from step 0, an appendix with the hyperparameters that differ and the
+evaluation protocol, and figure files as SVG or PDF.
+
+Every store here is written through MLflow's client in marlctl's layout, as in
+`test_report.py`; the last test reads runs that marlctl itself trained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_report import T0, add_experiment_run, report_json, store  # noqa: F401 (a fixture)
+from test_training import run_cli, write_spec
+
+from marlctl import tracking
+from marlctl.report import labels
+
+EVAL_STEPS = [0, 15_000, 30_000]
+PROTOCOL = {"train.eval_episodes": "64", "train.eval_every": "15000"}
+PROTOCOL["train.total_env_steps"] = "30000"
+SHARED = {"algo.clip": "0.2", "model.hidden": "[64, 64]", **PROTOCOL}
+
+
+def add_group(client, experiment, algo, finals, params, steps=EVAL_STEPS, **extra):
+    """A parent and one seed run per final score, curves rising to it over `steps`, with
+    `params` logged on every seed as the flattened spec would be."""
+    curves = {
+        s: (steps, [v - 10 + 5 * i for i in range(len(steps) - 1)] + [v], 10.0, None)
+        for s, v in enumerate(finals)
+    }
+    parent, ids = add_experiment_run(client, experiment, algo, "mpe/simple_spread", curves, **extra)
+    for seed, run_id in ids.items():
+        tracking.log_params(client, run_id, {**params, "hardware.device": f"cuda:{seed}"})
+    return parent, ids
+
+
+MAPPO = [-14.0, -15.5, -13.2, -16.1, -14.8]  # 5 seeds: no warning
+IPPO = [-16.0, -15.1]  # 2 seeds: a warning
+
+
+@pytest.fixture
+def compared(tmp_path):
+    """Two groups on one env: MAPPO over five seeds, IPPO over two; they differ in the
+    learning rate and share every other hyperparameter and the evaluation protocol."""
+    client = tracking.client_for(None)
+    add_group(client, "paper", "mappo", MAPPO, SHARED, lr=0.001)
+    add_group(client, "paper", "ippo", IPPO, SHARED, lr=0.0003)
+    return client
+
+
+def outputs(*args: str) -> dict[str, str]:
+    """The report in every format, as the text a reader gets: terminal, Markdown, the HTML
+    page without its plotly.js, CSV, JSON from a file and from --json."""
+    found = {}
+    result = run_cli("report", *args)
+    assert result.exit_code == 0, result.output
+    found["terminal"] = result.output
+    for suffix in ("md", "html", "csv", "json"):
+        result = run_cli("report", *args, "--out", f"report.{suffix}")
+        assert result.exit_code == 0, result.output
+        found[suffix] = Path(f"report.{suffix}").read_text()
+    found["html"] = re.sub(r"<script.*?</script>", "", found["html"], flags=re.S)
+    result = run_cli("report", *args, "--json")
+    assert result.exit_code == 0, result.output
+    found["--json"] = result.stdout
+    return found
+
+
+# ---------------------------------------------------------------- 1. plurals
+
+
+def test_labels_plural_agrees_with_the_count():
+    assert labels.plural(1, "group") == "1 group"
+    assert labels.plural(2, "group") == "2 groups"
+    assert labels.plural(0, "seed") == "0 seeds"
+    assert labels.plural(1, "policy") == "1 policy"
+    assert labels.plural(3, "policy") == "3 policies"
+
+
+WRONG_PLURAL = re.compile(r"\b1 (groups|seeds|runs|trials|envs|episodes)\b|\(s\)")
+
+
+def test_every_format_writes_one_thing_in_the_singular(tmp_path):
+    """One group, one diverged run, one seed without a step-0 evaluation, one trial."""
+    client = tracking.client_for(None)
+    add_experiment_run(
+        client,
+        "single",
+        "mappo",
+        "mpe/simple_spread",
+        {
+            0: ([0, 1000, 2000], [0.0, 1.0, 2.0], 1.0, None),
+            1: ([1000, 2000], [1.0, float("nan")], 1.0, None),
+            2: ([0, 1000, 2000], [0.5, 1.5, 2.5], 1.0, None),
+        },
+    )
+    add_study(client, str(tmp_path / "gone" / "optuna.journal"), trials=1)
+    # Whitespace as a reader sees it: the terminal wraps long lines.
+    found = {name: " ".join(text.split()) for name, text in outputs().items()}
+    for name, text in found.items():
+        assert not WRONG_PLURAL.search(text), (name, WRONG_PLURAL.search(text))
+    for name in ("md", "html"):
+        assert "1 group by algo.name, env.id" in found[name], name
+    for name in ("md", "html", "terminal", "json", "--json"):
+        assert "1 run ended with a non-finite" in found[name], name
+        assert "no evaluation at step 0 in 1 seed of 3" in found[name], name
+        assert "1 trial (1 complete)" in found[name] or name in ("json", "--json"), name
+    assert "1 trial (1 complete)" not in found["csv"]  # CSV is numbers only
+
+
+def test_several_things_are_written_in_the_plural(compared):
+    found = outputs()
+    for name in ("md", "html"):
+        assert "2 groups by algo.name, env.id" in found[name], name
+        assert not WRONG_PLURAL.search(found[name])
+
+
+def add_study(client, storage_url: str, trials: int) -> str:
+    """A sweep's study run with `trials` complete trials, as MLflow holds it; its Optuna
+    storage is at `storage_url` (which need not exist: the report falls back to MLflow)."""
+    exp_id = tracking.ensure_experiment(client, "sweep", None)
+    study = client.create_run(
+        exp_id,
+        run_name="study",
+        start_time=T0,
+        tags={
+            "marlctl.role": "study",
+            "marlctl.study": "tiny",
+            "marlctl.storage_url": storage_url,
+        },
+    ).info.run_id
+    tracking.log_params(client, study, {"sweep.metric": "eval/return_mean"})
+    for number in range(trials):
+        trial = client.create_run(
+            exp_id,
+            run_name=f"trial-{number}",
+            start_time=T0,
+            tags={
+                tracking.PARENT_TAG: study,
+                "marlctl.role": "trial",
+                "marlctl.trial": str(number),
+                "marlctl.trial_state": "COMPLETE",
+            },
+        ).info.run_id
+        tracking.log_params(client, trial, {"algo.lr": str(0.001 * (number + 1))})
+        client.log_metric(trial, "objective", -10.0 + number, step=2000)
+        client.set_terminated(trial, "FINISHED", end_time=T0 + 1000)
+    client.set_terminated(study, "FINISHED", end_time=T0 + 1000)
+    return study
+
+
+# ---------------------------------------------------------------- 2. no machine paths
+
+
+def test_places_are_described_without_folders_hosts_or_passwords():
+    assert labels.place("sqlite:////home/alice/runs/mlflow.db") == "SQLite file mlflow.db"
+    assert labels.place("sqlite:///C:\\Users\\alice\\mlflow.db") == "SQLite file mlflow.db"
+    assert labels.place("postgresql+psycopg2://alice:hunter2@db.lab:5432/mlflow") == (
+        "PostgreSQL database"
+    )
+    assert labels.place("https://bob:pw@mlflow.lab.example:5000") == "HTTPS server"
+    assert labels.place("/home/alice/optuna.journal") == "local file optuna.journal"
+    text = (
+        "no database at sqlite:////home/alice/x/optuna.db; no journal at /srv/lab/a.journal, "
+        "(C:\\Users\\alice\\b.journal) or ~/runs/c.journal; "
+        "could not reach postgresql://alice:hunter2@db.lab/optuna"
+    )
+    assert labels.public(text) == (
+        "no database at SQLite file optuna.db; no journal at a.journal, (b.journal) or "
+        "c.journal; could not reach PostgreSQL database"
+    )
+    # What is not a path stays as it is.
+    for kept in (
+        "mpe/simple_spread",
+        "env steps/s",
+        "algo.lr=0.001 · [64, 64]",
+        "a / b, 1/2",
+        "package.module:factory",
+        "eval/return/agent",
+    ):
+        assert labels.public(kept) == kept
+
+
+def test_no_format_shows_a_local_path(compared, tmp_path):
+    """The store, a sweep's storage and a param all hold absolute paths; no output does."""
+    client = compared
+    add_study(client, str(tmp_path / "studies" / "optuna.journal"), trials=2)
+    # A param holding a path, different per group, so that the appendix lists it.
+    add_group(
+        client,
+        "paper",
+        "qmix",
+        [-20.0, -21.0],
+        {**SHARED, "env.params.map": str(tmp_path / "maps" / "arena.txt")},
+    )
+    found = outputs()
+    for name, text in found.items():
+        assert str(tmp_path) not in text, name
+        assert str(Path.home()) not in text, name
+        assert "sqlite:" not in text and "file://" not in text, name
+    for name in ("md", "html"):
+        assert "MLflow store: SQLite file mlflow.db" in found[name], name
+        assert "arena.txt" in found[name], name  # the appendix still names the file
+    for name in ("md", "html", "terminal", "--json"):
+        assert "no journal at optuna.journal" in found[name].replace("\n", " "), name
+    assert json.loads(found["json"])["store"] == "SQLite file mlflow.db"
+    assert "tracking_uri" not in json.loads(found["--json"])
+
+
+# ---------------------------------------------------------------- 3. few seeds
+
+
+FEW = "ippo · mpe/simple_spread: 2 seeds; intervals from fewer than 5 seeds are unreliable"
+
+
+def test_a_group_of_fewer_than_five_seeds_carries_a_warning(compared):
+    found = outputs()
+    assert f"> **Warning:** {FEW}" in found["md"]
+    assert f'<p class="warning"><strong>Warning:</strong> {FEW}</p>' in found["html"]
+    document = json.loads(found["json"])
+    assert document["warnings"] == [FEW]
+    groups = {g["label"]: g for g in document["groups"]}
+    assert groups["ippo · mpe/simple_spread"]["fewest_seeds"] == 2
+    assert groups["mappo · mpe/simple_spread"]["fewest_seeds"] == 5
+    assert json.loads(found["--json"])["warnings"] == [FEW]
+    assert f"warning: {FEW}" in " ".join(found["terminal"].split())
+    # Five seeds: no warning for MAPPO anywhere.
+    for text in found.values():
+        assert "mappo · mpe/simple_spread: 5 seeds" not in text
+
+
+@pytest.mark.usefixtures("store")
+def test_a_group_over_several_envs_is_warned_by_its_thinnest_env():
+    """`--group-by algo.name` pools MAPPO's 5 seeds on one env with 3 on another: the
+    stratified bootstrap rests on 3 there."""
+    document = report_json("--group-by", "algo.name")
+    assert (
+        "mappo: 3 seeds on mpe/simple_speaker_listener; intervals from fewer than 5 seeds "
+        "are unreliable" in document["warnings"]
+    )
+    # IPPO, 4 seeds on one env, is warned too; nothing is said of a group with no interval.
+    assert any(w.startswith("ippo: 4 seeds;") for w in document["warnings"])
+    assert not any(w.startswith("qmix") for w in document["warnings"])
+
+
+# ---------------------------------------------------------------- 4. figure labels
+
+
+def test_metric_labels_cover_the_vocabulary_and_keep_unknown_names():
+    assert labels.metric("eval/return_mean") == "Evaluation return (mean per agent)"
+    assert labels.metric("train/return_mean") == "Training return (mean per agent)"
+    assert labels.metric("eval/return/adversary") == (
+        "Evaluation return of group adversary (mean per agent)"
+    )
+    assert labels.metric("eval/win_rate") == "Evaluation win rate"
+    assert labels.metric("loss/policy") == "Policy loss"
+    assert labels.metric("perf/env_steps_per_s") == "Throughput (env steps/s)"
+    assert labels.metric("custom/thing") == "custom/thing"
+    assert labels.metric("loss/novel") == "loss/novel"
+
+
+def test_step_counts_read_as_k_and_m():
+    assert [labels.steps(v) for v in (0, 950, 2500, 30_000, 1_500_000, 2e9)] == [
+        "0",
+        "950",
+        "2.5k",
+        "30k",
+        "1.5M",
+        "2G",
+    ]
+
+
+def svg_texts(path: Path) -> list[str]:
+    """The text of an SVG drawn with text kept as text (what a reader sees)."""
+    return re.findall(r"<text[^>]*>([^<]*)</text>", path.read_text())
+
+
+def test_curve_axes_have_readable_labels_and_ticks(compared):
+    result = run_cli("report", "--out", "report.md", "--figures", "svg")
+    assert result.exit_code == 0, result.output
+    texts = svg_texts(Path("report_files/curves.svg"))
+    assert "Evaluation return (mean per agent)" in texts
+    assert "Environment steps" in texts
+    assert {"0", "15k", "30k"} <= set(texts)
+    assert not {"15000", "30000", "eval/return_mean", "env steps"} & set(texts)
+    # The interactive plot: the same labels, and d3's SI ticks (30k, 1.5M).
+    assert run_cli("report", "--out", "report.html").exit_code == 0
+    page = Path("report.html").read_text()
+    assert '"title":{"text":"Environment steps"}' in page
+    assert '"title":{"text":"Evaluation return (mean per agent)"}' in page
+    assert '"tickformat":"~s"' in page
+
+
+# ---------------------------------------------------------------- 5. step 0
+
+
+def test_curves_start_at_step_zero_when_the_runs_were_evaluated_there(compared):
+    from marlctl import report as reporting
+    from marlctl.report import figures
+
+    document = report_json()
+    for group in document["groups"]:
+        assert group["curve"]["steps"] == EVAL_STEPS
+    built = reporting.build(None, [], [], [])
+    fig = figures.curves_figure(built)
+    for line in fig.axes[0].lines:
+        assert line.get_xdata()[0] == 0
+    assert run_cli("report", "--out", "report.html").exit_code == 0
+    page = Path("report.html").read_text()
+    assert len(re.findall(r'"x":\[0\.0,15000\.0,30000\.0\]', page)) == 2  # one line per group
+    assert "no evaluation at step 0" not in json.dumps(document["notes"])
+
+
+def test_a_seed_without_a_step_zero_evaluation_is_named(tmp_path):
+    client = tracking.client_for(None)
+    add_experiment_run(
+        client,
+        "mixed",
+        "mappo",
+        "mpe/simple_spread",
+        {
+            0: ([0, 1000, 2000], [0.0, 1.0, 2.0], 1.0, None),
+            1: ([1000, 2000], [1.0, 3.0], 1.0, None),
+        },
+    )
+    document = report_json()
+    (group,) = document["groups"]
+    # A mean over seeds needs every seed: the curve starts at 1000, and a note says why.
+    assert group["curve"]["steps"] == [1000, 2000]
+    assert (
+        "mappo · mpe/simple_spread: no evaluation at step 0 in 1 seed of 2; the curve starts "
+        "where every seed has data (1k env steps)" in document["notes"]
+    )
+
+
+# ---------------------------------------------------------------- 6. appendix
+
+
+def test_the_appendix_lists_only_hyperparameters_that_differ_and_the_protocol(compared):
+    found = outputs()
+    md = found["md"]
+    appendix = md[md.index("## Appendix") :]
+    assert "| parameter | ippo · mpe/simple_spread | mappo · mpe/simple_spread |" in appendix
+    assert "| `algo.lr` | 0.0003 | 0.001 |" in appendix
+    # Shared values, seeds, hardware (different on every seed here) and group keys: absent.
+    for hidden in ("algo.clip", "model.hidden", "hardware.device", "`seed`", "algo.name"):
+        assert hidden not in appendix, hidden
+    assert (
+        "Runs were evaluated every 15k env steps and at the end of training; each evaluation "
+        "plays 64 episodes with the deterministic policy" in appendix
+    )
+    assert "after 30k env steps of training" in appendix
+    html = found["html"]
+    assert "<h2>Appendix</h2>" in html
+    assert "<tr><td>algo.lr</td><td>0.0003</td><td>0.001</td></tr>" in html
+    assert "every 15k env steps" in html and "64 episodes with the deterministic" in html
+    document = json.loads(found["json"])["appendix"]
+    assert document["hyperparameters"] == [
+        {
+            "name": "algo.lr",
+            "values": {"ippo · mpe/simple_spread": "0.0003", "mappo · mpe/simple_spread": "0.001"},
+        }
+    ]
+    assert document["evaluation"]["policy"] == "deterministic"
+    assert {(g["episodes"], g["every"], g["budget"]) for g in document["evaluation"]["groups"]} == {
+        (64, 15000, 30000)
+    }
+
+
+def test_groups_evaluated_differently_get_a_protocol_table(tmp_path):
+    client = tracking.client_for(None)
+    add_group(client, "eval", "mappo", [1.0, 2.0], {**SHARED, "train.eval_episodes": "32"})
+    add_group(client, "eval", "ippo", [1.0, 2.0], {**SHARED, "train.eval_every": "0"})
+    result = run_cli("report", "--out", "report.md")
+    assert result.exit_code == 0, result.output
+    md = Path("report.md").read_text()
+    assert "| ippo · mpe/simple_spread | 64 episodes | at the end of training only | 30k env " in md
+    assert "| mappo · mpe/simple_spread | 32 episodes | every 15k env steps and at the end" in md
+    # The differing eval settings are hyperparameters that differ, too.
+    assert (
+        "| `train.eval_episodes` | 64 | 32 |" in md and "| `train.eval_every` | 0 | 15000 |" in md
+    )
+
+
+# ---------------------------------------------------------------- 7. figure files
+
+
+@pytest.mark.parametrize("kind", ["svg", "pdf"])
+def test_figures_for_papers_as_svg_or_pdf(compared, kind):
+    result = run_cli("report", "--out", "paper/report.md", "--figures", kind)
+    assert result.exit_code == 0, result.output
+    md = Path("paper/report.md").read_text()
+    figure = Path(f"paper/report_files/curves.{kind}")
+    if kind == "svg":
+        assert "![sample efficiency](report_files/curves.svg)" in md
+        assert figure.read_text().lstrip().startswith("<?xml") and "<svg" in figure.read_text()
+    else:
+        # Markdown cannot show a PDF inline: it links it.
+        assert "[sample efficiency (PDF)](report_files/curves.pdf)" in md
+        assert figure.read_bytes().startswith(b"%PDF-") and figure.stat().st_size > 5_000
+    assert not list(Path("paper/report_files").glob("*.png"))
+    # An HTML page keeps its interactive plots and links the files for print.
+    result = run_cli("report", "--out", "paper/page.html", "--figures", kind)
+    assert result.exit_code == 0, result.output
+    page = Path("paper/page.html").read_text()
+    assert f'<a href="page_figures/curves.{kind}">' in page and "Plotly.newPlot" in page
+    assert Path(f"paper/page_figures/curves.{kind}").stat().st_size > 5_000
+    assert md == Path("paper/report.md").read_text()  # the Markdown's figures are untouched
+    assert figure.exists()
+
+
+def test_the_same_report_draws_the_same_svg(compared):
+    for out in ("a.md", "b.md"):
+        assert run_cli("report", "--out", out, "--figures", "svg").exit_code == 0
+    assert Path("a_files/curves.svg").read_bytes() == Path("b_files/curves.svg").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "r.md", "--figures", "eps"], "--figures: 'eps' is not png|svg|pdf"),
+        (["--out", "r.csv", "--figures", "svg"], "figure files go with an md or html report"),
+        (["--figures", "pdf"], "figure files go with an md or html report"),
+    ],
+)
+def test_bad_figure_formats_are_clean_errors(compared, args, message):
+    result = run_cli("report", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not list(Path.cwd().glob("r*"))
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def test_the_appendix_of_runs_marlctl_trained(tmp_path):
+    """Params as training logs them: two learning rates, two seeds each. Only the learning
+    rate differs; the protocol comes from the spec's train section."""
+    spec = write_spec(
+        tmp_path,
+        {
+            "name": "lrs",
+            "seeds": [0, 1],
+            "env": {"id": "mpe/simple_spread", "backend": "native", "params": {"N": 2}},
+            "algo": {"name": "mappo", "epochs": 1, "minibatches": 1},
+            "train": {"total_env_steps": 1000, "eval_every": 500, "eval_episodes": 4},
+            "hardware": {"device": "cpu", "num_envs": 8},
+        },
+    )
+    for lr in ("0.001", "0.002"):
+        result = run_cli("run", str(spec), f"algo.lr={lr}")
+        assert result.exit_code == 0, result.output
+    result = run_cli("report", "--out", "report.md")
+    assert result.exit_code == 0, result.output
+    md = Path("report.md").read_text()
+    appendix = md[md.index("## Appendix") :]
+    rows = [line for line in appendix.splitlines() if line.startswith("| `")]
+    assert rows == ["| `algo.lr` | 0.001 | 0.002 |"], appendix
+    assert "each evaluation plays 4 episodes with the deterministic policy" in appendix
+    assert "every 500 env steps and at the end of training" in appendix
+    assert "after 1k env steps of training" in appendix
+    # Two seeds per group: both are warned about.
+    assert md.count("> **Warning:**") == 2
+    assert np.isfinite(report_json()["groups"][0]["mean"]["value"])
