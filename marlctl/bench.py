@@ -217,11 +217,13 @@ def _peak_mb(device) -> float:
 
 def learning_note(spec, num_envs: int) -> str:
     """What training with `num_envs` envs changes for learning, beside its speed."""
+    from marlctl.algos import registered_algos
+
     algo, now = spec.algo, spec.hardware.num_envs
     if num_envs == now:
         return "the spec's own num_envs: nothing changes for learning"
     ratio = num_envs / now
-    if hasattr(algo, "epochs"):  # on-policy: the batch of each update follows num_envs
+    if registered_algos()[algo.name].on_policy:  # the batch of each update follows num_envs
         batch, new = algo.rollout_steps * now, algo.rollout_steps * num_envs
         return (
             f"each update then learns from {new:,} samples instead of {batch:,} "

@@ -494,23 +494,17 @@ def _with_sweep_progress(work, budget: int, as_json: bool):
                     )
             best = "-" if event["best"] is None else f"{event['best']:.4g}"
             # Each running trial's env steps (its slowest seed's), as far as it has reported.
+            from marlctl.report.labels import steps as count
+
             steps = event.get("progress", {})
             running = ", ".join(
-                f"#{n} {_count(done)}/{_count(total)}" for n, (done, total) in sorted(steps.items())
+                f"#{n} {count(done)}/{count(total)}" for n, (done, total) in sorted(steps.items())
             )
             unseen = event["running"] - len(steps)
             running = ", ".join(x for x in (running, f"{unseen} starting" * (unseen > 0)) if x)
             bar.update(task, completed=event["done"], running=running or "0", best=best)
 
         return work(show)
-
-
-def _count(steps: int) -> str:
-    """300000 -> 300k, 1500000 -> 1.5M: env steps at a glance."""
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if steps >= size:
-            return f"{steps / size:.3g}{unit}"
-    return str(steps)
 
 
 def _short(value: Any) -> str:

@@ -176,14 +176,20 @@ def check_reachable(uri: str | None, writes: bool = True) -> None:
 WRITE_CHECK_BYTES = 1 << 20
 
 
+_writable: set[Path] = set()  # folders that took the write check in this process
+
+
 def _check_writable(path: str) -> None:
-    """SQLite writes the store and its journal next to each other: try the folder."""
+    """SQLite writes the store and its journal next to each other: try the folder (once per
+    process: the CLI checks before its progress display, then the run or sweep it starts)."""
     if not path or path.startswith(":memory:") or path.startswith("file:"):
         return
     import os
     import tempfile
 
     folder = Path(path).parent
+    if folder in _writable:
+        return
     if not folder.is_dir():
         raise OSError(f"no folder {folder}")
     try:
@@ -193,6 +199,7 @@ def _check_writable(path: str) -> None:
             os.fsync(probe.fileno())
     except OSError as err:
         raise OSError(f"cannot write in {folder}: {err.strerror or err}") from None
+    _writable.add(folder)
 
 
 def _store_error(uri: str | None, err: Exception) -> SpecError:

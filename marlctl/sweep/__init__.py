@@ -405,7 +405,7 @@ def _run_local(
         watcher = threading.Thread(target=watch, daemon=True, name="sweep-progress")
         watcher.start()
         try:
-            work(contexts[0], lambda: _poll(study, ctx, progress))
+            work(contexts[0])  # the watcher alone polls: two pollers would print trials twice
         finally:
             done.set()
             watcher.join()
