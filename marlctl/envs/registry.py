@@ -5,6 +5,7 @@ Pure: imports numpy, gymnasium and PettingZoo, never torch, so `validate` can pr
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -191,9 +192,11 @@ def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
     return obj
 
 
+@functools.cache
 def env_params(env_id: str) -> FactoryParams:
     """The keyword parameters env `env_id` takes: its factory's, read from the signature
-    (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError."""
+    (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError. Kept
+    for the process: a sweep loads its spec once per trial, and reading source is slow."""
     entry = lookup(env_id)
     factory = resolve_factory(entry)
     if entry.suite == "native":
