@@ -4,6 +4,10 @@ Nothing is tracked: the measurements run in this process on the plan's first run
 and threads, for a fixed wall-clock budget per point after a warm-up. A point whose single
 call (an env step, a training iteration) takes longer than the budget is measured on one
 call, and the larger sizes after it are skipped: each would take longer still.
+
+On a GPU, unless `hardware.compile=false`, every point is measured twice: eager, and with
+the call captured as a CUDA graph (`marlctl.train.capture`), whose capture time is
+reported apart from the throughput.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class Point:
     seconds: float
     seeds: int = 1  # trained as one batch (`hardware.batch_seeds`)
     slow: bool = False  # one call took longer than the budget: larger sizes were skipped
+    mode: str = "eager"  # or "CUDA graph" (", torch.compile" with hardware.compile=true)
+    compile_s: float = 0.0  # compiling and capturing, not counted in `seconds`
 
     @property
     def per_seed(self) -> float:
@@ -44,7 +50,7 @@ class BenchResult:
     algo: str
     device: str
     threads: int
-    compile: bool
+    compile: bool | str
     points: list[Point]
     skipped: list[str] = field(default_factory=list)  # "train num_envs=N" not measured
 
@@ -98,37 +104,78 @@ def run_bench(
         if report is not None:
             report(point)
 
-    def measure(kind: str, point_at: Callable[[int], Point]) -> None:
+    def measure(kind: str, point_at: Callable[[int], Point | None]) -> None:
         for index, num_envs in enumerate(sizes):
             point = point_at(num_envs)
+            if point is None:  # cannot be captured: no size can
+                return
             record(point)
             if point.slow:
                 result.skipped += [f"{kind} num_envs={n}" for n in sizes[index + 1 :]]
                 return
 
-    measure("env", lambda n: _env_point(spec, info, n, run.seed, device, seconds))
-    if train:
-        seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
-        measure("train", lambda n: _train_point(spec, info, n, seeds, device, seconds))
+    graphs = [False]
+    if device.type == "cuda" and spec.hardware.compile is not False:
+        graphs.append(True)
+    seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
+    for graph in graphs:
+        label = " (CUDA graph)" if graph else ""
+        measure(
+            f"env{label}",
+            lambda n, graph=graph: _env_point(spec, info, n, run.seed, device, seconds, graph),
+        )
+        if train:
+            measure(
+                f"train{label}",
+                lambda n, graph=graph: _train_point(spec, info, n, seeds, device, seconds, graph),
+            )
     return result
 
 
-def _env_point(spec, info, num_envs: int, seed: int, device, seconds: float) -> Point:
+def _env_point(
+    spec, info, num_envs: int, seed: int, device, seconds: float, graph: bool
+) -> Point | None:
+    """Random actions, drawn on the device each step, and one env step."""
     from marlctl.train.runner import make_env
 
     _reset_peak(device)
     env = make_env(spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs))
     try:
         env.reset(seed)
-        actions = _random_actions(info, num_envs, device)
-        steps, elapsed, slow = _timed(lambda: env.step(actions), seconds, device)
+
+        def step():
+            return env.step(_random_actions(info, num_envs, device))
+
+        captured = None
+        if graph:
+            if not hasattr(env, "make_graph_safe"):
+                return None
+            from marlctl.train.capture import IterationGraph
+
+            if spec.hardware.compile is True:
+                env.compile()
+            env.make_graph_safe()
+            captured = IterationGraph([env], list(env.generators), [])
+            eager_step = step
+
+            def step():
+                return captured.run(eager_step)
+
+        steps, elapsed, slow, warm = _timed(step, seconds, device, warmup=3)
     finally:
         env.close()
     rate = steps * num_envs / elapsed
-    return Point("env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, 1, slow)
+    mode = _mode(spec, graph)
+    compile_s = _compile_seconds(warm, 3, steps, elapsed) if captured else 0.0
+    return Point(
+        "env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, 1, slow, mode,
+        compile_s,
+    )  # fmt: skip
 
 
-def _train_point(spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds) -> Point:
+def _train_point(
+    spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds, graph: bool
+) -> Point | None:
     from marlctl.train.runner import build_trainer, make_env
 
     _reset_peak(device)
@@ -137,46 +184,64 @@ def _train_point(spec, info, num_envs: int, seeds: tuple[int, ...], device, seco
         spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
     )
     try:
+        if graph:
+            if spec.hardware.compile is True and hasattr(env, "compile"):
+                env.compile()
+            if trainer.capture(env) is not None:
+                return None
         state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}
 
         def iteration() -> None:
             state["ob"], _ = trainer.train_iteration(env, state["ob"])
             trainer.stats.take()
 
-        iters, elapsed, slow = _timed(iteration, seconds, device, warmup=1)
+        # A captured run's first iteration is eager and its second is captured: both warm up.
+        warmup = 2 if graph else 1
+        iters, elapsed, slow, warm = _timed(iteration, seconds, device, warmup)
     finally:
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
+    mode = _mode(spec, graph)
+    compile_s = _compile_seconds(warm, warmup, iters, elapsed) if graph else 0.0
     return Point(
-        "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds), slow
-    )
+        "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
+        slow, mode, compile_s,
+    )  # fmt: skip
+
+
+def _mode(spec, graph: bool) -> str:
+    compiled = ", torch.compile" if spec.hardware.compile is True else ""
+    return f"CUDA graph{compiled}" if graph else "eager"
 
 
 def _timed(
     fn: Callable[[], object], seconds: float, device, warmup: int = 3
-) -> tuple[int, float, bool]:
-    """Call `fn` for about `seconds` after a warm-up; (calls, elapsed, slow). Syncs the
-    device only around the timed block, so asynchronous CUDA work is measured end to end.
-    Slow: one call took longer than `seconds`, so one timed call is all there is."""
+) -> tuple[int, float, bool, float]:
+    """Call `fn` for about `seconds` after `warmup` calls; (calls, elapsed, slow, warm-up
+    seconds). Syncs the device only around the timed block, so asynchronous CUDA work is
+    measured end to end. Slow: one call took longer than `seconds`, so one timed call is all
+    there is."""
     start = time.perf_counter()
     for _ in range(warmup):
         fn()
     _sync(device)
-    if (time.perf_counter() - start) / warmup > seconds:
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        return 1, time.perf_counter() - start, True
+    warm = time.perf_counter() - start
     start = time.perf_counter()
     fn()
-    fn()
     _sync(device)
-    per_call = (time.perf_counter() - start) / 2
-    calls = 2 + max(0, int((seconds - 2 * per_call) / max(per_call, 1e-9)))
-    for _ in range(calls - 2):
+    first = time.perf_counter() - start
+    if first > seconds:
+        return 1, first, True, warm
+    calls = 1 + max(0, int((seconds - first) / max(first, 1e-9)))
+    for _ in range(calls - 1):
         fn()
     _sync(device)
-    return calls, time.perf_counter() - start, per_call > seconds
+    return calls, time.perf_counter() - start, False, warm
+
+
+def _compile_seconds(warm: float, warmup: int, calls: int, elapsed: float) -> float:
+    """What the warm-up took beyond its calls' steady-state time: compiling and capturing."""
+    return max(0.0, warm - warmup * elapsed / calls)
 
 
 def _random_actions(info, num_envs: int, device) -> dict:
@@ -202,6 +267,7 @@ def _reset_peak(device) -> None:
     import torch
 
     if device.type == "cuda":
+        torch.empty(0, device=device)  # peak statistics need CUDA initialised
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 

@@ -829,9 +829,15 @@ def bench(
         data["suggestion_note"] = learning_note(loaded.spec, best.num_envs)
     if not as_json:
         batched = any(p.seeds > 1 for p in result.points)
+        graphs = any(p.mode != "eager" for p in result.points)
         columns = ["measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB"]
-        table = Table(*columns, *(["seeds", "env steps/s per seed"] if batched else []))
+        table = Table(
+            *columns,
+            *(["seeds", "env steps/s per seed"] if batched else []),
+            *(["mode", "capture s"] if graphs else []),
+        )
         for p in result.points:
+            extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []
             row = [
                 p.kind,
                 str(p.num_envs),
@@ -839,7 +845,7 @@ def bench(
                 f"{p.agent_steps_per_s:,.0f}",
                 f"{p.peak_memory_mb:,.0f}",
             ]
-            table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []))
+            table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []), *extra)
         out.print(table)
         if result.skipped:
             out.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -11,6 +12,16 @@ import torch
 from test_training import client, random_policy_return, run_cli, run_json, write_spec
 
 SPREAD = {"N": 2, "max_cycles": 10}
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Any CUDA operation in the block that makes the host wait for the device raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def native_spec(folder, **sections) -> dict:
@@ -173,11 +184,8 @@ def test_native_rollout_never_syncs_with_the_host_on_cuda():
     trainer = PPOTrainer(MAPPOConfig(name="mappo"), ModelSpec(), env.info, 64, device, 10, True)
     ob = env.reset(0)
     trainer.collect(env, ob)  # warm-up: lazy CUDA initialisation may sync
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         trainer.collect(env, ob)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -199,12 +207,9 @@ def test_replay_based_iterations_never_sync_with_the_host_on_cuda(algo):
     ob = env.reset([0, 1])
     for _ in range(8):  # past learning_starts; lazy CUDA initialisation may sync
         ob, _ = trainer.train_iteration(env, ob)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for _ in range(3):
             ob, _ = trainer.train_iteration(env, ob)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.slow

@@ -122,10 +122,14 @@ class HardwareSpec(Strict):
         "device (native backend): far higher total throughput when one seed leaves the device "
         "idle. Each seed keeps its own MLflow run and computes what it would alone.",
     )
-    compile: bool = Field(
-        False,
-        description="torch.compile the networks: about 30 s of compilation first, then faster "
-        "updates (native backend). Measure with `marlctl bench SPEC hardware.compile=true`.",
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="On a GPU: capture each training iteration (rollout, advantages, every "
+        "minibatch update) as one CUDA graph and replay it, for on-policy algorithms on the "
+        "native backend; capturing takes well under a second. On a CPU, true torch.compiles "
+        "the networks (about 30 s of compilation first, then faster updates). auto = capture "
+        "on a GPU where the run allows it, eager on a CPU; false = eager everywhere. Compare "
+        "with `marlctl bench SPEC`.",
     )
 
     @field_validator("threads_per_run", mode="before")

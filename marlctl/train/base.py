@@ -17,7 +17,7 @@ from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import action_bounds, one_hot, uniform_probs
-from marlctl.train.core import EpisodeStats, per_seed
+from marlctl.train.core import EpisodeStats, inclusive_cumsum, per_seed
 from marlctl.train.networks import AgentNet, reset_where, sharing_of
 
 # Argument validation costs a host sync and a pass over every tensor on each call.
@@ -48,6 +48,7 @@ class Trainer:
         # Envs whose episode starts with the next observation (recurrent states reset there).
         self._first = torch.ones(S, num_envs, dtype=torch.bool, device=self.device)
         self.bounds = action_bounds(info.groups, self.device)  # continuous groups' boxes
+        self.graph = None  # a captured training iteration (`capture`)
 
     def restart_episodes(self) -> None:
         """The envs were reset: every episode starts afresh."""
@@ -82,7 +83,7 @@ class Trainer:
     def sample_categorical(self, probs: torch.Tensor) -> torch.Tensor:
         """Inverse-CDF sampling from seed-first probabilities: masked actions have zero mass."""
         u = self.noise(probs.shape[:-1], normal=False).unsqueeze(-1)
-        return (probs.cumsum(-1) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
+        return (inclusive_cumsum(probs) < u).sum(-1).clamp_max(probs.shape[-1] - 1)
 
     def random_action(self, group, mask: torch.Tensor | None, lead: torch.Size) -> torch.Tensor:
         """Uniform random actions of `group`'s agents, shaped `lead` (`[S, ..., n]`, plus the
@@ -152,6 +153,22 @@ class Trainer:
                 for part in module.children():
                     part.compile(dynamic=False)
 
+    def capture(self, env) -> str | None:
+        """Replay training iterations as a CUDA graph; None, or why this run cannot be."""
+        return self.capture_blocker(env) or f"{type(self).__name__} is not captured yet"
+
+    def capture_blocker(self, env) -> str | None:
+        """Why iterations of this trainer on `env` cannot be captured, or None."""
+        if self.device.type != "cuda":
+            return "CUDA graphs need a CUDA device"
+        if not hasattr(env, "make_graph_safe"):
+            return "only native envs step without the host"
+        if any(
+            isinstance(m, AgentNet) and m.sharing == "federated" for m in self.policies.modules()
+        ):
+            return "federated averaging runs on the host every `federated_every` steps"
+        return None
+
     # ------------------------------------------------------------ checkpoints
 
     def extra_state(self, index: int | None) -> dict:
@@ -164,7 +181,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "policies": self.policies.state_dict(),
-            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "optimizers": {k: portable(o.state_dict()) for k, o in self.optimizers.items()},
             "iteration": self.iteration,
             "updates": self.updates,
             "generators": [g.get_state() for g in self.generators],
@@ -186,7 +203,7 @@ class Trainer:
                     },
                     "param_groups": sd["param_groups"],
                 }
-                for name, sd in ((n, o.state_dict()) for n, o in self.optimizers.items())
+                for name, sd in ((n, portable(o.state_dict())) for n, o in self.optimizers.items())
             },
             "iteration": self.iteration,
             "updates": self.updates,
@@ -270,6 +287,31 @@ def clip_grad_norm_per_seed(
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, [per_seed(scale, g) for g in grads])
     return total
+
+
+def make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Let a CUDA graph capture `optimizer`'s steps: step counts on the device, and learning
+    rates in device tensors (set with `fill_`), which a replay reads. Fused optimisers are
+    capturable as they are."""
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            continue
+        device = group["params"][0].device
+        group["capturable"] = True
+        group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(device=device, dtype=torch.float32)
+
+
+def portable(state: dict) -> dict:
+    """An optimiser's `state_dict` as an uncaptured optimiser on any device loads it."""
+    groups = [
+        {**g, "lr": float(g["lr"]), "capturable": False} if torch.is_tensor(g["lr"]) else g
+        for g in state["param_groups"]
+    ]
+    return {"state": state["state"], "param_groups": groups}
 
 
 def freeze(params: list[torch.Tensor], frozen: bool) -> None:

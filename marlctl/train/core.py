@@ -63,7 +63,7 @@ class BatchedMLP(nn.Module):
         S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
         if self.norm is not None:
             shape = (S, *([1] * len(lead)), self.copies, x.shape[-1])
-            x = F.layer_norm(x, x.shape[-1:]) * self.norm.view(shape) + self.norm_bias.view(shape)
+            x = layer_norm(x) * self.norm.view(shape) + self.norm_bias.view(shape)
         last = len(self.weights) - 1
         h = x.reshape(S, -1, x.shape[-1]) if self.copies == 1 else x.reshape(S, -1, n, x.shape[-1])
         for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -71,6 +71,27 @@ class BatchedMLP(nn.Module):
             if index < last:
                 h = self.activation(h)
         return h.view(S, *lead, n, -1)
+
+
+def layer_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """`F.layer_norm` over the last dim, without affine parameters. On CUDA it is written out:
+    PyTorch's kernel computes row statistics at about a tenth of memory bandwidth on the
+    narrow rows of MARL inputs (18 features × millions of rows: 3.3 ms per call on an H100,
+    half of an IPPO iteration's GPU time); four elementwise passes take a fraction of that."""
+    if not x.is_cuda:
+        return F.layer_norm(x, x.shape[-1:], eps=eps)
+    centred = x - x.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)
+
+
+def inclusive_cumsum(probs: torch.Tensor) -> torch.Tensor:
+    """`probs.cumsum(-1)`; on CUDA as a product with a triangular matrix of ones, which for
+    the handful of actions of a MARL policy is many times faster than the scan kernel."""
+    if not probs.is_cuda:
+        return probs.cumsum(-1)
+    n = probs.shape[-1]
+    upper = torch.ones(n, n, dtype=probs.dtype, device=probs.device).triu()
+    return probs @ upper
 
 
 def adam(params, lr: float) -> torch.optim.Adam:

@@ -25,7 +25,7 @@ from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
-from marlctl.train.base import Trainer, clip_grad_norm_per_seed
+from marlctl.train.base import Trainer, clip_grad_norm_per_seed, make_capturable
 from marlctl.train.core import RunningMeanStd, gae, per_seed
 from marlctl.train.networks import reset_where
 
@@ -83,7 +83,7 @@ def entropy(dist, discrete: bool) -> torch.Tensor:
 @dataclass
 class GroupRollout:
     actor_in: torch.Tensor  # [T, S, E, n, A_in]
-    critic_in: torch.Tensor  # [T, S, E, n, C_in]
+    critic_in: torch.Tensor | None  # [T, S, E, n, C_in]; None: the actor's input (IPPO)
     actions: torch.Tensor
     log_probs: torch.Tensor  # [T, S, E, n]
     values: torch.Tensor  # [T, S, E, n], denormalised
@@ -225,7 +225,7 @@ class OnPolicyTrainer(Trainer):
                 action = self._sample(pol, dist)
                 b = buf[name]
                 b["actor_in"].append(a_in)
-                b["critic_in"].append(c_in)
+                b["critic_in"].append(c_in if pol.centralised else None)
                 b["actions"].append(action)
                 b["log_probs"].append(log_prob(dist, action, pol.group.discrete))
                 b["values"].append(pol.value_norm.denormalize(value))
@@ -252,6 +252,7 @@ class OnPolicyTrainer(Trainer):
             ob = tr.next
         rollouts = {}
         for name, b in buf.items():
+            # A decentralised critic reads the actor's input: stored once, critic_in None.
             fields = {k: (torch.stack(v) if v[0] is not None else None) for k, v in b.items()}
             rollouts[name] = GroupRollout(**fields)
         return rollouts, ob, torch.stack(dones)
@@ -294,9 +295,10 @@ class OnPolicyTrainer(Trainer):
             if cfg.value_norm:
                 old_values = pol.value_norm.normalize(old_values)
                 pol.value_norm.update(ret, active)
+            actor_in = layout(r.actor_in)
             data[name] = {
-                "actor_in": layout(r.actor_in),
-                "critic_in": layout(r.critic_in),
+                "actor_in": actor_in,
+                "critic_in": actor_in if r.critic_in is None else layout(r.critic_in),
                 "actions": layout(r.actions),
                 "log_probs": layout(r.log_probs),
                 "values": old_values,
@@ -317,9 +319,12 @@ class OnPolicyTrainer(Trainer):
         first = next(iter(data.values()))["active"]
         batch = first.shape[1]
         size = max(1, batch // count)
-        order = torch.stack(
-            [torch.randperm(batch, generator=g, device=self.device) for g in self.generators]
-        )
+        if self.device.type == "cuda":  # random keys sorted: no host sync, graph-safe
+            order = self.noise(torch.Size((len(self.seeds), batch)), normal=False).argsort(-1)
+        else:
+            order = torch.stack(
+                [torch.randperm(batch, generator=g, device=self.device) for g in self.generators]
+            )
         for start in range(0, batch - size + 1, size):
             yield order[:, start : start + size]
 
@@ -353,8 +358,10 @@ class OnPolicyTrainer(Trainer):
     def _forward(self, pol: GroupPolicy, d: dict, take, mask):
         """Action distribution and value on the minibatch, `[S, B, n, ...]`."""
         if not self.recurrent:
-            dist, _ = pol.distribution(take(d["actor_in"]), mask)
-            value, _ = pol.value(take(d["critic_in"]))
+            actor_in = take(d["actor_in"])
+            dist, _ = pol.distribution(actor_in, mask)
+            shared = d["critic_in"] is d["actor_in"]  # one gather serves both
+            value, _ = pol.value(actor_in if shared else take(d["critic_in"]))
             return dist, value
         # Sequences [S, B, T, ...]: run the recurrent nets through time from the stored state.
         actor_in, critic_in, first = take(d["actor_in"]), take(d["critic_in"]), take(d["first"])
@@ -403,12 +410,41 @@ class OnPolicyTrainer(Trainer):
         cfg = self.cfg
         if cfg.anneal_lr:
             frac = 1.0 - self.iteration / self.total_iterations
-            self.optimizer.param_groups[0]["lr"] = cfg.lr * frac
-            self.optimizer.param_groups[1]["lr"] = (cfg.critic_lr or cfg.lr) * frac
-        rollouts, ob, dones = self.collect(env, ob)
-        losses = self.update(self.advantages(rollouts, ob, dones))
+            self._set_lr(0, cfg.lr * frac)
+            self._set_lr(1, (cfg.critic_lr or cfg.lr) * frac)
+        if self.graph is not None:  # the env's state is the graph's input: ob is not
+            ob, losses = self.graph.run(lambda: self.iterate(env, env.observe_now()))
+        else:
+            ob, losses = self.iterate(env, ob)
         self.iteration += 1
         return ob, {f"loss/{k}": v for k, v in losses.items()}
+
+    def iterate(self, env: BatchedEnv, ob: Observation):
+        """One rollout and the update from it: what a captured iteration replays."""
+        rollouts, ob, dones = self.collect(env, ob)
+        return ob, self.update(self.advantages(rollouts, ob, dones))
+
+    def _set_lr(self, index: int, value: float) -> None:
+        group = self.optimizer.param_groups[index]
+        if torch.is_tensor(group["lr"]):  # read by the captured optimiser step
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
+
+    def capture(self, env: BatchedEnv) -> str | None:
+        """Replay training iterations as a CUDA graph from the second one on (see
+        `marlctl.train.capture`); None, or why this run cannot be captured."""
+        reason = self.capture_blocker(env)
+        if reason is not None:
+            return reason
+        from marlctl.train.capture import IterationGraph
+
+        make_capturable(self.optimizer)
+        env.make_graph_safe()
+        self.graph = IterationGraph(
+            [self, self.stats, env], [*self.generators, *env.generators], [(self, "updates")]
+        )
+        return None
 
     @property
     def steps_per_iteration(self) -> int:

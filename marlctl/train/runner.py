@@ -37,6 +37,7 @@ EVAL_ENVS = 32
 LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
 PRUNED_TAG = "marlctl.pruned_at_step"
 RESUMED_TAG = "marlctl.resumed_from_step"
+COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA graph, ...
 
 
 @dataclass
@@ -98,9 +99,25 @@ def build_trainer(
         centralised=algo.centralised_critic,
         seeds=tuple(seeds),
     )
-    if spec.hardware.compile:
+    if spec.hardware.compile is True:
         trainer.compile()
     return trainer
+
+
+def capture_iterations(spec: Spec, trainer, env: BatchedEnv) -> str:
+    """Capture the trainer's iterations as a CUDA graph where `hardware.compile` asks for it
+    and the run allows it; how iterations run, as the `compile` tag says it."""
+    if spec.hardware.compile is False:
+        return "eager (hardware.compile=false)"
+    compiled = spec.hardware.compile is True
+    if trainer.device.type != "cuda":
+        return "torch.compile" if compiled else "eager"
+    if compiled and hasattr(env, "compile"):
+        env.compile()
+    reason = trainer.capture(env)
+    if reason is not None:
+        return f"torch.compile (not captured: {reason})" if compiled else f"eager ({reason})"
+    return "CUDA graph, torch.compile" if compiled else "CUDA graph"
 
 
 def make_env(
@@ -278,6 +295,10 @@ def _train(
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]
 
+    mode = capture_iterations(spec, trainer, env)
+    for request in requests:
+        client.set_tag(request.run_id, COMPILE_TAG, mode)
+
     def save() -> None:
         for index, request in enumerate(requests):
             _save_checkpoint(
@@ -303,6 +324,9 @@ def _train(
             while env_steps < plan.total_env_steps:
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
+                if trainer.graph is not None and trainer.graph.calls == 2:
+                    for sink in sinks:  # once: the capture, with the iteration it ran
+                        sink.log({"perf/capture_s": trainer.graph.capture_seconds}, env_steps)
                 stacked = torch.stack([v.float() for v in losses.values()])
                 loss_sum = stacked if loss_sum is None else loss_sum + stacked
                 loss_iterations += 1

@@ -34,6 +34,15 @@ class SeededBatch:
     device: torch.device
     dtype: torch.dtype
     generators: list[torch.Generator]
+    # The methods of a step that draw no random numbers, compiled by `compile`.
+    pure_steps: tuple[str, ...] = ()
+
+    def compile(self) -> None:
+        """torch.compile the step's methods that draw no random numbers (`pure_steps`), so
+        that their many small tensor operations run as a few fused kernels; start states
+        stay eager, each seed block drawing from its own generator."""
+        for name in self.pure_steps:
+            setattr(self, name, torch.compile(getattr(self, name), dynamic=False))
 
     def _seed_blocks(self, seeds: int) -> None:
         if self.num_envs % seeds:
@@ -99,6 +108,7 @@ class NativeEnv(SeededBatch):
 
     env_id = ""
     max_cycles = 25  # default episode length; `env.params.max_cycles` overrides it
+    pure_steps = ("observe",)
 
     def __init__(
         self,
@@ -178,6 +188,12 @@ class NativeEnv(SeededBatch):
 
     def close(self) -> None:
         pass
+
+    def make_graph_safe(self) -> None:
+        """Steps are graph-safe already: the same kernels every step, no host-side branch."""
+
+    def observe_now(self) -> Observation:
+        return self._observation()
 
     def _observation(self) -> Observation:
         obs, state, masks = self.observe()

@@ -8,7 +8,8 @@ defines observations and rewards; this module does everything the originals shar
 
 Auto-reset: when every env starts together and no scenario can end an episode early,
 all envs reach `max_cycles` on the same step, which is known on the host; other steps do
-no reset work at all. Otherwise ended envs are reset with a masked select.
+no reset work at all. Otherwise, and in graph-safe mode (`make_graph_safe`: every step
+the same kernels, for a captured CUDA graph), ended envs are reset with a masked select.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class MPEWorld(SeededBatch):
 
     env_id = ""
     can_terminate = False  # whether `terminal()` may end an episode before max_cycles
+    pure_steps = ("_physics", "observations", "rewards", "global_reward", "terminal")
     dt, damping, contact_force, contact_margin = 0.1, 0.25, 1e2, 1e-3
 
     def __init__(
@@ -93,6 +95,7 @@ class MPEWorld(SeededBatch):
         self._seed_blocks(seeds)
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._host_steps = 0
+        self.graph_safe = False
         self._no = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self._all = torch.ones(num_envs, dtype=torch.bool, device=self.device)
 
@@ -230,7 +233,7 @@ class MPEWorld(SeededBatch):
             rewards = shared * (1 - self.local_ratio) + rewards * self.local_ratio
         final = self._observe()
         per_group = {g: rewards.index_select(1, idx) for g, idx in self.group_index.items()}
-        if not self.can_terminate:  # every env is at the same step, counted on the host
+        if not (self.can_terminate or self.graph_safe):  # every env at one step, on the host
             self._host_steps += 1
             if self._host_steps < self.max_cycles:
                 return Transition(final, per_group, self._no, self._no, final)
@@ -247,6 +250,15 @@ class MPEWorld(SeededBatch):
     def close(self) -> None:
         pass
 
+    def make_graph_safe(self) -> None:
+        """Step with the same kernels every step and no host-side branch, so that steps can
+        be captured in a CUDA graph: steps are counted on the device and every step restarts
+        the envs that ended with a masked select (start states are drawn on every step, so
+        the random stream differs from the eager one's)."""
+        if not self.graph_safe:
+            self.steps.fill_(self._host_steps)
+            self.graph_safe = True
+
     # ------------------------------------------------------------ internals
 
     def _restart(self, ended: torch.Tensor) -> None:
@@ -254,8 +266,7 @@ class MPEWorld(SeededBatch):
         fresh["vel"] = torch.zeros_like(self.vel)
         fresh["comm"] = torch.zeros_like(self.comm)
         self._assign(fresh, ended)
-        if self.can_terminate:
-            self.steps = torch.where(ended, torch.zeros_like(self.steps), self.steps)
+        self.steps = torch.where(ended, torch.zeros_like(self.steps), self.steps)
 
     def _decode(self, actions: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Group actions -> physical force u [E, n_agents, 2] and utterance c [E, n, dim_c].

@@ -1,0 +1,295 @@
+"""Benchmark: marlctl on one GPU, eager and captured as CUDA graphs, beside JaxMARL.
+
+Measures on the first CUDA device, in one run:
+1. env-only native simple_spread (N=3), random actions drawn on the device each step:
+   eager and captured (`marlctl bench --env-only`), and JaxMARL's `MPE_simple_spread_v3`
+   stepped in a jitted scan (`bench/gpu_jaxmarl.py --work env_only`);
+2. IPPO with JaxMARL's hyperparameters (its `baselines/IPPO/ippo_ff_mpe.py`, translated
+   field by field in `JAXMARL_IPPO`): eager and captured (`marlctl bench`), and JaxMARL's
+   own (`bench/gpu_jaxmarl.py --work ippo`), whose compile time is reported apart;
+3. the replay-based algorithms at 1,024 envs with the reproduction benchmark's
+   update-to-data ratio (`bench/algorithms.py`: 2 gradient steps per 32 env steps);
+4. `marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
+   hardware.num_envs=4096`: seconds from the command's start to the first evaluation at
+   -15 or better.
+Writes `bench/results/gpu.md` and `bench/results/gpu.jsonl`. JaxMARL's rows need `jax` and
+the `jaxmarl` package importable (see `bench/gpu_jaxmarl.py`); without them they are left
+out and the table says so.
+
+    python bench/gpu.py                       # about 8 minutes on an H100
+    python bench/gpu.py --sections env ippo   # a part
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from pettingzoo_mappo import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
+OUT = ROOT / "bench" / "results" / "gpu.md"
+JSONL = ROOT / "bench" / "results" / "gpu.jsonl"
+WORKDIR = ROOT / "bench" / "runs"
+SIZES = (1024, 4096, 65536)
+# JaxMARL's ippo_ff_mpe.yaml in marlctl's terms: 64x64 separate actor and critic as the
+# preset's model, without the input LayerNorm JaxMARL's networks do not have; the env is
+# simple_spread with 25-step episodes (JaxMARL's run 26 steps).
+JAXMARL_IPPO = (
+    "algos=ippo", "algo.rollout_steps=128", "algo.epochs=4", "algo.minibatches=4",
+    "algo.lr=2.5e-4", "algo.anneal_lr=true", "algo.max_grad_norm=0.5", "algo.value_coef=0.5",
+    "algo.entropy_coef=0.01", "algo.clip=0.2", "algo.gamma=0.99", "algo.gae_lambda=0.95",
+    "algo.huber_delta=null", "algo.value_norm=false", "model.activation=tanh",
+    "model.layer_norm=false",
+)  # fmt: skip
+OFF_POLICY = ("qmix", "vdn", "iql", "maddpg", "matd3", "masac")
+
+
+def marlctl(*args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "marlctl", *args, "--json"],
+        cwd=WORKDIR,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout).strip()[-2000:]}
+    return json.loads(done.stdout)
+
+
+def jaxmarl(work: str, sizes: tuple[int, ...]) -> list[dict]:
+    args = ["--work", work, "--num-envs", *map(str, sizes), "--repeats", "3"]
+    args += ["--updates", "10"] if work == "ippo" else ["--env-steps", "128"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_jaxmarl.py"), *args],
+        capture_output=True,
+        text=True,
+    )
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        return [{"impl": "jaxmarl", "work": work, "error": done.stderr.strip()[-2000:]}]
+    return rows
+
+
+def points(data: dict, kind: str) -> dict[tuple[int, str], dict]:
+    return {(p["num_envs"], p["mode"]): p for p in data.get("points", []) if p["kind"] == kind}
+
+
+def merged(results: dict, key: str, kind: str) -> dict[tuple[int, str], dict]:
+    """Points of the eager-and-graph bench and of the compiled one (its eager points are a
+    second measurement of the first's; the first's are kept)."""
+    return points(results.get(f"{key}_compiled", {}), kind) | points(results[key], kind)
+
+
+def first_eval_under(limit: float = -15.0) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    start = time.time()
+    summary = marlctl("run", str(SPEC), "hardware.device=cuda", "hardware.num_envs=4096")
+    if "error" in summary:
+        return summary
+    run_id = summary["runs"][0]["run_id"]
+    client = MlflowClient(summary["tracking_uri"])
+    history = sorted(client.get_metric_history(run_id, "eval/return_mean"), key=lambda m: m.step)
+    tags = client.get_run(run_id).data.tags
+    first = next((m for m in history if m.value >= limit), None)
+    return {
+        "run_id": run_id,
+        "compile": tags.get("marlctl.compile"),
+        "evals": [
+            (m.step, round(m.value, 2), round(m.timestamp / 1000 - start, 1)) for m in history
+        ],
+        "first": None if first is None else (first.step, first.timestamp / 1000 - start),
+        "wall_s": time.time() - start,
+    }
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def rate(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value / 1e6:,.2f}M" if value >= 1e6 else f"{value / 1e3:,.1f}k"
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    return "—" if not ours or not theirs else f"{ours / theirs:.2f}"
+
+
+GRAPH, COMPILED = "CUDA graph", "CUDA graph, torch.compile"
+
+
+def compare(ours: dict, theirs: list[dict], sizes) -> list[list[str]]:
+    peer = {r["num_envs"]: r for r in theirs if "env_steps_per_s" in r}
+    rows = []
+    for n in sizes:
+        eager, graph, both = (ours.get((n, mode), {}) for mode in ("eager", GRAPH, COMPILED))
+        jax = peer.get(n, {}).get("env_steps_per_s")
+        rows.append(
+            [
+                f"{n:,}",
+                rate(eager.get("env_steps_per_s")),
+                rate(graph.get("env_steps_per_s")),
+                f"{graph['compile_s']:.1f}" if graph else "—",
+                rate(both.get("env_steps_per_s")),
+                f"{both['compile_s']:.1f}" if both else "—",
+                rate(jax),
+                f"{peer[n]['compile_s']:.1f}" if n in peer else "—",
+                " / ".join(ratio(p.get("env_steps_per_s"), jax) for p in (eager, graph, both)),
+            ]
+        )
+    return rows
+
+
+HEADER = [
+    "num_envs", "marlctl eager", "CUDA graph", "its capture s", "CUDA graph + torch.compile",
+    "its compile s", "JaxMARL", "JaxMARL compile s", "× JaxMARL (eager / graph / + compile)",
+]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="+", default=["env", "ippo", "offpolicy", "first_eval"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
+    parser.add_argument("--seconds", default="3")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other sections of the last record in gpu.jsonl (same machine)",
+    )
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/gpu.py needs a CUDA device")
+    WORKDIR.mkdir(parents=True, exist_ok=True)
+    sizes = tuple(args.sizes)
+    listed = ",".join(map(str, sizes))
+    results: dict = {"machine": machine("cuda"), "date": date.today().isoformat()}
+    if args.merge and JSONL.exists():
+        last = json.loads(JSONL.read_text().splitlines()[-1])
+        if last["machine"] == results["machine"]:
+            results = last | {"date": results["date"]}
+    cuda = "hardware.device=cuda"
+    timing = ("--num-envs", listed, "--seconds", args.seconds, cuda)
+    compiled = "hardware.compile=true"
+    if "env" in args.sections:
+        results["env"] = marlctl("bench", str(SPEC), "--env-only", *timing)
+        results["env_compiled"] = marlctl("bench", str(SPEC), "--env-only", *timing, compiled)
+        results["env_jaxmarl"] = jaxmarl("env_only", sizes)
+    if "ippo" in args.sections:
+        results["ippo"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing)
+        results["ippo_compiled"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing, compiled)
+        results["ippo_jaxmarl"] = jaxmarl("ippo", sizes)
+    if "offpolicy" in args.sections:
+        # The reproduction benchmark's ratio: 2 gradient steps of 256 per 32 env steps.
+        results["offpolicy"] = {
+            algo: marlctl(
+                "bench",
+                str(SPEC),
+                f"algos={algo}",
+                "~algo.epochs",
+                "~algo.minibatches",
+                "~algo.lr",
+                "~model.activation",
+                "algo.batch_size=256",
+                "algo.updates=64",
+                "algo.gamma=0.9",
+                "--num-envs",
+                "1024",
+                "--seconds",
+                args.seconds,
+                cuda,
+            )  # fmt: skip
+            for algo in OFF_POLICY
+        }
+    if "first_eval" in args.sections:
+        results["first_eval"] = first_eval_under()
+    with JSONL.open("a") as sink:
+        sink.write(json.dumps(results) + "\n")
+    write_table(results, sizes)
+    print(OUT.read_text())
+
+
+def write_table(results: dict, sizes: tuple[int, ...]) -> None:
+    lines = [
+        "# marlctl on one GPU, beside JaxMARL",
+        "",
+        f"Measured {results['date']} with `python bench/gpu.py` on {results['machine']}.",
+        "",
+        "Env steps per second (one env step = every agent acts once), after warm-up; "
+        "'capture s' is the one-off time to capture the CUDA graph, JaxMARL's compile time "
+        "is its `jit` compilation, both outside the throughput. Raw numbers: "
+        "`bench/results/gpu.jsonl`.",
+        "",
+    ]
+    if "env" in results:
+        lines += [
+            "## Env only: simple_spread (N=3), random actions drawn on the device",
+            "",
+            *table(compare(merged(results, "env", "env"), results["env_jaxmarl"], sizes), HEADER),
+            "",
+        ]
+    if "ippo" in results:
+        settings = " ".join(JAXMARL_IPPO)
+        lines += [
+            "## IPPO with JaxMARL's hyperparameters (its `ippo_ff_mpe.py`)",
+            "",
+            f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
+            "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call.",
+            "",
+            *table(
+                compare(merged(results, "ippo", "train"), results["ippo_jaxmarl"], sizes), HEADER
+            ),  # fmt: skip
+            "",
+        ]
+    if "offpolicy" in results:
+        rows = []
+        for algo, data in results["offpolicy"].items():
+            train = points(data, "train")
+            eager, graph = train.get((1024, "eager"), {}), train.get((1024, "CUDA graph"), {})
+            rows.append(
+                [algo, rate(eager.get("env_steps_per_s")), rate(graph.get("env_steps_per_s"))]
+            )
+        lines += [
+            "## Replay-based algorithms, 1,024 envs, 64 gradient steps of 256 per iteration",
+            "",
+            "The reproduction benchmark's update-to-data ratio (2 gradient steps per 32 env "
+            "steps); '—' = not captured yet.",
+            "",
+            *table(rows, ["algorithm", "eager", "CUDA graph"]),
+            "",
+        ]
+    if "first_eval" in results:
+        first = results["first_eval"]
+        if "error" in first:
+            text = f"failed: {first['error'][-300:]}"
+        elif first["first"] is None:
+            text = f"no evaluation reached -15 (evaluations: {first['evals']})"
+        else:
+            step, seconds = first["first"]
+            text = (
+                f"{seconds:.1f} s after the command started, at {step:,} env steps "
+                f"(iterations: {first['compile']}; step, return, seconds: {first['evals']})"
+            )
+        lines += [
+            "## Time to a good policy",
+            "",
+            "`marlctl run specs/spread_mappo_native.yaml hardware.device=cuda "
+            f"hardware.num_envs=4096`: first evaluation at -15 or better {text}.",
+            "",
+        ]
+    OUT.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Training iterations captured as CUDA graphs (`hardware.compile`), and what stays eager.
+
+The CUDA tests run where a GPU is present; on a machine without one they are skipped, and
+the tests of what a CPU run does instead still run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_native_training import native_spec, no_host_sync
+from test_training import client, random_policy_return, run_json, write_spec
+
+from marlctl.spec.models import Spec
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **sections):
+    from marlctl.envs.native import native_class
+    from marlctl.train.runner import build_trainer
+
+    body = {
+        "env": {"id": env_id, "backend": "native", **sections.get("env", {})},
+        "algo": {"name": name, "rollout_steps": 8, "epochs": 2, "minibatches": 2}
+        | sections.get("algo", {}),
+        "model": sections.get("model", {}),
+        "hardware": {"device": "cuda"},
+    }
+    spec = Spec.model_validate(body)
+    device = torch.device("cuda")
+    params = dict(spec.env.params)
+    env = native_class(env_id)(params, num_envs * len(seeds), device, seeds=len(seeds))
+    trainer = build_trainer(spec, env.info, num_envs, device, 100, seeds)
+    return trainer, env
+
+
+CASES = {
+    "mappo-spread-2-seeds": ("mappo", "mpe/simple_spread", (0, 1), {}),
+    "ippo-recurrent": ("ippo", "mpe/simple_spread", (3,), {"model": {"recurrent": "gru"}}),
+    "mappo-continuous": (
+        "mappo",
+        "mpe/simple_spread",
+        (0,),
+        {"env": {"params": {"continuous_actions": True}}},
+    ),
+    "mappo-speaker-listener": ("mappo", "mpe/simple_speaker_listener", (5, 6), {}),
+    "a2c-climbing": ("mappo", "matrix/climbing", (0,), {"algo": {"epochs": 1, "minibatches": 1}}),
+}
+
+
+@cuda
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
+    """Same seeds, same graph-safe env: the replayed graph and the eager code give the same
+    parameters and losses, iteration after iteration (the optimiser's captured form may
+    round differently in the last bits)."""
+    algo, env_id, seeds, sections = CASES[case]
+    runs = []
+    for graph in (False, True):
+        trainer, env = _trainer(algo, env_id, 32, seeds, **sections)
+        if graph:
+            assert trainer.capture(env) is None
+        else:
+            env.make_graph_safe()
+        ob = env.reset(list(seeds) if len(seeds) > 1 else seeds[0])
+        losses = []
+        for _ in range(5):
+            ob, loss = trainer.train_iteration(env, ob)
+            losses.append({k: v.clone() for k, v in loss.items()})
+        torch.cuda.synchronize()
+        params = torch.cat([p.detach().flatten() for p in trainer.policies.parameters()])
+        runs.append((params, losses, trainer.updates, trainer.stats.take()))
+    (eager, eager_losses, eager_updates, _), (graph, graph_losses, graph_updates, _) = runs
+    assert graph_updates == eager_updates
+    assert torch.allclose(graph, eager, rtol=1e-4, atol=1e-5), (graph - eager).abs().max()
+    for a, b in zip(eager_losses, graph_losses, strict=True):
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), (key, a[key], b[key])
+
+
+@cuda
+def test_replays_never_sync_with_the_host():
+    trainer, env = _trainer("mappo", "mpe/simple_spread", 64, (0, 1))
+    assert trainer.capture(env) is None
+    ob = env.reset([0, 1])
+    for _ in range(2):  # eager, then captured
+        ob, _ = trainer.train_iteration(env, ob)
+    torch.cuda.synchronize()
+    with no_host_sync():
+        for _ in range(3):
+            ob, _ = trainer.train_iteration(env, ob)
+
+
+@cuda
+def test_a_captured_run_learns_and_reports_its_capture(tmp_path):
+    body = native_spec(tmp_path, hardware={"device": "cuda", "num_envs": 256})
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    (run,) = out["runs"]
+    assert run["final_return"] > random_policy_return({"N": 2, "max_cycles": 10}) + 0.6, run
+    data = client().get_run(run["run_id"]).data
+    assert data.tags["marlctl.compile"] == "CUDA graph"
+    assert 0 < data.metrics["perf/capture_s"] < 60
+
+
+@cuda
+def test_bench_on_a_fresh_cuda_process_compares_eager_and_graph(tmp_path):
+    spec = write_spec(tmp_path, native_spec(tmp_path, hardware={"device": "cuda"}))
+    data = run_json("bench", str(spec), "--num-envs", "64", "--seconds", "0.2")
+    assert data["exit_code"] == 0, data
+    modes = {(p["kind"], p["mode"]) for p in data["points"]}
+    assert modes == {(k, m) for k in ("env", "train") for m in ("eager", "CUDA graph")}
+    assert all(p["compile_s"] > 0 for p in data["points"] if p["mode"] == "CUDA graph")
+
+
+def test_on_a_cpu_iterations_run_eagerly_and_say_so(tmp_path):
+    body = native_spec(tmp_path)
+    body["train"] = {"total_env_steps": 2_560, "eval_every": 0, "eval_episodes": 4}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    data = client().get_run(out["runs"][0]["run_id"]).data
+    assert data.tags["marlctl.compile"] == "eager"
+    assert "perf/capture_s" not in data.metrics
+
+
+def test_why_a_run_is_not_captured():
+    from marlctl.envs.native import native_class
+    from marlctl.train.ppo import PPOTrainer
+
+    spec = Spec.model_validate({"env": {"id": "mpe/simple_spread"}, "algo": {"name": "mappo"}})
+    env = native_class("mpe/simple_spread")({}, 4, "cpu")
+    trainer = PPOTrainer(spec.algo, spec.model, env.info, 4, "cpu", 10, True)
+    assert trainer.capture(env) == "CUDA graphs need a CUDA device"
+    assert trainer.graph is None
+
+
+def test_compile_takes_auto_true_or_false():
+    from pydantic import ValidationError
+
+    from marlctl.spec.models import HardwareSpec
+
+    assert HardwareSpec().compile == "auto"
+    for value in ("auto", True, False):
+        assert HardwareSpec(compile=value).compile == value
+    with pytest.raises(ValidationError):
+        HardwareSpec(compile="maybe")
+
+
+def test_a_checkpoint_of_a_captured_optimiser_loads_anywhere():
+    """A captured optimiser keeps its learning rate in a tensor: the saved state has a float,
+    and an eager optimiser on the CPU loads it and steps."""
+    from marlctl.train.base import portable
+
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([param], lr=0.1)
+    param.grad = torch.ones(3)
+    optimizer.step()
+    optimizer.param_groups[0]["lr"] = torch.tensor(0.05)
+    optimizer.param_groups[0]["capturable"] = True
+    saved = portable(optimizer.state_dict())
+    assert saved["param_groups"][0]["lr"] == pytest.approx(0.05)
+    assert saved["param_groups"][0]["capturable"] is False
+    other = torch.nn.Parameter(torch.ones(3))
+    fresh = torch.optim.Adam([other], lr=1.0)
+    fresh.load_state_dict(saved)
+    other.grad = torch.ones(3)
+    fresh.step()
+    assert fresh.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert torch.all(other < 1.0)
+
+
+@cuda
+@pytest.mark.parametrize(
+    "env_id", ["mpe/simple_spread", "mpe/simple_world_comm", "matrix/climbing"]
+)
+def test_a_compiled_env_steps_like_the_eager_one(env_id):
+    """`hardware.compile=true` compiles the env's random-free step methods: same seed, same
+    actions, the same observations and rewards (to float rounding)."""
+    from marlctl.bench import _random_actions
+    from marlctl.envs.native import native_class
+
+    device = torch.device("cuda")
+    envs = [native_class(env_id)({}, 64, device) for _ in range(2)]
+    envs[1].compile()
+    obs = []
+    for env in envs:
+        env.make_graph_safe()
+        env.reset(7)
+    torch.manual_seed(0)
+    for _ in range(30):
+        actions = _random_actions(envs[0].info, 64, device)
+        steps = [env.step(actions) for env in envs]
+        for name in steps[0].rewards:
+            a, b = (s.rewards[name] for s in steps)
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (name, (a - b).abs().max())
+        obs.append([s.next.state for s in steps])
+    for a, b in obs:
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
