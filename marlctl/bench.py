@@ -5,9 +5,10 @@ and threads, for a fixed wall-clock budget per point after a warm-up. A point wh
 call (an env step, a training iteration) takes longer than the budget is measured on one
 call, and the larger sizes after it are skipped: each would take longer still.
 
-On a GPU, unless `hardware.compile=false`, every point is measured twice: eager, and with
-the call captured as a CUDA graph (`marlctl.train.capture`), whose capture time is
-reported apart from the throughput.
+On a GPU, unless `hardware.compile=false`, every point is measured twice: as the call runs
+without capture, and captured as a CUDA graph (`marlctl.train.capture`). With
+`hardware.compile=true` the networks and the env's step are compiled in both. The time spent
+compiling and capturing is reported apart from the throughput.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Point:
     seconds: float
     seeds: int = 1  # trained as one batch (`hardware.batch_seeds`)
     slow: bool = False  # one call took longer than the budget: larger sizes were skipped
-    mode: str = "eager"  # or "CUDA graph" (", torch.compile" with hardware.compile=true)
+    mode: str = "eager"  # "torch.compile", "CUDA graph", "CUDA graph, torch.compile"
     compile_s: float = 0.0  # compiling and capturing, not counted in `seconds`
 
     @property
@@ -146,14 +147,14 @@ def _env_point(
         def step():
             return env.step(_random_actions(info, num_envs, device))
 
+        if spec.hardware.compile is True and hasattr(env, "compile"):
+            env.compile()
         captured = None
         if graph:
             if not hasattr(env, "make_graph_safe"):
                 return None
             from marlctl.train.capture import IterationGraph
 
-            if spec.hardware.compile is True:
-                env.compile()
             env.make_graph_safe()
             captured = IterationGraph([env], list(env.generators), [])
             eager_step = step
@@ -166,7 +167,7 @@ def _env_point(
         env.close()
     rate = steps * num_envs / elapsed
     mode = _mode(spec, graph)
-    compile_s = _compile_seconds(warm, 3, steps, elapsed) if captured else 0.0
+    compile_s = _compile_seconds(warm, 3, steps, elapsed) if mode != "eager" else 0.0
     return Point(
         "env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, 1, slow, mode,
         compile_s,
@@ -184,11 +185,10 @@ def _train_point(
         spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
     )
     try:
-        if graph:
-            if spec.hardware.compile is True and hasattr(env, "compile"):
-                env.compile()
-            if trainer.capture(env) is not None:
-                return None
+        if spec.hardware.compile is True and hasattr(env, "compile"):
+            env.compile()
+        if graph and trainer.capture(env) is not None:
+            return None
         state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}
 
         def iteration() -> None:
@@ -202,7 +202,7 @@ def _train_point(
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
     mode = _mode(spec, graph)
-    compile_s = _compile_seconds(warm, warmup, iters, elapsed) if graph else 0.0
+    compile_s = _compile_seconds(warm, warmup, iters, elapsed) if mode != "eager" else 0.0
     return Point(
         "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
         slow, mode, compile_s,
@@ -210,8 +210,11 @@ def _train_point(
 
 
 def _mode(spec, graph: bool) -> str:
-    compiled = ", torch.compile" if spec.hardware.compile is True else ""
-    return f"CUDA graph{compiled}" if graph else "eager"
+    """How a point ran: eager, "torch.compile" (hardware.compile=true), "CUDA graph", or both."""
+    compiled = spec.hardware.compile is True
+    if graph:
+        return "CUDA graph, torch.compile" if compiled else "CUDA graph"
+    return "torch.compile" if compiled else "eager"
 
 
 def _timed(

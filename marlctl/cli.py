@@ -834,7 +834,7 @@ def bench(
         table = Table(
             *columns,
             *(["seeds", "env steps/s per seed"] if batched else []),
-            *(["mode", "capture s"] if graphs else []),
+            *(["mode", "compile s"] if graphs else []),
         )
         for p in result.points:
             extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []

@@ -110,10 +110,10 @@ def capture_iterations(spec: Spec, trainer, env: BatchedEnv) -> str:
     if spec.hardware.compile is False:
         return "eager (hardware.compile=false)"
     compiled = spec.hardware.compile is True
-    if trainer.device.type != "cuda":
-        return "torch.compile" if compiled else "eager"
     if compiled and hasattr(env, "compile"):
         env.compile()
+    if trainer.device.type != "cuda":
+        return "torch.compile" if compiled else "eager"
     reason = trainer.capture(env)
     if reason is not None:
         return f"torch.compile (not captured: {reason})" if compiled else f"eager ({reason})"
