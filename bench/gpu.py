@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--sections", nargs="+", default=["env", "ippo", "offpolicy", "first_eval"])
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--seconds", default="3")
+    parser.add_argument("--offpolicy-algos", nargs="+", default=list(OFF_POLICY))
     parser.add_argument(
         "--merge",
         action="store_true",
@@ -192,7 +193,7 @@ def main() -> None:
         results["ippo_jaxmarl"] = jaxmarl("ippo", sizes)
     if "offpolicy" in args.sections:
         # The reproduction benchmark's ratio: 2 gradient steps of 256 per 32 env steps.
-        results["offpolicy"] = {
+        results["offpolicy"] = results.get("offpolicy", {}) | {
             algo: marlctl(
                 "bench",
                 str(SPEC),
@@ -210,7 +211,7 @@ def main() -> None:
                 args.seconds,
                 cuda,
             )  # fmt: skip
-            for algo in OFF_POLICY
+            for algo in args.offpolicy_algos
         }
     if "first_eval" in args.sections:
         results["first_eval"] = first_eval_under()

@@ -187,6 +187,8 @@ def _train_point(
     try:
         if spec.hardware.compile is True and hasattr(env, "compile"):
             env.compile()
+        if graph and not (spec.hardware.compile is True or trainer.captured_by_default):
+            return None
         if graph and trainer.capture(env) is not None:
             return None
         state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}

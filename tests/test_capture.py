@@ -17,13 +17,17 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **sections):
+    from marlctl.algos import registered_algos
     from marlctl.envs.native import native_class
     from marlctl.train.runner import build_trainer
 
+    if registered_algos()[name].on_policy:
+        algo = {"rollout_steps": 8, "epochs": 2, "minibatches": 2}
+    else:  # gradient steps from the third iteration on
+        algo = {"batch_size": 32, "learning_starts": 64, "updates": 2}
     body = {
         "env": {"id": env_id, "backend": "native", **sections.get("env", {})},
-        "algo": {"name": name, "rollout_steps": 8, "epochs": 2, "minibatches": 2}
-        | sections.get("algo", {}),
+        "algo": {"name": name, **algo, **sections.get("algo", {})},
         "model": sections.get("model", {}),
         "hardware": {"device": "cuda"},
     }
@@ -46,6 +50,22 @@ CASES = {
     ),
     "mappo-speaker-listener": ("mappo", "mpe/simple_speaker_listener", (5, 6), {}),
     "a2c-climbing": ("mappo", "matrix/climbing", (0,), {"algo": {"epochs": 1, "minibatches": 1}}),
+    # Replay-based: hard target copies every 3 gradient steps, so replays cross several.
+    "qmix-2-seeds": ("qmix", "mpe/simple_spread", (0, 1), {"algo": {"target_update_every": 3}}),
+    "vdn-recurrent": (
+        "vdn",
+        "mpe/simple_spread",
+        (2,),
+        {"model": {"recurrent": "gru"}, "algo": {"sequence_length": 4, "batch_size": 8}},
+    ),
+    "maddpg-speaker-listener": ("maddpg", "mpe/simple_speaker_listener", (0, 1), {}),
+    "matd3-continuous": (
+        "matd3",
+        "mpe/simple_spread",
+        (4,),
+        {"env": {"params": {"continuous_actions": True}}},
+    ),
+    "masac": ("masac", "mpe/simple_spread", (0,), {}),
 }
 
 
@@ -65,7 +85,7 @@ def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
             env.make_graph_safe()
         ob = env.reset(list(seeds) if len(seeds) > 1 else seeds[0])
         losses = []
-        for _ in range(5):
+        for _ in range(8):
             ob, loss = trainer.train_iteration(env, ob)
             losses.append({k: v.clone() for k, v in loss.items()})
         torch.cuda.synchronize()
@@ -80,11 +100,12 @@ def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
 
 
 @cuda
-def test_replays_never_sync_with_the_host():
-    trainer, env = _trainer("mappo", "mpe/simple_spread", 64, (0, 1))
+@pytest.mark.parametrize("algo", ["mappo", "qmix", "maddpg", "masac"])
+def test_replays_never_sync_with_the_host(algo):
+    trainer, env = _trainer(algo, "mpe/simple_spread", 64, (0, 1))
     assert trainer.capture(env) is None
     ob = env.reset([0, 1])
-    for _ in range(2):  # eager, then captured
+    for _ in range(3):  # eager, then captured (replay-based: once gradient steps begin)
         ob, _ = trainer.train_iteration(env, ob)
     torch.cuda.synchronize()
     with no_host_sync():
@@ -102,6 +123,18 @@ def test_a_captured_run_learns_and_reports_its_capture(tmp_path):
     data = client().get_run(run["run_id"]).data
     assert data.tags["marlctl.compile"] == "CUDA graph"
     assert 0 < data.metrics["perf/capture_s"] < 60
+
+
+@cuda
+def test_a_captured_replay_based_run_finishes_and_says_so(tmp_path):
+    body = native_spec(tmp_path, hardware={"device": "cuda", "num_envs": 64, "compile": True})
+    body["algo"] = {"name": "qmix", "learning_starts": 256, "batch_size": 64}
+    body["train"] = {"total_env_steps": 20_000, "eval_every": 10_000, "eval_episodes": 16}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    data = client().get_run(out["runs"][0]["run_id"]).data
+    assert data.tags["marlctl.compile"] == "CUDA graph, torch.compile"
+    assert data.metrics["perf/capture_s"] > 0
 
 
 @cuda
@@ -197,3 +230,56 @@ def test_a_compiled_env_steps_like_the_eager_one(env_id):
         obs.append([s.next.state for s in steps])
     for a, b in obs:
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_replay_counters_on_the_device_add_and_sample_as_the_host_ones_do(length):
+    """A GPU's replay buffer keeps its write position and fill level on the device, where a
+    captured graph reads them; the same bookkeeping, run on the CPU here."""
+    from marlctl.train.replay import Field, ReplayBuffer
+
+    def make(on_device: bool) -> ReplayBuffer:
+        generators = [torch.Generator().manual_seed(seed) for seed in (0, 1)]
+        fields = {"t": Field((), torch.long)}
+        return ReplayBuffer(fields, 2, 3, 12, "cpu", generators, counters_on_device=on_device)
+
+    host, device = make(False), make(True)  # a ring of 4 steps of 3 envs, per seed
+    for step in range(10):
+        for buffer in (host, device):
+            buffer.add(t=torch.full((2, 3), step))
+        assert host.head == device.head == int(device._head_t)
+        if step + 1 < length:
+            continue
+        stored = range(max(0, step - 3), step + 1)
+        for buffer in (host, device):
+            t = buffer.sample(512, length)["t"]  # [S, L, B]
+            assert ((t[:, 1:] - t[:, :-1]) == 1).all()  # consecutive steps, never across the head
+            starts = set(t[:, 0].unique().tolist())
+            assert starts == set(stored[: len(stored) - length + 1]), (step, starts)
+    restored = make(True)
+    restored.load_state_dicts([device.state_dict()])
+    assert restored.head == int(restored._head_t) and restored.written == device.written
+    assert set(restored.sample(512, length)["t"][:, 0].unique().tolist()) == set(
+        range(6, 10 - length + 1)
+    )
+
+
+@cuda
+def test_a_capture_that_fails_runs_eagerly_and_says_why():
+    from types import SimpleNamespace
+
+    from marlctl.train.capture import IterationGraph
+
+    state = SimpleNamespace(x=torch.zeros(3, device="cuda"), count=0)
+
+    def step() -> torch.Tensor:
+        state.count += 1
+        state.x = state.x + 1
+        if state.x.sum().item() < 0:  # reads a value back: CUDA graphs cannot capture it
+            state.x.zero_()
+        return state.x
+
+    graph = IterationGraph([state], [], [(state, "count")])
+    values = [graph.run(step)[0].item() for _ in range(4)]
+    assert graph.failed and graph.graph is None
+    assert values == [1.0, 2.0, 3.0, 4.0] and state.count == 4

@@ -27,6 +27,7 @@ torch.distributions.Distribution.set_default_validate_args(False)
 class Trainer:
     policies: nn.ModuleDict
     optimizers: dict[str, torch.optim.Optimizer]
+    captured_by_default = True  # under `hardware.compile: auto` on a GPU
 
     def __init__(
         self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]
@@ -291,13 +292,13 @@ def clip_grad_norm_per_seed(
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
     """Let a CUDA graph capture `optimizer`'s steps: step counts on the device, and learning
-    rates in device tensors (set with `fill_`), which a replay reads. Fused optimisers are
-    capturable as they are."""
+    rates in device tensors (set with `fill_`), which a replay reads; a fused optimiser keeps
+    its learning rate, which a replay repeats."""
     for group in optimizer.param_groups:
-        if group.get("fused"):
+        group["capturable"] = True
+        if group.get("fused"):  # its step count is on the device already; a constant rate
             continue
         device = group["params"][0].device
-        group["capturable"] = True
         group["lr"] = torch.tensor(float(group["lr"]), device=device)
         for p in group["params"]:
             state = optimizer.state.get(p, {})

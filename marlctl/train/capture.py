@@ -19,7 +19,9 @@ launch gaps and no host involvement. What a capture needs, and how it is met:
 
 The first iteration runs eagerly on a side stream (it initialises cuBLAS, autograd and the
 optimiser state); the second is captured, then replayed; every later one is a replay. The
-outputs of `run` are the graph's own tensors: they hold until the next replay.
+outputs of `run` are the graph's own tensors: they hold until the next replay. A capture
+that fails (an operation CUDA graphs do not allow) runs nothing: the host state is put
+back, the iteration and every later one run eagerly, and `failed` says why.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class IterationGraph:
         self.outputs: Any = None
         self.calls = 0
         self.capture_seconds = 0.0  # wall-clock of the capture itself
+        self.failed: str | None = None  # why the capture failed: iterations then run eagerly
         self._advance: list[int] = []
 
     def run(self, fn: Callable[[], Any]) -> Any:
@@ -103,7 +106,7 @@ class IterationGraph:
                 setattr(owner, name, getattr(owner, name) + step)
             self.graph.replay()
             return self.outputs
-        if self.calls == 1:
+        if self.calls == 1 or self.failed:
             return self._warm_up(fn)
         return self._capture(fn)
 
@@ -139,9 +142,16 @@ class IterationGraph:
         try:
             with torch.cuda.graph(graph):
                 outputs = body()
-        finally:
-            for slot, old in before.items():  # the persistent tensors, captured or not
+        except Exception as error:  # nothing ran: put the host state back, go on eagerly
+            self.failed = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            for (owner, name), count in zip(self.counters, counts, strict=True):
+                setattr(owner, name, count)
+            for slot, old in before.items():
                 _set(slot, old)
+            torch.cuda.synchronize()
+            return self._warm_up(fn)
+        for slot, old in before.items():  # the persistent tensors, which the graph updates
+            _set(slot, old)
         self._advance = [
             getattr(owner, name) - count
             for (owner, name), count in zip(self.counters, counts, strict=True)

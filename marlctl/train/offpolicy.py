@@ -18,13 +18,16 @@ from marlctl.algos.offpolicy import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import Trainer, next_observation
+from marlctl.train.base import Trainer, make_capturable, next_observation
 from marlctl.train.core import RunningMeanStd, per_seed
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
 
 class OffPolicyTrainer(Trainer):
     loss_keys: tuple[str, ...] = ()
+    # Captured with `hardware.compile: true` only, until the replay-based capture has been
+    # checked against eager iterations on a GPU (tests/test_capture.py).
+    captured_by_default = False
 
     def __init__(
         self,
@@ -99,6 +102,8 @@ class OffPolicyTrainer(Trainer):
         buffer.add(**step, **extra)
         self._first = done
         self.env_steps += self.num_envs
+        if self.graph is not None:
+            self._env_steps_t += self.num_envs
         return tr.next
 
     # ------------------------------------------------------------ one iteration
@@ -126,33 +131,79 @@ class OffPolicyTrainer(Trainer):
         """After a gradient step: Polyak-average each (target, online) pair, or copy the
         online weights every `target_update_every` steps."""
         every = self.cfg.target_update_every
-        if every and (self.updates + 1) % every:
+        if every and (self.updates + 1) % every and self.graph is None:
             return
         lists = [self._parameter_lists(target, online) for target, online in pairs]
         targets = [t for pair in lists for t in pair[0]]
         sources = [p for pair in lists for p in pair[1]]
         with torch.no_grad():
-            if every:
+            if every and self.graph is not None:
+                # A replayed graph repeats what it captured: every step moves the targets by 0,
+                # or by all the way where the device-side step count says a copy is due.
+                due = ((self._target_steps_t + 1) % every == 0).to(targets[0].dtype)
+                torch._foreach_lerp_(targets, sources, [due] * len(targets))
+                self._target_steps_t += 1
+            elif every:
                 torch._foreach_copy_(targets, sources)
             else:
                 torch._foreach_lerp_(targets, sources, self.cfg.tau)
 
+    def ready(self) -> bool:
+        """Enough transitions are stored for the gradient steps to begin."""
+        buffer = self.buffer
+        if buffer is None or len(buffer) < max(self.cfg.learning_starts, self.cfg.batch_size):
+            return False
+        return buffer.written >= self.sequence_length
+
     def train_iteration(self, env: BatchedEnv, ob: Observation):
+        # Captured from the first iterations with gradient steps on: from then on the same
+        # kernels run each iteration.
+        if self.graph is not None and self.ready():
+            ob, totals = self.graph.run(lambda: self.iterate(env, env.observe_now()))
+        else:
+            ob, totals = self.iterate(env, ob)
+        self.iteration += 1
+        return ob, {f"loss/{k}": v for k, v in totals.items()} | self.schedules()
+
+    def iterate(self, env: BatchedEnv, ob: Observation):
+        """`rollout_steps` env steps, then `updates` gradient steps once `ready`."""
         for _ in range(self.cfg.rollout_steps):
             ob = self.collect_step(env, ob)
-        S = len(self.seeds)
-        buffer = self.buffer
-        ready = len(buffer) >= max(self.cfg.learning_starts, self.cfg.batch_size)
-        ready = ready and buffer.written >= self.sequence_length
-        totals = {k: torch.zeros(S, device=self.device) for k in self.loss_keys}
-        if ready:
+        totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
+        if self.ready():
             for _ in range(self.cfg.updates):
-                losses = self.update(buffer.sample(self.cfg.batch_size, self.sequence_length))
+                batch = self.buffer.sample(self.cfg.batch_size, self.sequence_length)
+                losses = self.update(batch)
                 self.after_update()
                 for key, value in losses.items():
                     totals[key] += value.detach() / self.cfg.updates
-        self.iteration += 1
-        return ob, {f"loss/{k}": v for k, v in totals.items()} | self.schedules()
+        return ob, totals
+
+    def capture(self, env: BatchedEnv) -> str | None:
+        """Replay iterations with gradient steps as a CUDA graph (see
+        `marlctl.train.capture`); None, or why this run cannot be captured."""
+        reason = self.capture_blocker(env)
+        if reason is not None:
+            return reason
+        if not self._ensure_buffer().on_device:
+            return "the replay buffer is kept in CPU memory (too large for the GPU's share)"
+        delay = getattr(self.cfg, "policy_delay", 1)
+        if self.cfg.updates % delay:
+            return f"algo.updates ({self.cfg.updates}) is not a multiple of algo.policy_delay"
+        from marlctl.train.capture import IterationGraph
+
+        for optimizer in self.optimizers.values():
+            make_capturable(optimizer)
+        env.make_graph_safe()
+        # Host counts a replay cannot read, kept on the device from here on.
+        self._env_steps_t = torch.tensor(self.env_steps, device=self.device)
+        self._target_steps_t = torch.tensor(self.updates, device=self.device)
+        self.graph = IterationGraph(
+            [self, self.stats, env],
+            [*self.generators, *env.generators],
+            [(self, "updates"), (self, "env_steps"), (self.buffer, "written")],
+        )
+        return None
 
     def schedules(self) -> dict[str, torch.Tensor]:
         """Per-seed values of annealed hyperparameters, logged with the losses."""

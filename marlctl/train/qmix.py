@@ -133,18 +133,30 @@ class QLearningTrainer(OffPolicyTrainer):
     def schedules(self) -> dict[str, torch.Tensor]:
         return {"train/epsilon": torch.full((len(self.seeds),), self.epsilon(), device=self.device)}
 
+    def _exploration_rate(self) -> float | torch.Tensor:
+        """`epsilon()`; in a captured run computed on the device from its env-step count,
+        with the same float64 arithmetic, so that a replay reads the current value."""
+        if self.graph is None:
+            return self.epsilon()
+        cfg = self.cfg
+        if cfg.epsilon_anneal_steps == 0:
+            return cfg.epsilon_end
+        frac = (self._env_steps_t.double() / cfg.epsilon_anneal_steps).clamp(max=1.0)
+        rate = cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+        return rate.float()
+
     def _greedy_or_random(
-        self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float
+        self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float | torch.Tensor
     ) -> torch.Tensor:
         action = mask_logits(q, mask).argmax(-1)
-        if epsilon <= 0:
+        if not torch.is_tensor(epsilon) and epsilon <= 0:
             return action
         uniform = self.sample_categorical(uniform_probs(mask, q.shape, q.device))
         explore = self.noise(action.shape, normal=False) < epsilon
         return torch.where(explore, uniform, action)
 
     def explore(self, ob: Observation, first: torch.Tensor):
-        epsilon, actions, extra = self.epsilon(), {}, {}
+        epsilon, actions, extra = self._exploration_rate(), {}, {}
         for name, net in self.q.items():
             h = None
             if self.recurrent:

@@ -43,7 +43,10 @@ class ReplayBuffer:
         capacity: int,
         device: torch.device,
         generators: list[torch.Generator],
+        counters_on_device: bool | None = None,
     ):
+        """counters_on_device: keep the write position and fill level on the storage device
+        (default: where the storage is a GPU's)."""
         self.seeds, self.num_envs = seeds, num_envs
         self.steps = max(1, capacity // num_envs)
         self.device = torch.device(device)  # where samples are used
@@ -63,9 +66,22 @@ class ReplayBuffer:
         if pin:
             self.data = {k: v.pin_memory() for k, v in self.data.items()}
         self.generators = generators
-        self.head = 0  # next time step to write
         self.written = 0  # time steps written so far
+        self._shift = 0  # head = (written + shift) % steps (not 0 after loading a full ring)
         self._rows = torch.arange(seeds, device=self.storage).view(seeds, 1, 1)
+        # On a GPU the write position and the fill level also live on the device, where adding
+        # and sampling read them: no host value is baked into a captured CUDA graph.
+        self.on_device = (
+            self.storage.type == "cuda" if counters_on_device is None else counters_on_device
+        )
+        if self.on_device:
+            self._head_t = torch.zeros((), dtype=torch.long, device=self.storage)
+            self._written_t = torch.zeros((), dtype=torch.long, device=self.storage)
+
+    @property
+    def head(self) -> int:
+        """The next time step to write."""
+        return (self.written + self._shift) % self.steps
 
     def __len__(self) -> int:
         """Transitions stored per seed."""
@@ -73,9 +89,14 @@ class ReplayBuffer:
 
     def add(self, **step: torch.Tensor) -> None:
         """One time step of every env: each field `[S, E, ...]`."""
-        for name, value in step.items():
-            self.data[name][:, self.head].copy_(value, non_blocking=True)
-        self.head = (self.head + 1) % self.steps
+        if self.on_device:
+            for name, value in step.items():
+                self.data[name].index_copy_(1, self._head_t.view(1), value.unsqueeze(1))
+            self._head_t.copy_((self._head_t + 1) % self.steps)
+            self._written_t += 1
+        else:
+            for name, value in step.items():
+                self.data[name][:, self.head].copy_(value, non_blocking=True)
         self.written += 1
 
     def sample(self, batch: int, length: int = 1) -> dict[str, torch.Tensor]:
@@ -87,17 +108,29 @@ class ReplayBuffer:
         valid = min(self.written, self.steps)
         if valid < length:
             raise ValueError(f"{valid} stored steps cannot give windows of {length}")
-        starts_per_env = valid - length + 1
-        draws = torch.stack(
-            [
-                torch.randint(
-                    starts_per_env * self.num_envs, (batch,), generator=g, device=g.device
-                )
-                for g in self.generators
-            ]
-        ).to(self.storage)
+        if self.on_device:  # uniform over the windows, counted on the device
+            valid = self._written_t.clamp(max=self.steps)
+            u = torch.stack(
+                [
+                    torch.rand(batch, generator=g, device=g.device, dtype=torch.float64)
+                    for g in self.generators
+                ]
+            )
+            draws = (u * ((valid - length + 1) * self.num_envs)).long()
+            head = self._head_t
+        else:
+            starts_per_env = valid - length + 1
+            draws = torch.stack(
+                [
+                    torch.randint(
+                        starts_per_env * self.num_envs, (batch,), generator=g, device=g.device
+                    )
+                    for g in self.generators
+                ]
+            ).to(self.storage)
+            head = self.head
         offset, env = draws // self.num_envs, draws % self.num_envs
-        oldest = (self.head - valid) % self.steps
+        oldest = (head - valid) % self.steps
         time = (
             oldest
             + offset.unsqueeze(1)
@@ -132,7 +165,11 @@ class ReplayBuffer:
             valid = min(stored.shape[1], self.steps)
             value[:, :valid].copy_(stored[:, stored.shape[1] - valid :])
         self.written = int(states[0]["written"])
-        self.head = min(self.written, self.steps) % self.steps
+        head = min(self.written, self.steps) % self.steps
+        self._shift = (head - self.written) % self.steps
+        if self.on_device:
+            self._head_t.fill_(head)
+            self._written_t.fill_(self.written)
 
 
 def transition_fields(info, hidden: dict[str, int] | None = None) -> dict[str, Field]:

@@ -114,6 +114,8 @@ def capture_iterations(spec: Spec, trainer, env: BatchedEnv) -> str:
         env.compile()
     if trainer.device.type != "cuda":
         return "torch.compile" if compiled else "eager"
+    if not (compiled or trainer.captured_by_default):
+        return "eager (replay-based iterations are captured with hardware.compile=true)"
     reason = trainer.capture(env)
     if reason is not None:
         return f"torch.compile (not captured: {reason})" if compiled else f"eager ({reason})"
@@ -236,6 +238,16 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
     return results
 
 
+def _report_capture(client, requests, sinks, graph, env_steps: int) -> None:
+    """Once, at the iteration that was captured: its capture time, or why it ran eagerly."""
+    if graph.failed:
+        for request in requests:
+            client.set_tag(request.run_id, COMPILE_TAG, f"eager (capture failed: {graph.failed})")
+        return
+    for sink in sinks:
+        sink.log({"perf/capture_s": graph.capture_seconds}, env_steps)
+
+
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -325,8 +337,7 @@ def _train(
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
                 if trainer.graph is not None and trainer.graph.calls == 2:
-                    for sink in sinks:  # once: the capture, with the iteration it ran
-                        sink.log({"perf/capture_s": trainer.graph.capture_seconds}, env_steps)
+                    _report_capture(client, requests, sinks, trainer.graph, env_steps)
                 stacked = torch.stack([v.float() for v in losses.values()])
                 loss_sum = stacked if loss_sum is None else loss_sum + stacked
                 loss_iterations += 1
