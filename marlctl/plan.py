@@ -85,6 +85,29 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# Agent rows one gradient step computes, from which a second torch thread pays. Measured on
+# 2 cores: QMIX at its batch of 256 (768 rows on simple_spread) ran 9% slower with two
+# threads, MAPPO at 16 envs (1,200 rows) 7% faster, QMIX at a batch of 2,048 45% faster.
+THREADED_ROWS = 1_000
+
+
+def auto_threads(spec, info: EnvInfo, share: int, seeds: int = 1) -> int:
+    """`hardware.threads_per_run: auto`: the run's `share` of the cores (at most
+    `OMP_NUM_THREADS` where that is set, as on a machine shared with other jobs), or one
+    thread where a gradient step is too small for a second thread to pay."""
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    if cap.isdigit() and int(cap) > 0:
+        share = min(share, int(cap))
+    algo = spec.algo
+    if hasattr(algo, "minibatches"):  # on-policy: a minibatch of the rollout
+        samples = algo.rollout_steps * spec.hardware.num_envs // max(algo.minibatches, 1)
+    else:
+        length = getattr(algo, "sequence_length", 1) if spec.model.recurrent else 1
+        samples = algo.batch_size * length
+    rows = samples * info.n_agents * seeds
+    return max(1, share) if rows >= THREADED_ROWS else 1
+
+
 def compile_plan(
     loaded: LoadedSpec, env_info: EnvInfo | None = None, cuda_devices: int | None = None
 ) -> Plan:
@@ -214,7 +237,10 @@ def compile_plan(
         from marlctl.spec import sort_problems
 
         raise SpecError(sort_problems(problems))
-    threads = max(1, cores // concurrent) if hw.threads_per_run == "auto" else hw.threads_per_run
+    threads = hw.threads_per_run
+    if threads == "auto":
+        seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
+        threads = auto_threads(spec, env_info, cores // concurrent, seeds_per_process)
     rollout = getattr(spec.algo, "rollout_steps", 1)
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)

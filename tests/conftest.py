@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The suite runs tests side by side (pytest-xdist), one per core: a run's `threads_per_run:
+# auto` takes one thread, as it would on a machine whose other cores are busy.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -620,9 +620,12 @@ def test_invalid_spec_with_json_lists_the_errors(tmp_path: Path) -> None:
     ]
 
 
-def test_auto_threads_split_the_cores_between_the_run_processes(tmp_path: Path) -> None:
+def test_auto_threads_split_the_cores_between_the_run_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from marlctl.plan import available_cores
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     write(tmp_path / "spec.yaml", BASE)
     cores = available_cores()
     for overrides, processes in (
@@ -634,6 +637,19 @@ def test_auto_threads_split_the_cores_between_the_run_processes(tmp_path: Path) 
         assert_clean_exit(result, 0)
         runs = json.loads(result.stdout)["plan"]["runs"]
         assert {r["threads"] for r in runs} == {max(1, cores // processes)}
+    # A small replay batch takes one thread; OMP_NUM_THREADS caps the share.
+    for overrides, env, expected in (
+        (["algo.name=qmix"], None, 1),
+        (["algo.name=qmix", "algo.batch_size=2048"], None, cores),
+        ([], "1", 1),
+    ):
+        if env is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", env)
+        result = invoke("run", "spec.yaml", *overrides, "--dry-run", "--json")
+        assert_clean_exit(result, 0)
+        assert {r["threads"] for r in json.loads(result.stdout)["plan"]["runs"]} == {expected}
     result = invoke("validate", "spec.yaml", "hardware.threads_per_run=0")
     assert_clean_exit(result, 2)
     assert "hardware.threads_per_run: must be a whole number from 1 to 1024, or auto" in (

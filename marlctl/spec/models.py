@@ -107,11 +107,11 @@ class HardwareSpec(Strict):
     )
     parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
     threads_per_run: int | Literal["auto"] = Field(
-        1,
-        description="torch intra-op threads per run. MARL networks are small: extra threads "
-        "gain little and stall badly when env stepping or other runs share the cores. auto = "
-        "the machine's cores split between the run processes at once (a native run with "
-        "thousands of envs, or seeds batched into one process, uses them).",
+        "auto",
+        description="torch intra-op threads per run. auto = the machine's cores split "
+        "between the run processes at once (at most OMP_NUM_THREADS where that is set), or "
+        "one thread where a gradient step computes fewer than 1,000 agent rows (a replay "
+        "batch of 256 on three agents), which a second thread slows down.",
     )
     devices: list[str] | None = Field(
         None, min_length=1, description="Placement pool; runs are spread over it round-robin."

@@ -404,7 +404,7 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
 def placement(loaded, plan, index: int, workers: int) -> list[str]:
     """Hardware overrides giving worker `index` its share of this machine: CPU threads
     split between the workers; GPUs dedicated when there are enough, else shared."""
-    from marlctl.plan import available_cores
+    from marlctl.plan import auto_threads, available_cores
     from marlctl.sweep.space import hydra_value
 
     hw = loaded.spec.hardware
@@ -413,7 +413,9 @@ def placement(loaded, plan, index: int, workers: int) -> list[str]:
     seeds = len(loaded.spec.seeds)
     processes = min(len(pool), seeds) if hw.batch_seeds else seeds
     concurrent = max(1, min(hw.parallel_runs, processes, share))
-    wanted = share if hw.threads_per_run == "auto" else hw.threads_per_run
+    wanted = hw.threads_per_run
+    if wanted == "auto":
+        wanted = auto_threads(loaded.spec, plan.env, share)
     threads = max(1, min(wanted, share // concurrent))
     out = [f"++hardware.parallel_runs={concurrent}", f"++hardware.threads_per_run={threads}"]
     if any(d.startswith("cuda") for d in pool):
