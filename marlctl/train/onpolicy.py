@@ -315,7 +315,11 @@ class OnPolicyTrainer(Trainer):
 
     def minibatches(self, data: dict[str, dict], count: int):
         """One pass over the rollout in `count` minibatches: row indices `[S, B]` per seed,
-        each seed's own permutation (single steps, or env sequences if recurrent)."""
+        each seed's own permutation (single steps, or env sequences if recurrent); None for
+        a single minibatch, which is every row in stored order (no copy)."""
+        if count == 1:
+            yield None
+            return
         first = next(iter(data.values()))["active"]
         batch = first.shape[1]
         size = max(1, batch // count)
@@ -328,11 +332,12 @@ class OnPolicyTrainer(Trainer):
         for start in range(0, batch - size + 1, size):
             yield order[:, start : start + size]
 
-    def evaluate(self, pol: GroupPolicy, d: dict, idx: torch.Tensor) -> Minibatch:
-        """The current actor and critic on minibatch rows `idx` `[S, B]` of group data `d`."""
+    def evaluate(self, pol: GroupPolicy, d: dict, idx: torch.Tensor | None) -> Minibatch:
+        """The current actor and critic on minibatch rows `idx` `[S, B]` of group data `d`
+        (None: every row)."""
 
         def take(x: torch.Tensor) -> torch.Tensor:
-            return x[self._rows, idx]
+            return x if idx is None else x[self._rows, idx]
 
         def flat(x: torch.Tensor) -> torch.Tensor:  # sequences -> samples
             return x.flatten(1, 2) if self.recurrent else x
