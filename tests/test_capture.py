@@ -11,9 +11,11 @@ import torch
 from test_native_training import native_spec, no_host_sync
 from test_training import client, random_policy_return, run_json, write_spec
 
+from marlctl.envs.native import NATIVE
 from marlctl.spec.models import Spec
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NATIVE_IDS = sorted(NATIVE)
 
 
 def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **sections):
@@ -203,17 +205,19 @@ def test_a_checkpoint_of_a_captured_optimiser_loads_anywhere():
     assert torch.all(other < 1.0)
 
 
-@cuda
-@pytest.mark.parametrize(
-    "env_id", ["mpe/simple_spread", "mpe/simple_world_comm", "matrix/climbing"]
-)
-def test_a_compiled_env_steps_like_the_eager_one(env_id):
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("env_id", NATIVE_IDS)
+def test_a_compiled_env_steps_like_the_eager_one(env_id, device):
     """`hardware.compile=true` compiles the env's random-free step methods: same seed, same
-    actions, the same observations and rewards (to float rounding)."""
+    actions, the same observations and rewards (to float rounding), for every native env."""
     from marlctl.bench import _random_actions
     from marlctl.envs.native import native_class
 
-    device = torch.device("cuda")
+    device = torch.device(device)
     envs = [native_class(env_id)({}, 64, device) for _ in range(2)]
     envs[1].compile()
     obs = []

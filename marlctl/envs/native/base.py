@@ -108,7 +108,9 @@ class NativeEnv(SeededBatch):
 
     env_id = ""
     max_cycles = 25  # default episode length; `env.params.max_cycles` overrides it
-    pure_steps = ("observe",)
+    # Methods `compile` fuses: none by default. A step of a few operations (the matrix
+    # games') runs slower compiled; list `observe`/`advance` where they hold many.
+    pure_steps: tuple[str, ...] = ()
 
     def __init__(
         self,
