@@ -54,7 +54,11 @@ class GroupPolicy(nn.Module):
     def critic_input(self, ob: Observation) -> torch.Tensor:
         if not self.centralised:
             return self.actor_input(ob)
-        return ob.state.unsqueeze(-2).expand(*ob.state.shape[:-1], self.group.n_agents, -1)
+        return self.per_agent(ob.state)
+
+    def per_agent(self, state: torch.Tensor) -> torch.Tensor:
+        """The global state `[..., D]` as every agent's critic input `[..., n, D]` (a view)."""
+        return state.unsqueeze(-2).expand(*state.shape[:-1], self.group.n_agents, -1)
 
     def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None):
         """The action distribution, and the actor's next recurrent state."""
@@ -83,7 +87,8 @@ def entropy(dist, discrete: bool) -> torch.Tensor:
 @dataclass
 class GroupRollout:
     actor_in: torch.Tensor  # [T, S, E, n, A_in]
-    critic_in: torch.Tensor | None  # [T, S, E, n, C_in]; None: the actor's input (IPPO)
+    critic_in: torch.Tensor | None  # [T, S, E, D]: the global state, stored once for all the
+    # agents (a centralised critic); None: the critic reads the actor's input (IPPO)
     actions: torch.Tensor
     log_probs: torch.Tensor  # [T, S, E, n]
     values: torch.Tensor  # [T, S, E, n], denormalised
@@ -225,7 +230,7 @@ class OnPolicyTrainer(Trainer):
                 action = self._sample(pol, dist)
                 b = buf[name]
                 b["actor_in"].append(a_in)
-                b["critic_in"].append(c_in if pol.centralised else None)
+                b["critic_in"].append(split.state if pol.centralised else None)
                 b["actions"].append(action)
                 b["log_probs"].append(log_prob(dist, action, pol.group.discrete))
                 b["values"].append(pol.value_norm.denormalize(value))
@@ -366,16 +371,18 @@ class OnPolicyTrainer(Trainer):
             actor_in = take(d["actor_in"])
             dist, _ = pol.distribution(actor_in, mask)
             shared = d["critic_in"] is d["actor_in"]  # one gather serves both
-            value, _ = pol.value(actor_in if shared else take(d["critic_in"]))
+            value, _ = pol.value(actor_in if shared else pol.per_agent(take(d["critic_in"])))
             return dist, value
         # Sequences [S, B, T, ...]: run the recurrent nets through time from the stored state.
         actor_in, critic_in, first = take(d["actor_in"]), take(d["critic_in"]), take(d["first"])
         h_a, h_c = (take(h) for h in d["hidden"])
+        shared = d["critic_in"] is d["actor_in"]
         outs, values = [], []
         for t in range(actor_in.shape[2]):
             h_a, h_c = reset_where(h_a, first[:, :, t]), reset_where(h_c, first[:, :, t])
             out, h_a = pol.actor(actor_in[:, :, t], h_a)
-            value, h_c = pol.critic(critic_in[:, :, t], h_c)
+            c_in = critic_in[:, :, t] if shared else pol.per_agent(critic_in[:, :, t])
+            value, h_c = pol.critic(c_in, h_c)
             outs.append(out)
             values.append(value.squeeze(-1))
         out = torch.stack(outs, 2).flatten(1, 2)
