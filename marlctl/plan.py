@@ -284,16 +284,13 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         mode = sharing.get(g.name, "shared") if isinstance(sharing, dict) else sharing
         copies = 1 if mode == "shared" else g.n_agents
         extra = g.n_agents if mode == "shared" and g.n_agents > 1 else 0
-        critic_in = (
-            env.state_dim if registered_algos()[spec.algo.name].centralised_critic else g.obs_dim
-        )
+        centralised = registered_algos()[spec.algo.name].centralised_critic
+        critic_in = env.state_dim if centralised else g.obs_dim
         params += copies * (mlp(g.obs_dim + extra, g.n_actions) + mlp(critic_in + extra, 1))
-        floats += (
-            rollout
-            * spec.hardware.num_envs
-            * g.n_agents
-            * (g.obs_dim + critic_in + g.n_actions + 8)
-        )
+        # A rollout stores each agent's observation and the global state once per env (a
+        # decentralised critic reads the observation).
+        per_env = g.n_agents * (g.obs_dim + g.n_actions + 8) + (env.state_dim if centralised else 0)
+        floats += rollout * spec.hardware.num_envs * per_env
     buffer = getattr(spec.algo, "buffer_size", 0)
     if buffer:  # a stored transition: observations, next observations, state, next state
         per_step = 2 * env.state_dim + sum(
