@@ -156,8 +156,8 @@ class OffPolicyTrainer(Trainer):
         return buffer.written >= self.sequence_length
 
     def train_iteration(self, env: BatchedEnv, ob: Observation):
-        # Captured from the first iterations with gradient steps on: from then on the same
-        # kernels run each iteration.
+        # Captured once gradient steps begin: from then on every iteration runs the same
+        # kernels.
         if self.graph is not None and self.ready():
             ob, totals = self.graph.run(lambda: self.iterate(env, env.observe_now()))
         else:
