@@ -30,7 +30,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -52,15 +52,15 @@ OFF_POLICY = ("qmix", "vdn", "iql", "maddpg", "matd3", "masac")
 
 
 def marlctl(*args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", *args, "--json"],
-        cwd=WORKDIR,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout).strip()[-2000:]}
-    return json.loads(done.stdout)
+    """`marlctl ARGS --json`'s summary; a failure is recorded, not raised, so that one
+    failing measurement leaves the others of the run (and their GPU minutes) standing."""
+    try:
+        data = marlctl_json(list(args), WORKDIR, args[0])[0]
+    except SystemExit as failure:
+        return {"error": str(failure)[-2000:]}
+    if data.get("ok") is False:
+        return {"error": "; ".join(map(str, data.get("errors", [])))[-2000:]}
+    return data
 
 
 def jaxmarl(work: str, sizes: tuple[int, ...]) -> list[dict]:

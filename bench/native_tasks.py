@@ -12,13 +12,10 @@ with the compiled step). Writes `bench/results/native_tasks.md`.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -28,16 +25,15 @@ WORKDIR = ROOT / "bench" / "runs"
 
 def env_rates(env_id: str, device: str, num_envs: int, compiled: bool) -> dict[str, float]:
     """Env steps/s by mode ("eager", "torch.compile", "CUDA graph", ...)."""
-    done = subprocess.run(
+    data, _ = marlctl_json(
         [
-            sys.executable, "-m", "marlctl", "bench", str(SPEC), "--env-only", "--json",
-            "--num-envs", str(num_envs), "--seconds", "2", f"env.id={env_id}", "~env.params",
-            f"hardware.device={device}", f"hardware.compile={str(compiled).lower()}",
-            "hardware.threads_per_run=auto",
+            "bench", str(SPEC), "--env-only", "--num-envs", str(num_envs), "--seconds", "2",
+            f"env.id={env_id}", "~env.params", f"hardware.device={device}",
+            f"hardware.compile={str(compiled).lower()}", "hardware.threads_per_run=auto",
         ],
-        cwd=WORKDIR, capture_output=True, text=True, check=True,
+        WORKDIR,
+        f"bench of {env_id}",
     )  # fmt: skip
-    data = json.loads(done.stdout)
     return {p["mode"]: p["env_steps_per_s"] for p in data["points"]}
 
 

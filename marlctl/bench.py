@@ -143,13 +143,13 @@ def _env_point(
     env = make_env(spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs))
     try:
         env.reset(seed)
+        if spec.hardware.compile is True and hasattr(env, "compile"):
+            env.compile()
 
         def step():
             return env.step(_random_actions(info, num_envs, device))
 
-        if spec.hardware.compile is True and hasattr(env, "compile"):
-            env.compile()
-        captured = None
+        timed = step
         if graph:
             if not hasattr(env, "make_graph_safe"):
                 return None
@@ -157,16 +157,16 @@ def _env_point(
 
             env.make_graph_safe()
             captured = IterationGraph([env], list(env.generators), [])
-            eager_step = step
 
-            def step():
-                return captured.run(eager_step)
+            def timed():
+                return captured.run(step)
 
-        steps, elapsed, slow, warm = _timed(step, seconds, device, warmup=3)
+        steps, elapsed, slow, warm = _timed(timed, seconds, device, warmup=3)
     finally:
         env.close()
     rate = steps * num_envs / elapsed
-    mode = _mode(spec, graph)
+    compiled = ", torch.compile" if spec.hardware.compile is True else ""
+    mode = f"CUDA graph{compiled}" if graph else ("torch.compile" if compiled else "eager")
     compile_s = _compile_seconds(warm, 3, steps, elapsed) if mode != "eager" else 0.0
     return Point(
         "env", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, 1, slow, mode,
@@ -177,7 +177,7 @@ def _env_point(
 def _train_point(
     spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds, graph: bool
 ) -> Point | None:
-    from marlctl.train.runner import build_trainer, make_env
+    from marlctl.train.runner import build_trainer, make_env, prepare_iterations
 
     _reset_peak(device)
     trainer = build_trainer(spec, info, num_envs, device, 1_000, seeds)
@@ -185,11 +185,8 @@ def _train_point(
         spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
     )
     try:
-        if spec.hardware.compile is True and hasattr(env, "compile"):
-            env.compile()
-        if graph and not (spec.hardware.compile is True or trainer.captured_by_default):
-            return None
-        if graph and trainer.capture(env) is not None:
+        mode = prepare_iterations(spec, trainer, env, capture=graph)
+        if graph and trainer.graph is None:  # this run is not captured: no size is
             return None
         state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}
 
@@ -203,20 +200,11 @@ def _train_point(
     finally:
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
-    mode = _mode(spec, graph)
     compile_s = _compile_seconds(warm, warmup, iters, elapsed) if mode != "eager" else 0.0
     return Point(
         "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
         slow, mode, compile_s,
     )  # fmt: skip
-
-
-def _mode(spec, graph: bool) -> str:
-    """How a point ran: eager, "torch.compile" (hardware.compile=true), "CUDA graph", or both."""
-    compiled = spec.hardware.compile is True
-    if graph:
-        return "CUDA graph, torch.compile" if compiled else "CUDA graph"
-    return "torch.compile" if compiled else "eager"
 
 
 def _timed(

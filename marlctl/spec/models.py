@@ -126,10 +126,10 @@ class HardwareSpec(Strict):
         "auto",
         description="On a GPU: capture each training iteration (rollout, advantages, every "
         "minibatch update) as one CUDA graph and replay it, for on-policy algorithms on the "
-        "native backend; capturing takes well under a second. On a CPU, true torch.compiles "
-        "the networks (about 30 s of compilation first, then faster updates). auto = capture "
-        "on a GPU where the run allows it, eager on a CPU; false = eager everywhere. Compare "
-        "with `marlctl bench SPEC`.",
+        "native backend; capturing takes a second or two. true also torch.compiles the "
+        "networks and the native env's step, on any device (seconds of compilation first, "
+        "fused kernels after). auto = capture on a GPU where the run allows it, eager on a "
+        "CPU; false = eager everywhere. Compare with `marlctl bench SPEC`.",
     )
 
     @field_validator("threads_per_run", mode="before")

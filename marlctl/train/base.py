@@ -155,8 +155,25 @@ class Trainer:
                     part.compile(dynamic=False)
 
     def capture(self, env) -> str | None:
-        """Replay training iterations as a CUDA graph; None, or why this run cannot be."""
-        return self.capture_blocker(env) or f"{type(self).__name__} is not captured yet"
+        """Replay training iterations as a CUDA graph (`marlctl.train.capture`), eager until
+        a subclass's `train_iteration` hands them to `self.graph`; None, or why this run
+        cannot be captured."""
+        reason = self.capture_blocker(env)
+        if reason is not None:
+            return reason
+        from marlctl.train.capture import IterationGraph
+
+        for optimizer in self.optimizers.values():
+            make_capturable(optimizer)
+        env.make_graph_safe()
+        generators = [*self.generators, *env.generators]
+        self.graph = IterationGraph([self, self.stats, env], generators, self.graph_counters())
+        return None
+
+    def graph_counters(self) -> list[tuple[object, str]]:
+        """The host counts an iteration advances (`IterationGraph` counters); a subclass
+        also puts on the device here any count a replay must read."""
+        return [(self, "updates")]
 
     def capture_blocker(self, env) -> str | None:
         """Why iterations of this trainer on `env` cannot be captured, or None."""

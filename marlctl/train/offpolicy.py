@@ -18,7 +18,7 @@ from marlctl.algos.offpolicy import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import Trainer, make_capturable, next_observation
+from marlctl.train.base import Trainer, next_observation
 from marlctl.train.core import RunningMeanStd, per_seed
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
@@ -179,10 +179,8 @@ class OffPolicyTrainer(Trainer):
                     totals[key] += value.detach() / self.cfg.updates
         return ob, totals
 
-    def capture(self, env: BatchedEnv) -> str | None:
-        """Replay iterations with gradient steps as a CUDA graph (see
-        `marlctl.train.capture`); None, or why this run cannot be captured."""
-        reason = self.capture_blocker(env)
+    def capture_blocker(self, env: BatchedEnv) -> str | None:
+        reason = super().capture_blocker(env)
         if reason is not None:
             return reason
         if not self._ensure_buffer().on_device:
@@ -190,20 +188,13 @@ class OffPolicyTrainer(Trainer):
         delay = getattr(self.cfg, "policy_delay", 1)
         if self.cfg.updates % delay:
             return f"algo.updates ({self.cfg.updates}) is not a multiple of algo.policy_delay"
-        from marlctl.train.capture import IterationGraph
+        return None
 
-        for optimizer in self.optimizers.values():
-            make_capturable(optimizer)
-        env.make_graph_safe()
-        # Host counts a replay cannot read, kept on the device from here on.
+    def graph_counters(self) -> list[tuple[object, str]]:
+        # Counts a replay reads (exploration, hard target copies), kept on the device too.
         self._env_steps_t = torch.tensor(self.env_steps, device=self.device)
         self._target_steps_t = torch.tensor(self.updates, device=self.device)
-        self.graph = IterationGraph(
-            [self, self.stats, env],
-            [*self.generators, *env.generators],
-            [(self, "updates"), (self, "env_steps"), (self.buffer, "written")],
-        )
-        return None
+        return [*super().graph_counters(), (self, "env_steps"), (self.buffer, "written")]
 
     def schedules(self) -> dict[str, torch.Tensor]:
         """Per-seed values of annealed hyperparameters, logged with the losses."""

@@ -25,7 +25,7 @@ from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
-from marlctl.train.base import Trainer, clip_grad_norm_per_seed, make_capturable
+from marlctl.train.base import Trainer, clip_grad_norm_per_seed
 from marlctl.train.core import RunningMeanStd, gae, per_seed
 from marlctl.train.networks import reset_where
 
@@ -442,21 +442,6 @@ class OnPolicyTrainer(Trainer):
             group["lr"].fill_(value)
         else:
             group["lr"] = value
-
-    def capture(self, env: BatchedEnv) -> str | None:
-        """Replay training iterations as a CUDA graph from the second one on (see
-        `marlctl.train.capture`); None, or why this run cannot be captured."""
-        reason = self.capture_blocker(env)
-        if reason is not None:
-            return reason
-        from marlctl.train.capture import IterationGraph
-
-        make_capturable(self.optimizer)
-        env.make_graph_safe()
-        self.graph = IterationGraph(
-            [self, self.stats, env], [*self.generators, *env.generators], [(self, "updates")]
-        )
-        return None
 
     @property
     def steps_per_iteration(self) -> int:

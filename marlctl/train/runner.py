@@ -104,21 +104,22 @@ def build_trainer(
     return trainer
 
 
-def capture_iterations(spec: Spec, trainer, env: BatchedEnv) -> str:
-    """Capture the trainer's iterations as a CUDA graph where `hardware.compile` asks for it
-    and the run allows it; how iterations run, as the `compile` tag says it."""
-    if spec.hardware.compile is False:
-        return "eager (hardware.compile=false)"
+def prepare_iterations(spec: Spec, trainer, env: BatchedEnv, capture: bool = True) -> str:
+    """Compile the env's step (`hardware.compile: true`; `build_trainer` compiled the
+    networks) and capture the trainer's iterations as a CUDA graph where `hardware.compile`
+    asks for it, the run allows it and `capture` does not forbid it; how iterations run, as
+    the `compile` tag says it: eager, torch.compile, CUDA graph (with the reason it is not)."""
     compiled = spec.hardware.compile is True
     if compiled and hasattr(env, "compile"):
         env.compile()
-    if trainer.device.type != "cuda":
-        return "torch.compile" if compiled else "eager"
+    plain = "torch.compile" if compiled else "eager"
+    if not capture or spec.hardware.compile is False or trainer.device.type != "cuda":
+        return plain
     if not (compiled or trainer.captured_by_default):
-        return "eager (replay-based iterations are captured with hardware.compile=true)"
+        return f"{plain} (replay-based iterations are captured with hardware.compile=true)"
     reason = trainer.capture(env)
     if reason is not None:
-        return f"torch.compile (not captured: {reason})" if compiled else f"eager ({reason})"
+        return f"{plain} ({reason})"
     return "CUDA graph, torch.compile" if compiled else "CUDA graph"
 
 
@@ -307,7 +308,7 @@ def _train(
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]
 
-    mode = capture_iterations(spec, trainer, env)
+    mode = prepare_iterations(spec, trainer, env)
     for request in requests:
         client.set_tag(request.run_id, COMPILE_TAG, mode)
 
