@@ -118,7 +118,7 @@ def compile_plan(
         try:
             env_info = probe(spec.env.id, dict(spec.env.params))
         except Exception as err:
-            raise SpecError([env_problem(spec.env.id, err, prov)]) from None
+            raise SpecError([env_problem(spec.env.id, err, prov, dict(spec.env.params))]) from None
     algo = registered_algos()[spec.algo.name]
     from marlctl.envs.native import native_only_problem, native_problem
 
@@ -147,6 +147,16 @@ def compile_plan(
                     f"'{spec.env.id}' group '{group.name}' has (env.id)",
                 )
             )
+    if env_info.turn_based and not algo.turn_based:
+        able = ", ".join(name for name, a in registered_algos().items() if a.turn_based)
+        problems.append(
+            prov.problem(
+                "algo.name",
+                f"algorithm '{algo.name}' does not train on turn-based envs like "
+                f"'{spec.env.id}' (one player moves per step): its transitions are single "
+                f"steps; use one of {able}",
+            )
+        )
     sharing = spec.model.sharing
     if isinstance(sharing, dict):
         names = {g.name for g in env_info.groups}

@@ -30,6 +30,10 @@ PRESETS = Path(__file__).resolve().parent.parent / "envs"
 COPIES = 2
 MAX_CYCLES = 6  # short episodes: a few steps each, so every env ends several
 ENDS = 2  # episode ends each copy must reach
+# The parameter that limits an episode's length: PettingZoo's, LBF's and RWARE's names.
+TIME_LIMITS = ("max_cycles", "max_episode_steps", "max_steps")
+# Games with no time limit end within their board's number of moves.
+GAME_LENGTHS = {"classic/tictactoe": 9, "classic/connect_four": 42}
 
 
 def _cases():
@@ -119,12 +123,15 @@ def play(env, info: EnvInfo, max_cycles: int, ends: int = ENDS, seed: int = 0) -
         truncated += int(tr.truncated.sum())
         for i in range(COPIES):
             steps[i] += 1
+            if info.turn_based:  # one agent moves per step: the one whose turn it is
+                moving = sum(int(tr.next.active[g.name][i].sum()) for g in info.groups)
+                assert moving == 1, (i, moving)
             if done[i]:
                 lengths[i].append(steps[i])
                 steps[i] = 0
                 for g in info.groups:  # a new episode: every agent is back
-                    assert tr.next.active[g.name][i].all(), (g.name, i)
-            else:
+                    assert info.turn_based or tr.next.active[g.name][i].all(), (g.name, i)
+            elif not info.turn_based:
                 left_early |= any(not tr.next.active[g.name][i].all() for g in info.groups)
             assert steps[i] < max_cycles, f"copy {i} ran {steps[i]} steps without an end"
         ob = tr.next
@@ -145,14 +152,19 @@ def test_every_env_plays_through_episode_ends_on_each_backend(env_id: str, backe
     entry = lookup(env_id)
     if not entry.installed:
         pytest.skip(f"{env_id} is not installed: {entry.install_hint}")
-    assert "max_cycles" in env_params(env_id).defaults, "shorten this env's episodes another way"
-    params = {**preset_params(env_id), "max_cycles": MAX_CYCLES}
+    limits = [k for k in TIME_LIMITS if k in env_params(env_id).defaults]
+    params, max_cycles = preset_params(env_id), MAX_CYCLES
+    if limits:
+        params[limits[0]] = MAX_CYCLES
+    else:
+        assert env_id in GAME_LENGTHS, "shorten this env's episodes another way"
+        max_cycles = GAME_LENGTHS[env_id]
     info = probe(env_id, params)
     env = make(env_id, backend, params, info)
     try:
         if backend == "native":  # a native task presents its original's spaces exactly
             assert env.info.groups == info.groups and env.info.state_dim == info.state_dim
-        play(env, info, MAX_CYCLES)
+        play(env, info, max_cycles)
     finally:
         env.close()
 

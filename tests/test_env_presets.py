@@ -91,6 +91,9 @@ def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
         *(f"mpe/{n}" for n in registry.MPE),
         *(f"sisl/{n}" for n in registry.SISL),
         *(f"butterfly/{n}" for n in registry.BUTTERFLY),
+        *(f"lbf/{n}" for n in registry.LBF_TASKS),
+        *(f"rware/{n}" for n in registry.RWARE_TASKS),
+        *(f"classic/{n}" for n in registry.CLASSIC),
         *NATIVE_ONLY,
     }
     for path in sorted(PRESETS.glob("*.y*ml")):

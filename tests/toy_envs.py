@@ -261,3 +261,66 @@ class ConstantReward(ParallelEnv):
 
 def constant_reward(**params):
     return ConstantReward(**params)
+
+
+class SignalGame:
+    """A turn-based (AEC) game whose first mover is paid on the other player's move.
+
+    `first` moves, then `second`; each picks 0 or 1. On `second`'s move the game ends and
+    both get 1 if both picked 1, else 0: `first`'s reward arrives on a step it does not act
+    on, so a learner that ends an agent's return at its own step never credits it.
+    Observations: whose turn it is, one-hot.
+    """
+
+    def __new__(cls, **params):
+        from pettingzoo import AECEnv
+        from pettingzoo.utils import wrappers
+
+        class Env(AECEnv):
+            metadata = {"name": "signal_game", "render_modes": []}
+
+            def __init__(self, rounds: int = 1):
+                super().__init__()
+                self.possible_agents = ["first", "second"]
+                self.rounds = rounds
+                self._obs = spaces.Box(0.0, 1.0, (2,), np.float32)
+                self._act = spaces.Discrete(2)
+
+            def observation_space(self, agent):
+                return self._obs
+
+            def action_space(self, agent):
+                return self._act
+
+            def observe(self, agent):
+                turn = self.possible_agents.index(self.agent_selection)
+                return np.eye(2, dtype=np.float32)[turn]
+
+            def reset(self, seed=None, options=None):
+                self.agents = list(self.possible_agents)
+                self.rewards = {a: 0.0 for a in self.agents}
+                self._cumulative_rewards = {a: 0.0 for a in self.agents}
+                self.terminations = {a: False for a in self.agents}
+                self.truncations = {a: False for a in self.agents}
+                self.infos = {a: {} for a in self.agents}
+                self.agent_selection, self.picks = "first", []
+
+            def step(self, action):
+                agent = self.agent_selection
+                if self.terminations[agent] or self.truncations[agent]:
+                    self._was_dead_step(action)
+                    return
+                self.picks.append(int(action))
+                self.rewards = {a: 0.0 for a in self.agents}
+                if agent == "second":
+                    paid = float(self.picks == [1, 1])
+                    self.rewards = {a: paid for a in self.agents}
+                    self.terminations = {a: True for a in self.agents}
+                self.agent_selection = "second" if agent == "first" else "first"
+                self._accumulate_rewards()
+
+        return wrappers.OrderEnforcingWrapper(Env(**params))
+
+
+def signal_game(**params):
+    return SignalGame(**params)

@@ -37,6 +37,12 @@ class AlgoInfo:
     replay: bool  # keeps a replay buffer (`train.checkpoint_replay` applies)
 
     @property
+    def turn_based(self) -> bool:
+        """Trains on turn-based envs (one agent acting per step): on-policy learners carry an
+        agent's return from one of its turns to its next (`marlctl.train.core.turn_gae`)."""
+        return self.on_policy
+
+    @property
     def action_kinds(self) -> list[str]:
         return [
             k

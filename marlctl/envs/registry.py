@@ -31,6 +31,8 @@ class EnvEntry:
     summary: str
     requires: tuple[str, ...] = ()  # modules the env imports beyond its package
     extra: str | None = None  # the marlctl extra that installs `requires` (pyproject.toml)
+    # Keywords the factory always gets for this id (a family factory's task name).
+    kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -119,12 +121,96 @@ BUTTERFLY = {
     "cooperative_pong": ("two paddles keep a ball in play (image obs)", ("pygame",)),
 }
 
+# Gymnasium envs with tuple spaces (`marlctl.envs.gymma`): the tasks of EPyMARL's benchmark
+# (Papoudakis et al. 2021) are listed, with presets; any other id the package registers is
+# found by `lookup` too.
+LBF_TASKS = (
+    "Foraging-8x8-2p-2f-coop-v3",
+    "Foraging-2s-8x8-2p-2f-coop-v3",
+    "Foraging-8x8-2p-3f-v3",
+    "Foraging-10x10-3p-3f-v3",
+    "Foraging-2s-10x10-3p-3f-v3",
+    "Foraging-15x15-4p-3f-v3",
+)
+RWARE_TASKS = (
+    "rware-tiny-2ag-v2",
+    "rware-tiny-4ag-v2",
+    "rware-small-4ag-v2",
+    "rware-tiny-2ag-hard-v2",
+)
+_LBF_ID = re.compile(
+    r"^Foraging(?P<grid>-grid)?(?P<sight>-\d+s)?-(?P<size>\d+)x\d+-(?P<players>\d+)p-"
+    r"(?P<food>\d+)f(?P<coop>-coop)?(-ind)?(-pen)?-v\d+$"
+)
+_RWARE_ID = re.compile(
+    r"^rware(?P<image>-img)?-(?P<size>tiny|small|medium|large)-(?P<agents>\d+)ag"
+    r"(?P<difficulty>-easy|-hard)?-v\d+$"
+)
+
+
+def _lbf_summary(task: str) -> str | None:
+    m = _LBF_ID.match(task)
+    if m is None:
+        return None
+    sight = f", sight {m['sight'][1:-1]}" if m["sight"] else ""
+    coop = ", every food needs all players" if m["coop"] else ""
+    return (
+        f"level-based foraging: {m['size']}x{m['size']} grid, {m['players']} players, "
+        f"{m['food']} food{sight}{coop}"
+    )
+
+
+def _rware_summary(task: str) -> str | None:
+    m = _RWARE_ID.match(task)
+    if m is None:
+        return None
+    difficulty = f", {m['difficulty'][1:]} requests" if m["difficulty"] else ""
+    return f"robot warehouse: {m['size']}, {m['agents']} robots{difficulty}"
+
+
+_FAMILIES = {  # prefix -> (factory, summary of a task id, module, extra)
+    "lbf": ("marlctl.envs.gymma:lbf", _lbf_summary, "lbforaging", "lbf"),
+    "rware": ("marlctl.envs.gymma:rware", _rware_summary, "rware", "rware"),
+}
+
+
+def _family_entry(env_id: str) -> EnvEntry | None:
+    """The entry of `PREFIX/TASK` for a tuple-space family task, or None."""
+    prefix, _, task = env_id.partition("/")
+    if prefix not in _FAMILIES:
+        return None
+    factory, summary, module, extra = _FAMILIES[prefix]
+    text = summary(task)
+    if text is None:
+        return None
+    return EnvEntry(env_id, factory, prefix, text, (module,), extra, (("task", task),))
+
+
+# Turn-based (AEC) games, one agent acting per step (`marlctl.envs.turns`).
+CLASSIC = {
+    "tictactoe": ("tic-tac-toe: two players take turns on a 3x3 board (turn-based)", ()),
+    "connect_four": ("connect four: two players drop discs into 7 columns (turn-based)", ()),
+}
+
+
+def _turn_based(envs: dict[str, tuple[str, tuple[str, ...]]]):
+    for name, (summary, requires) in envs.items():
+        module = _latest("pettingzoo.classic", name)
+        if module is not None:
+            game = (("game", module.rpartition(".")[2]),)
+            factory = "marlctl.envs.turns:classic"
+            yield EnvEntry(f"classic/{name}", factory, "classic", summary, requires, None, game)
+
+
 ENVS: dict[str, EnvEntry] = {
     e.id: e
     for e in [
         *_suite("mpe", "mpe2", MPE),  # mpe2 is one of marlctl's own dependencies
         *_suite("sisl", "pettingzoo.sisl", SISL, extra="sisl"),
         *_suite("butterfly", "pettingzoo.butterfly", BUTTERFLY, extra="butterfly"),
+        *(_family_entry(f"lbf/{task}") for task in LBF_TASKS),
+        *(_family_entry(f"rware/{task}") for task in RWARE_TASKS),
+        *_turn_based(CLASSIC),
     ]
 }
 
@@ -147,6 +233,9 @@ def lookup(env_id: str) -> EnvEntry:
     versioned = _VERSIONED.match(env_id)
     if versioned and versioned.group("base") in ENVS:
         return ENVS[versioned.group("base")]
+    family = _family_entry(env_id)
+    if family is not None:
+        return family
     if _FACTORY_RE.match(env_id):
         return EnvEntry(env_id, env_id, "user", "user factory")
     import difflib
@@ -189,7 +278,20 @@ def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise EnvLookupError(f"'{entry.factory}' is not callable")
-    return obj
+    return _Bound(obj, dict(entry.kwargs)) if entry.kwargs else obj
+
+
+class _Bound:
+    """A family factory with its task's keywords filled in."""
+
+    def __init__(self, factory: Callable[..., Any], kwargs: dict[str, Any]):
+        self.factory, self.kwargs = factory, kwargs
+
+    def __call__(self, **params: Any) -> Any:
+        return self.factory(**self.kwargs, **params)
+
+    def parameters(self) -> FactoryParams:
+        return self.factory.parameters(**self.kwargs)
 
 
 @functools.cache
@@ -197,9 +299,8 @@ def env_params(env_id: str) -> FactoryParams:
     """The keyword parameters env `env_id` takes: its factory's, read from the signature
     (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError. Kept
     for the process: a sweep loads its spec once per trial, and reading source is slow."""
-    entry = lookup(env_id)
-    factory = resolve_factory(entry)
-    if entry.suite == "native":
+    factory = resolve_factory(lookup(env_id))
+    if hasattr(factory, "parameters"):  # a native task or a family: it lists its own
         return factory.parameters()
     return factory_params(factory)
 
@@ -253,6 +354,9 @@ class EnvInfo:
     state_dim: int
     state_from_env: bool  # env.state() exists; otherwise observations are concatenated
     agents: tuple[str, ...] = field(default=())
+    # One agent acts per step (an AEC game): an agent's return runs across the other
+    # players' moves, from one of its turns to its next.
+    turn_based: bool = False
 
     @property
     def n_agents(self) -> int:
@@ -264,7 +368,19 @@ def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None
     kwargs = dict(params)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    return factory(**kwargs)
+    return as_parallel(factory(**kwargs))
+
+
+def as_parallel(env: Any) -> Any:
+    """A factory's env as a ParallelEnv: a turn-based (AEC) env is wrapped so that each step
+    moves the one agent whose turn it is (`marlctl.envs.turns`)."""
+    from pettingzoo import AECEnv
+
+    if isinstance(env, AECEnv):
+        from marlctl.envs.turns import TurnBasedEnv
+
+        return TurnBasedEnv(env)
+    return env
 
 
 def _group_name(agents: list[str]) -> str:
@@ -332,7 +448,10 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
         state_dim = int(np.prod(env.state_space.shape))
     else:
         state_dim = sum(g.obs_dim * g.n_agents for g in groups)
-    return EnvInfo(env_id, factory, tuple(groups), state_dim, state_from_env, tuple(agents))
+    turn_based = bool(getattr(env, "turn_based", False))
+    return EnvInfo(
+        env_id, factory, tuple(groups), state_dim, state_from_env, tuple(agents), turn_based
+    )
 
 
 # Env modules whose `state()` fails partway through episodes: their global state is the
@@ -381,7 +500,7 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
 
             info = describe_native(factory, params)
         else:
-            env = factory(**params)
+            env = as_parallel(factory(**params))
             try:
                 info = describe(env, entry.id, entry.factory)
                 _step_once(env, info)

@@ -573,11 +573,13 @@ def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]
     try:
         probe(env["id"], params)
     except Exception as err:
-        return [env_problem(env["id"], err, provenance)]
+        return [env_problem(env["id"], err, provenance, params)]
     return []
 
 
-def env_problem(env_id: str, err: Exception, provenance: Provenance) -> Problem:
+def env_problem(
+    env_id: str, err: Exception, provenance: Provenance, params: dict | None = None
+) -> Problem:
     """What building, resetting or stepping the env once raised, placed on the spec."""
     from marlctl.envs.registry import EnvLookupError, ProbeTimeout
 
@@ -587,6 +589,10 @@ def env_problem(env_id: str, err: Exception, provenance: Provenance) -> Problem:
         return provenance.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):
         return provenance.problem("env.params", f"env '{env_id}' rejected its params: {err}")
+    # A message that starts with the name of a param the spec sets is about that param.
+    first = str(err).split(" ", 1)[0]
+    if isinstance(err, ValueError) and first in (params or {}):
+        return provenance.problem(f"env.params.{first}", str(err))
     # The user's factory may raise anything; report it, never a traceback.
     message = f"building env '{env_id}' failed: {type(err).__name__}: {err}"
     return provenance.problem("env", message)

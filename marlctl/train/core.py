@@ -183,6 +183,54 @@ def gae(
     return advantages, advantages + values
 
 
+def turn_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_value: torch.Tensor,
+    active: torch.Tensor,
+    last_active: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GAE for turn-based games, where an agent acts on some steps only.
+
+    An agent's transition runs from one of its turns to its next: the rewards it receives on
+    the other players' moves in between (a loss on the winner's move) are added to its
+    turn's reward, and it bootstraps from its value at its next turn, discounted once per
+    turn. Steps it does not act on get no advantage. Its last turn before the rollout's end
+    counts only if it acts at the first step after the rollout (`last_active`): otherwise
+    the rest of that turn's return is not seen yet, and the step is left out.
+
+    rewards, values, active: [T, ..., n]; last_value, last_active: [..., n]; dones: [T, ...],
+    true where the env's episode ended after step t. Returns (advantages, returns, counted),
+    `counted` true at the steps that enter the loss.
+    """
+    zero = torch.zeros_like(last_value)
+    advantages = torch.zeros_like(rewards)
+    counted = torch.zeros_like(active)
+    running, pending = zero, zero
+    next_value = torch.where(last_active, last_value, zero)
+    unknown = ~last_active
+    for t in reversed(range(rewards.shape[0])):
+        ended = dones[t].unsqueeze(-1).expand_as(unknown)  # what follows is another episode
+        next_value = torch.where(ended, zero, next_value)
+        running = torch.where(ended, zero, running)
+        pending = torch.where(ended, zero, pending)
+        unknown = unknown & ~ended
+        acts = active[t]
+        delta = rewards[t] + pending + gamma * next_value - values[t]
+        step = delta + gamma * lam * running
+        use = acts & ~unknown
+        advantages[t] = torch.where(use, step, zero)
+        counted[t] = use
+        running = torch.where(acts, torch.where(unknown, zero, step), running)
+        next_value = torch.where(acts, values[t], next_value)
+        pending = torch.where(acts, zero, pending + rewards[t])
+        unknown = unknown & ~acts
+    return advantages, advantages + values, counted
+
+
 def one_hot_ids(n: int, device: torch.device) -> torch.Tensor:
     return torch.eye(n, device=device)
 

@@ -26,7 +26,7 @@ from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
 from marlctl.train.base import Trainer, clip_grad_norm_per_seed
-from marlctl.train.core import RunningMeanStd, gae, per_seed
+from marlctl.train.core import RunningMeanStd, gae, per_seed, turn_gae
 from marlctl.train.networks import reset_where
 
 # ---------------------------------------------------------------- networks
@@ -287,10 +287,18 @@ class OnPolicyTrainer(Trainer):
             last = pol.value_norm.denormalize(last)
             # An agent continues past step t if its env did not end and it still acts at
             # t + 1; one that left early must not bootstrap from its blank observation.
-            next_active = torch.cat([r.active[1:], last_split.active[name].unsqueeze(0)])
-            continues = (~dones).unsqueeze(-1) & next_active
-            adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
-            adv, ret, active = layout(adv), layout(ret), layout(r.active)
+            last_active = last_split.active[name]
+            if self.info.turn_based:
+                adv, ret, counted = turn_gae(
+                    r.rewards, r.values, last, r.active, last_active, dones,
+                    cfg.gamma, cfg.gae_lambda,
+                )  # fmt: skip
+            else:
+                next_active = torch.cat([r.active[1:], last_active.unsqueeze(0)])
+                continues = (~dones).unsqueeze(-1) & next_active
+                adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
+                counted = r.active
+            adv, ret, active = layout(adv), layout(ret), layout(counted)
             weight = active.to(torch.float32)
             if cfg.normalize_advantages:
                 mean = masked_mean(adv, weight)

@@ -1,0 +1,188 @@
+"""Turn-based PettingZoo (AEC) envs, as ParallelEnvs in which one agent acts per step.
+
+An AEC env steps one agent at a time (`agent_selection`), and every agent's reward can
+change on any step (a player who loses gets -1 on the winner's move). `TurnBasedEnv` turns
+each of those steps into a step of a ParallelEnv whose `agents` is the one agent to act:
+the batched backend then marks the others inactive, so their actions are ignored and they
+are masked out of the loss; each step's rewards reach every agent. Trainers treat such an
+env as turn-based (`EnvInfo.turn_based`): an agent's return runs from one of its turns to
+its next, across the other players' moves. Legal-action masks come from the dict
+observation's `action_mask`, as the classic games give them.
+
+With `opponent: random` one seat plays uniformly random legal moves inside the env, a
+different seat each episode, drawn from the env's seed: the env is then a one-agent env
+(`player`), whose steps are the learner's own moves and whose reward is its seat's, so any
+algorithm trains on it and its return is the learner's score against that opponent.
+
+Pure: imports numpy and PettingZoo.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+from pettingzoo import ParallelEnv
+
+from marlctl.envs.signature import FactoryParams, factory_params
+
+OPPONENTS = ("random",)
+LEARNER = "player"  # the one agent of an env with a scripted opponent
+
+
+class TurnBasedEnv(ParallelEnv):
+    """An AEC env as a ParallelEnv of one acting agent per step."""
+
+    turn_based = True
+
+    def __init__(self, aec: Any):
+        self.aec = aec
+        self.possible_agents = list(aec.possible_agents)
+        self.agents: list[str] = []
+        self.metadata = dict(getattr(aec, "metadata", {}))
+        self.render_mode = getattr(aec, "render_mode", None)
+
+    def observation_space(self, agent: str):
+        return self.aec.observation_space(agent)
+
+    def action_space(self, agent: str):
+        return self.aec.action_space(agent)
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        self.aec.reset(seed=seed, options=options)
+        self._skip_dead()
+        return self._observations(), self._infos()
+
+    def step(self, actions: dict[str, Any]):
+        agent = self.aec.agent_selection
+        self.aec.step(actions[agent])
+        # The rewards of this move, for every agent (the AEC env clears them on the next).
+        rewards = {a: float(self.aec.rewards.get(a, 0.0)) for a in self.possible_agents}
+        terms = {a: bool(self.aec.terminations.get(a, True)) for a in self.possible_agents}
+        truncs = {a: bool(self.aec.truncations.get(a, False)) for a in self.possible_agents}
+        observations, infos = self._observations(), self._infos()
+        self._skip_dead()
+        return observations, rewards, terms, truncs, infos
+
+    def _skip_dead(self) -> None:
+        """Remove the agents whose game is over (the AEC way: a None step each) until a live
+        agent is to act; `agents` is then that agent, or empty once every agent is out."""
+        aec = self.aec
+        while aec.agents and (
+            aec.terminations[aec.agent_selection] or aec.truncations[aec.agent_selection]
+        ):
+            aec.step(None)
+        self.agents = [aec.agent_selection] if aec.agents else []
+
+    def _observations(self) -> dict[str, Any]:
+        return {a: self.aec.observe(a) for a in self.possible_agents}
+
+    def _infos(self) -> dict[str, dict]:
+        return {a: dict(self.aec.infos.get(a, {})) for a in self.possible_agents}
+
+    def state(self):
+        return self.aec.state()
+
+    def render(self):
+        return self.aec.render()
+
+    def close(self) -> None:
+        self.aec.close()
+
+
+class AgainstOpponent(ParallelEnv):
+    """An AEC game against a scripted opponent: one learner, a random seat per episode."""
+
+    turn_based = False  # the learner acts on every step
+
+    def __init__(self, aec: Any, opponent: str):
+        if opponent not in OPPONENTS:
+            raise ValueError(
+                f"opponent must be one of {', '.join(OPPONENTS)} or null, not {opponent!r}"
+            )
+        self.aec, self.opponent = aec, opponent
+        self.seats = list(aec.possible_agents)
+        self.possible_agents, self.agents = [LEARNER], []
+        self.metadata = dict(getattr(aec, "metadata", {}))
+        self.render_mode = getattr(aec, "render_mode", None)
+        self.rng = np.random.default_rng()
+        self.seat = self.seats[0]
+
+    def observation_space(self, agent: str):
+        return self.aec.observation_space(self.seats[0])
+
+    def action_space(self, agent: str):
+        return self.aec.action_space(self.seats[0])
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.aec.reset(seed=seed, options=options)
+        self.seat = self.seats[int(self.rng.integers(len(self.seats)))]
+        self._play_opponent()
+        self.agents = [LEARNER]
+        return self._observation(), self._info()
+
+    def step(self, actions: dict[str, Any]):
+        self.aec.step(actions[LEARNER])
+        reward = float(self.aec.rewards.get(self.seat, 0.0))
+        reward += self._play_opponent()
+        over = self._over()
+        term = over and not bool(self.aec.truncations.get(self.seat, False))
+        trunc = over and not term
+        observation, info = self._observation(), self._info()
+        if over:
+            self.agents = []
+        return observation, {LEARNER: reward}, {LEARNER: term}, {LEARNER: trunc}, info
+
+    def _over(self) -> bool:
+        aec = self.aec
+        return (
+            self.seat not in aec.agents or aec.terminations[self.seat] or aec.truncations[self.seat]
+        )
+
+    def _play_opponent(self) -> float:
+        """The opponent's moves until the learner is to move or the game is over; the
+        learner's rewards on them."""
+        aec, reward = self.aec, 0.0
+        while aec.agents and aec.agent_selection != self.seat and not self._over():
+            agent = aec.agent_selection
+            if aec.terminations[agent] or aec.truncations[agent]:
+                aec.step(None)
+                continue
+            mask = np.asarray(aec.observe(agent)["action_mask"], bool)
+            aec.step(int(self.rng.choice(np.flatnonzero(mask))))
+            reward += float(aec.rewards.get(self.seat, 0.0))
+        return reward
+
+    def _observation(self) -> dict[str, Any]:
+        return {LEARNER: self.aec.observe(self.seat)}
+
+    def _info(self) -> dict[str, dict]:
+        return {LEARNER: dict(self.aec.infos.get(self.seat, {}))}
+
+    def render(self):
+        return self.aec.render()
+
+    def close(self) -> None:
+        self.aec.close()
+
+
+def classic(game: str, opponent: str | None = None, **kwargs: Any) -> ParallelEnv:
+    """`pettingzoo.classic.GAME`'s AEC env: turn-based, every seat an agent; or, with
+    `opponent`, one learner against that scripted player."""
+    aec = _module(game).env(**kwargs)
+    return TurnBasedEnv(aec) if opponent is None else AgainstOpponent(aec, opponent)
+
+
+def _parameters(game: str) -> FactoryParams:
+    found = factory_params(_module(game).env)
+    return FactoryParams({"opponent": None, **found.defaults}, found.open)
+
+
+classic.parameters = _parameters  # type: ignore[attr-defined]
+
+
+def _module(game: str):
+    return importlib.import_module(f"pettingzoo.classic.{game}")
