@@ -282,7 +282,8 @@ def _evaluate_one(
 
 def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Path:
     """Play `render.episodes` episodes in one PettingZoo env in `rgb_array` mode and write
-    its frames; a native-backend run renders through its PettingZoo original."""
+    its frames; a native-backend run renders through its PettingZoo original, a VMAS run
+    through VMAS's own renderer."""
     import numpy as np
     import torch
 
@@ -297,9 +298,23 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
     trainer = build_trainer(spec, plan.env, 1, device, total_iterations=1)
     _load_policies(trainer, policies, "the checkpoint")
     try:
-        env = PettingZooEnv(
-            spec.env.id, dict(spec.env.params), plan.env, 1, device, render_mode="rgb_array"
-        )
+        if spec.env.backend == "vmas":  # VMAS draws its own batch's first env
+            from marlctl.envs.registry import lookup
+            from marlctl.envs.vmas import VmasEnv
+
+            scenario = dict(lookup(spec.env.id).kwargs)["scenario"]
+            params = dict(spec.env.params)
+            env = VmasEnv(spec.env.id, scenario, params, 1, device, render_mode="rgb_array")
+        else:
+            env = PettingZooEnv(
+                spec.env.id,
+                dict(spec.env.params),
+                plan.env,
+                1,
+                device,
+                render_mode="rgb_array",
+                reward_weights=spec.env.reward_weights,
+            )
     except Exception as err:
         raise SpecError.at(
             "--render", f"{spec.env.id} cannot render rgb_array frames: {err}"

@@ -122,7 +122,9 @@ def compile_plan(
     algo = registered_algos()[spec.algo.name]
     from marlctl.envs.native import native_only_problem, native_problem
 
-    problem = native_only_problem(env_info.id, spec.env.backend)
+    problem = native_only_problem(env_info.id, spec.env.backend) or vmas_problem(
+        spec.env.id, spec.env.backend, spec.hardware.env_workers
+    )
     if problem is not None:
         problems.append(prov.problem(*problem))
     elif spec.env.backend == "native":
@@ -147,6 +149,25 @@ def compile_plan(
                     f"'{spec.env.id}' group '{group.name}' has (env.id)",
                 )
             )
+    weights, k = spec.env.reward_weights, env_info.objectives
+    if weights is not None and not k:
+        problems.append(
+            prov.problem(
+                "env.reward_weights",
+                f"env '{spec.env.id}' has a scalar reward: there are no objectives to weigh",
+            )
+        )
+    elif weights is not None and len(weights) != k:
+        problems.append(
+            prov.problem(
+                "env.reward_weights",
+                f"env '{spec.env.id}' has {k} objectives; give {k} weights, not {len(weights)}",
+            )
+        )
+    elif k and spec.env.backend != "pettingzoo":
+        problems.append(
+            prov.problem("env.backend", "multi-objective envs run on backend pettingzoo")
+        )
     if env_info.turn_based and not algo.turn_based:
         able = ", ".join(name for name, a in registered_algos().items() if a.turn_based)
         problems.append(
@@ -205,8 +226,14 @@ def compile_plan(
         problems.append(
             prov.problem(
                 "hardware.batch_seeds",
-                "seeds are batched on env.backend: native only (PettingZoo envs step one "
-                "at a time in Python)",
+                "seeds are batched on env.backend: native only ("
+                + (
+                    "VMAS draws from one random state per process, so a batched seed could "
+                    "not compute what it computes alone"
+                    if spec.env.backend == "vmas"
+                    else "PettingZoo envs step one at a time in Python"
+                )
+                + ")",
             )
         )
     if hw.env_workers > hw.num_envs:
@@ -271,6 +298,26 @@ def compile_plan(
     return Plan(
         loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter, hw.batch_seeds
     )
+
+
+def vmas_problem(env_id: str, backend: str, workers: int) -> tuple[str, str] | None:
+    """(key, message) when a VMAS scenario and the vmas backend are not asked for together."""
+    from marlctl.envs.registry import lookup
+
+    vmas = lookup(env_id).suite == "vmas"
+    if vmas and backend != "vmas":
+        return "env.backend", f"'{env_id}' is a VMAS scenario; set env.backend: vmas"
+    if backend == "vmas" and not vmas:
+        return (
+            "env.backend",
+            f"'{env_id}' is not a VMAS scenario (vmas/...): backend vmas runs those",
+        )
+    if backend == "vmas" and workers:
+        return (
+            "hardware.env_workers",
+            "VMAS steps every env in one batch on the run's device (set env_workers: 0)",
+        )
+    return None
 
 
 def _resolve_device(device: str, gpus: int) -> str:

@@ -34,7 +34,7 @@ def preset_text(env_id: str) -> str:
     """The preset of `env_id`: its id, backend and every parameter at its default."""
     entry = lookup(env_id)
     params = env_params(env_id)
-    backend = "native" if env_id in NATIVE_ONLY else "pettingzoo"
+    backend = "native" if env_id in NATIVE_ONLY else "vmas" if entry.suite == "vmas" else "pettingzoo"
     lines = [
         "# @package env",
         f"# {env_id}: {entry.summary}.",

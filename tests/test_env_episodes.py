@@ -31,15 +31,20 @@ COPIES = 2
 MAX_CYCLES = 6  # short episodes: a few steps each, so every env ends several
 ENDS = 2  # episode ends each copy must reach
 # The parameter that limits an episode's length: PettingZoo's, LBF's and RWARE's names.
-TIME_LIMITS = ("max_cycles", "max_episode_steps", "max_steps")
+TIME_LIMITS = ("max_cycles", "max_episode_steps", "max_steps", "num_timesteps")
 # Games with no time limit end within their board's number of moves.
-GAME_LENGTHS = {"classic/tictactoe": 9, "classic/connect_four": 42}
+GAME_LENGTHS = {
+    "classic/tictactoe": 9,
+    "classic/connect_four": 42,
+    **{f"momaland/{name}": 200 for name in ("catch", "surround", "escort")},  # fixed horizon
+}
 
 
 def _cases():
     for env_id in registered_ids():
         if env_id in ENVS:
-            yield pytest.param(env_id, "pettingzoo", id=f"pettingzoo-{env_id}")
+            backend = "vmas" if lookup(env_id).suite == "vmas" else "pettingzoo"
+            yield pytest.param(env_id, backend, id=f"{backend}-{env_id}")
         if env_id in NATIVE:
             yield pytest.param(env_id, "native", id=f"native-{env_id}")
 
@@ -52,6 +57,10 @@ def preset_params(env_id: str) -> dict:
 def make(env_id: str, backend: str, params: dict, info: EnvInfo):
     if backend == "native":
         return native_class(env_id)(params, COPIES, "cpu")
+    if backend == "vmas":
+        from marlctl.envs.vmas import VmasEnv
+
+        return VmasEnv(env_id, dict(lookup(env_id).kwargs)["scenario"], params, COPIES, "cpu")
     from marlctl.envs.pettingzoo import PettingZooEnv
 
     return PettingZooEnv(env_id, params, info, COPIES, torch.device("cpu"))

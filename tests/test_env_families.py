@@ -17,6 +17,8 @@ RWARE = "rware/rware-tiny-2ag-v2"
 FAMILY_TASKS = {
     "lbf": (LBF, {"max_episode_steps": 10}),
     "rware": (RWARE, {"max_steps": 10}),
+    "momaland": ("momaland/beach", {"num_agents": 6, "num_timesteps": 3}),
+    "classic": ("classic/tictactoe", {}),
 }
 
 
@@ -186,8 +188,13 @@ def quick(algo: str, env_id: str, params: dict) -> dict:
 
 
 def _fits(env_id: str):
-    """The algorithms whose capabilities fit the family's discrete actions."""
-    return [a for a, info in registered_algos().items() if "discrete" in info.action_kinds]
+    """The algorithms whose capabilities fit the family's discrete actions (and turns)."""
+    turns = lookup(env_id).suite == "classic"
+    return [
+        a
+        for a, info in registered_algos().items()
+        if "discrete" in info.action_kinds and (info.turn_based or not turns)
+    ]
 
 
 SMOKE = [
@@ -310,3 +317,158 @@ def test_tictactoe_against_a_random_opponent_is_learned(tmp_path):
     assert out["exit_code"] == 0, out
     returns = sorted(run["final_return"] for run in out["runs"])
     assert returns[1] > 0.6, returns
+
+
+# ---------------------------------------------------------------- VMAS
+
+NAVIGATION = "vmas/navigation"
+
+
+def vmas_quick(algo: str, continuous: bool, env_id: str = NAVIGATION, **params) -> dict:
+    body = quick(algo, env_id, {"max_steps": 10, "continuous_actions": continuous, **params})
+    body["env"]["backend"] = "vmas"
+    return body
+
+
+def test_every_vmas_scenario_is_registered_with_a_vmas_preset():
+    import vmas
+
+    ids = {e for e in ENVS if e.startswith("vmas/")}
+    assert ids == {f"vmas/{name}" for name in [*vmas.scenarios, *vmas.mpe_scenarios]}
+    assert env_params(NAVIGATION).defaults["n_agents"] == 4  # read from make_world
+    assert lookup(NAVIGATION).extra == "vmas"
+
+
+@needs(NAVIGATION)
+def test_vmas_ids_and_the_vmas_backend_go_together(tmp_path):
+    body = vmas_quick("mappo", False)
+    body["env"]["backend"] = "pettingzoo"
+    out = run_json("validate", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 2
+    assert "'vmas/navigation' is a VMAS scenario; set env.backend: vmas" in str(out)
+    body = quick("mappo", "mpe/simple_spread", {})
+    body["env"]["backend"] = "vmas"
+    out = run_json("validate", str(write_spec(tmp_path, body, "b.yaml")))
+    assert out["exit_code"] == 2 and "is not a VMAS scenario" in str(out)
+    body = vmas_quick("mappo", False, n_agentz=3)
+    out = run_json("validate", str(write_spec(tmp_path, body, "c.yaml")))
+    assert out["exit_code"] == 2 and "takes no parameter 'n_agentz'" in str(out)
+
+
+@needs(NAVIGATION)
+def test_the_vmas_env_is_batched_on_its_device_with_groups_and_resets_ended_envs():
+    import torch
+
+    from marlctl.envs.vmas import VmasEnv
+
+    env = VmasEnv(
+        "vmas/simple_speaker_listener", "simple_speaker_listener", {"max_steps": 3}, 5, "cpu"
+    )
+    assert [g.agents for g in env.info.groups] == [("speaker_0",), ("listener_0",)]
+    ob = env.reset(7)
+    again = VmasEnv(
+        "vmas/simple_speaker_listener", "simple_speaker_listener", {"max_steps": 3}, 5, "cpu"
+    ).reset(7)
+    for name in ob.obs:  # seeded start states
+        assert torch.equal(ob.obs[name], again.obs[name]) and ob.obs[name].shape[0] == 5
+    actions = {g.name: torch.zeros(5, 1, dtype=torch.long) for g in env.info.groups}
+    for _ in range(3):
+        tr = env.step(actions)
+    assert tr.truncated.all() and not tr.terminated.any()  # the time limit cut all five
+    assert not torch.equal(tr.final.obs["listener"], tr.next.obs["listener"])
+
+
+SMOKE_VMAS = [
+    pytest.param(algo, kind, id=f"vmas-{algo}-{kind}", marks=needs(NAVIGATION))
+    for algo, info in registered_algos().items()
+    for kind in info.action_kinds
+]
+
+
+@pytest.mark.parametrize(("algo", "kind"), SMOKE_VMAS)
+def test_every_algorithm_trains_on_vmas(algo, kind, tmp_path):
+    body = vmas_quick(algo, kind == "continuous", n_agents=2)
+    body["train"]["eval_every"] = 60
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    (run,) = out["runs"]
+    assert run["status"] == "FINISHED" and run["final_return"] is not None
+
+
+@needs(NAVIGATION)
+def test_a_heterogeneous_vmas_run_evaluates_and_renders(tmp_path):
+    body = vmas_quick("mappo", False, "vmas/simple_speaker_listener")
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    run_id = out["runs"][0]["run_id"]
+    metrics = client().get_run(run_id).data.metrics
+    assert {"eval/return/speaker", "eval/return/listener"} <= set(metrics)
+    result = run_json("eval", run_id, "--episodes", "4", "--render", str(tmp_path / "play.gif"))
+    assert result["exit_code"] == 0, result
+    assert (tmp_path / "play.gif").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- multi-objective (MOMAland)
+
+BEACH = "momaland/beach"
+
+
+@needs(BEACH)
+def test_reward_vectors_are_scalarised_by_the_weights_and_kept_per_objective():
+    import torch
+
+    from marlctl.envs.pettingzoo import PettingZooEnv
+
+    params = {"num_agents": 6, "num_timesteps": 3}
+    info = probe(BEACH, params)
+    assert info.objectives == 2
+    steps = {}
+    for weights in ([1.0, 0.0], [0.0, 1.0], None):
+        env = PettingZooEnv(BEACH, params, info, 3, torch.device("cpu"), reward_weights=weights)
+        env.reset(0)
+        actions = {"agent": torch.ones(3, 6, dtype=torch.long)}
+        steps[str(weights)] = env.step(actions)
+        env.close()
+    first, second, equal = steps["[1.0, 0.0]"], steps["[0.0, 1.0]"], steps["None"]
+    assert torch.equal(first.objectives, equal.objectives)  # same seed, same moves
+    assert torch.allclose(first.rewards["agent"].mean(1), first.objectives[:, 0])
+    assert torch.allclose(second.rewards["agent"].mean(1), second.objectives[:, 1])
+    both = (first.rewards["agent"] + second.rewards["agent"]) / 2
+    assert torch.allclose(equal.rewards["agent"], both)  # default: equal weights summing to 1
+
+
+@needs(BEACH)
+def test_every_objective_is_logged_for_training_and_evaluation(tmp_path):
+    body = quick("mappo", BEACH, {"num_agents": 6, "num_timesteps": 3})
+    body["env"]["reward_weights"] = [0.7, 0.3]
+    body["train"] = {"total_env_steps": 2_400, "eval_every": 1_200, "eval_episodes": 8}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    metrics = client().get_run(out["runs"][0]["run_id"]).data.metrics
+    for phase in ("train", "eval"):
+        assert {f"{phase}/objective/0", f"{phase}/objective/1"} <= set(metrics), metrics
+    from marlctl.report.labels import metric
+
+    assert metric("eval/objective/1") == "Evaluation return of objective 1 (mean per agent)"
+
+
+@needs(BEACH)
+def test_reward_weights_are_checked_against_the_envs_objectives(tmp_path):
+    body = quick("mappo", BEACH, {"num_agents": 6})
+    body["env"]["reward_weights"] = [1.0, 2.0, 3.0]
+    out = run_json("validate", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 2
+    assert "env 'momaland/beach' has 2 objectives; give 2 weights, not 3" in str(out)
+    body = quick("mappo", LBF, {})
+    body["env"]["reward_weights"] = [1.0]
+    out = run_json("validate", str(write_spec(tmp_path, body, "b.yaml")))
+    assert out["exit_code"] == 2 and "has a scalar reward" in str(out)
+
+
+@needs("momaland/catch")
+def test_drones_with_two_objectives_train_a_few_thousand_steps(tmp_path):
+    body = quick("mappo", "momaland/catch", {})
+    body["train"] = {"total_env_steps": 4_000, "eval_every": 2_000, "eval_episodes": 4}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    assert out["runs"][0]["env_steps"] >= 4_000

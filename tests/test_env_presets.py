@@ -47,7 +47,9 @@ hardware: {{num_envs: 2}}
 
 
 def preset(env_id: str) -> dict:
-    return yaml.safe_load((PRESETS / f"{preset_name(env_id)}.yaml").read_text(encoding="utf-8"))
+    """The preset's env as a resolved spec has it (fields it leaves out at their defaults)."""
+    text = (PRESETS / f"{preset_name(env_id)}.yaml").read_text(encoding="utf-8")
+    return {"reward_weights": None, **yaml.safe_load(text)}
 
 
 def resolved_env(*args: str) -> dict:
@@ -68,7 +70,9 @@ def test_every_registered_env_has_a_preset_naming_it(env_id: str) -> None:
     assert text.startswith("# @package env\n"), "the preset must place itself under env"
     data = yaml.safe_load(text)
     assert data["id"] == env_id
-    assert data["backend"] == ("native" if env_id in NATIVE_ONLY else "pettingzoo")
+    suite = lookup(env_id).suite
+    expected = "native" if env_id in NATIVE_ONLY else "vmas" if suite == "vmas" else "pettingzoo"
+    assert data["backend"] == expected
     # Each key is a parameter the env names: a typo fails here even where the factory
     # would swallow it through **kwargs.
     named = env_params(env_id).defaults
@@ -94,6 +98,7 @@ def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
         *(f"lbf/{n}" for n in registry.LBF_TASKS),
         *(f"rware/{n}" for n in registry.RWARE_TASKS),
         *(f"classic/{n}" for n in registry.CLASSIC),
+        *(e for e in registry.ENVS if e.startswith("vmas/")),
         *NATIVE_ONLY,
     }
     for path in sorted(PRESETS.glob("*.y*ml")):

@@ -27,6 +27,9 @@ class Transition(NamedTuple):
     # The last observation of an ended episode (rows where done); `next` itself when no
     # episode ended this step, so a trainer can skip bootstrapping without a host sync.
     final: Observation
+    # A multi-objective env's reward vectors before `env.reward_weights` scalarised them:
+    # [E, k], the mean over all agents; None for a scalar reward.
+    objectives: torch.Tensor | None = None
 
 
 class BatchedEnv(Protocol):

@@ -78,8 +78,10 @@ class EnvSlice:
 
     def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays]:
         nxt, final = self._blank(), self._blank()
+        k = self.info.objectives  # a reward vector of k objectives per agent, or a scalar
         rew: Arrays = {
-            f"rew/{g.name}": np.zeros((self.k, g.n_agents), np.float32) for g in self.info.groups
+            f"rew/{g.name}": np.zeros((self.k, g.n_agents, *((k,) if k else ())), np.float32)
+            for g in self.info.groups
         }
         rew["terminated"] = np.zeros(self.k, bool)
         rew["truncated"] = np.zeros(self.k, bool)
@@ -143,8 +145,14 @@ class PettingZooEnv:
         device: torch.device,
         workers: int = 0,
         render_mode: str | None = None,
+        reward_weights: list[float] | None = None,
     ):
+        """reward_weights: a multi-objective env's weights of its objectives (default: equal
+        weights summing to 1), which scalarise each agent's reward vector."""
         self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
+        k = info.objectives
+        weights = reward_weights if reward_weights is not None else [1.0 / k] * k if k else []
+        self.weights = torch.tensor(weights, dtype=torch.float32, device=self.device)
         self._local: EnvSlice | None = None
         self._remotes: list = []
         self._procs: list = []
@@ -221,13 +229,12 @@ class PettingZooEnv:
         def cat(key: str) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([r[key] for r in rew])).to(self.device)
 
-        return Transition(
-            nxt,
-            {g.name: cat(f"rew/{g.name}") for g in self.info.groups},
-            cat("terminated"),
-            cat("truncated"),
-            final,
-        )
+        rewards = {g.name: cat(f"rew/{g.name}") for g in self.info.groups}
+        objectives = None
+        if self.info.objectives:  # [E, n, k] per group: scalarised, and kept per objective
+            objectives = torch.cat(list(rewards.values()), 1).mean(1)
+            rewards = {name: r @ self.weights for name, r in rewards.items()}
+        return Transition(nxt, rewards, cat("terminated"), cat("truncated"), final, objectives)
 
     def close(self) -> None:
         if self._local is not None:

@@ -55,8 +55,10 @@ class EnvEntry:
         return "pip install " + " ".join(DISTRIBUTIONS.get(m, m) for m in missing)
 
 
-# The distribution that provides a module, where the names differ.
-DISTRIBUTIONS = {"pygame": "pygame-ce", "Box2D": "box2d"}
+# The distribution that provides a module, where the names differ. MOMAland declares pygame
+# (which would overwrite the pygame-ce the SISL envs install) and wandb; the MOMAland envs
+# registered here import neither, so it is installed without its declared dependencies.
+DISTRIBUTIONS = {"pygame": "pygame-ce", "Box2D": "box2d", "momaland": "--no-deps momaland"}
 
 
 def _importable(module: str) -> bool:
@@ -202,6 +204,40 @@ def _turn_based(envs: dict[str, tuple[str, tuple[str, ...]]]):
             yield EnvEntry(f"classic/{name}", factory, "classic", summary, requires, None, game)
 
 
+def _vmas():
+    from marlctl.envs.vmas import scenario_names
+
+    for name in scenario_names():
+        summary = f"VMAS {name.replace('_', ' ')} (batched torch, CPU or GPU)"
+        scenario = (("scenario", name),)
+        yield EnvEntry(
+            f"vmas/{name}", "marlctl.envs.vmas:make", "vmas", summary, (), "vmas", scenario
+        )
+
+
+# Multi-objective envs (MOMAland, Felten et al. 2024): a reward vector per agent, scalarised
+# for training by `env.reward_weights`; every objective's return is logged.
+MOMALAND = {
+    "beach": ("momaland.envs.beach", "mobeach", "beach problem: sections' capacity vs mix"),
+    "catch": ("momaland.envs.crazyrl.catch", "catch", "drones catch a moving target"),
+    "surround": ("momaland.envs.crazyrl.surround", "surround", "drones surround a target"),
+    "escort": ("momaland.envs.crazyrl.escort", "escort", "drones escort a moving target"),
+    "multiwalker_stability": (
+        "momaland.envs.multiwalker_stability",
+        "momultiwalker_stability",
+        "walkers carry a package steadily",
+    ),
+}
+
+
+def _momaland():
+    for name, (package, stem, summary) in MOMALAND.items():
+        module = _latest(package, stem)
+        if module is not None:
+            text = f"{summary} (multi-objective)"
+            yield EnvEntry(f"momaland/{name}", f"{module}:parallel_env", "momaland", text)
+
+
 ENVS: dict[str, EnvEntry] = {
     e.id: e
     for e in [
@@ -211,6 +247,8 @@ ENVS: dict[str, EnvEntry] = {
         *(_family_entry(f"lbf/{task}") for task in LBF_TASKS),
         *(_family_entry(f"rware/{task}") for task in RWARE_TASKS),
         *_turn_based(CLASSIC),
+        *_vmas(),
+        *_momaland(),
     ]
 }
 
@@ -357,6 +395,8 @@ class EnvInfo:
     # One agent acts per step (an AEC game): an agent's return runs across the other
     # players' moves, from one of its turns to its next.
     turn_based: bool = False
+    # Objectives of a multi-objective env (MOMAland's vector rewards); 0 = a scalar reward.
+    objectives: int = 0
 
     @property
     def n_agents(self) -> int:
@@ -449,8 +489,18 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
     else:
         state_dim = sum(g.obs_dim * g.n_agents for g in groups)
     turn_based = bool(getattr(env, "turn_based", False))
+    objectives = 0
+    if callable(getattr(env, "reward_space", None)):  # MOMAland: a reward vector per agent
+        objectives = int(np.prod(env.reward_space(agents[0]).shape))
     return EnvInfo(
-        env_id, factory, tuple(groups), state_dim, state_from_env, tuple(agents), turn_based
+        env_id,
+        factory,
+        tuple(groups),
+        state_dim,
+        state_from_env,
+        tuple(agents),
+        turn_based,
+        objectives,
     )
 
 
@@ -494,11 +544,19 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
         return _probed[key]
     entry = lookup(env_id)
     factory = resolve_factory(entry)  # imports happen here, outside the time limit
-    with time_limit(PROBE_SECONDS, f"building, resetting and stepping env '{env_id}' once"):
+    if entry.suite == "vmas":
+        import vmas  # noqa: F401  (and torch)
+
+        from marlctl.envs.vmas import describe_vmas
+    # A VMAS world is built by torch code: seconds for its larger scenarios on a busy CPU.
+    seconds = PROBE_SECONDS * (5 if entry.suite == "vmas" else 1)
+    with time_limit(seconds, f"building, resetting and stepping env '{env_id}' once"):
         if entry.suite == "native":  # no PettingZoo original: the env describes itself
             from marlctl.envs.native.base import describe_native
 
             info = describe_native(factory, params)
+        elif entry.suite == "vmas":
+            info = describe_vmas(entry.id, dict(entry.kwargs)["scenario"], params)
         else:
             env = as_parallel(factory(**params))
             try:

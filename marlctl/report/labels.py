@@ -84,6 +84,9 @@ def metric(name: str) -> str:
     if phase in _PHASES and rest.startswith("return/") and rest != "return/":
         group = rest.removeprefix("return/")
         return f"{_PHASES[phase]} return of group {group} (mean per agent)"
+    if phase in _PHASES and rest.startswith("objective/") and rest != "objective/":
+        objective = rest.removeprefix("objective/")
+        return f"{_PHASES[phase]} return of objective {objective} (mean per agent)"
     if phase == "loss" and rest in _LOSSES:
         return _LOSSES[rest]
     return name

@@ -403,7 +403,7 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
         "train": TrainSpec().model_dump(),
         "hardware": HardwareSpec().model_dump(),
         "tracking": TrackingSpec().model_dump(),
-        "env": {"backend": "pettingzoo", "params": {}},
+        "env": {"backend": "pettingzoo", "params": {}, "reward_weights": None},
     }
     info = registered_algos().get(str(algo_name))
     if info is not None:

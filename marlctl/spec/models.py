@@ -24,11 +24,19 @@ _TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "http", "https", 
 
 class EnvSpec(Strict):
     id: str = Field(description="Registered id (`marlctl list envs`) or `package.module:factory`.")
-    backend: Literal["pettingzoo", "native"] = Field(
-        "pettingzoo", description="pettingzoo = the real PettingZoo env; native = batched torch."
+    backend: Literal["pettingzoo", "native", "vmas"] = Field(
+        "pettingzoo",
+        description="pettingzoo = the real PettingZoo env; native = batched torch; "
+        "vmas = a VMAS scenario (`vmas/...` ids), batched by VMAS on the run's device.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the env factory."
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="A multi-objective env's (MOMAland's) weight of each objective: training "
+        "maximises the weighted sum of an agent's reward vector; null = equal weights summing "
+        "to 1. Every objective's return is logged either way.",
     )
 
 

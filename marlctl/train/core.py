@@ -235,6 +235,12 @@ def one_hot_ids(n: int, device: torch.device) -> torch.Tensor:
     return torch.eye(n, device=device)
 
 
+def per_seed_objectives(transition, seeds: int) -> torch.Tensor | None:
+    """A transition's objective vectors `[E, k]` laid out seed first, `[S, E/S, k]`."""
+    objectives = transition.objectives
+    return None if objectives is None else objectives.view(seeds, -1, objectives.shape[-1])
+
+
 class EpisodeStats:
     """Per-agent episode returns of each seed, accumulated on the device; read once per
     iteration. Rewards `[S, E, n]` per group, done `[S, E]`."""
@@ -248,9 +254,29 @@ class EpisodeStats:
         }
         self.sums = torch.zeros(seeds, len(group_sizes) + 1, device=device)  # groups, all
         self.count = torch.zeros(seeds, device=device)
+        self.seeds, self.num_envs, self.device = seeds, num_envs, device
+        self.objectives: tuple[torch.Tensor, torch.Tensor] | None = None  # running, sums
 
-    def record(self, rewards: dict[str, torch.Tensor], done: torch.Tensor) -> None:
+    def record(
+        self,
+        rewards: dict[str, torch.Tensor],
+        done: torch.Tensor,
+        objectives: torch.Tensor | None = None,
+    ) -> None:
+        """objectives: a multi-objective env's reward vectors, the mean over all agents,
+        `[S, E, k]`: each objective's episode return is kept too."""
         finished = done.to(torch.float32)
+        if objectives is not None:
+            if self.objectives is None:
+                k = objectives.shape[-1]
+                self.objectives = (
+                    torch.zeros(self.seeds, self.num_envs, k, device=self.device),
+                    torch.zeros(self.seeds, k, device=self.device),
+                )
+            running, sums = self.objectives
+            running += objectives
+            sums += (running * finished.unsqueeze(-1)).sum(1)
+            running.mul_(1.0 - finished.unsqueeze(-1))
         total_agents = sum(self.groups.values())
         all_agents = torch.zeros_like(finished)
         for index, (group, running) in enumerate(self.running.items()):
@@ -265,9 +291,15 @@ class EpisodeStats:
     def reset_running(self) -> None:
         for running in self.running.values():
             running.zero_()
+        if self.objectives is not None:
+            self.objectives[0].zero_()
 
     def take(self) -> list[dict[str, float] | None]:
         """Per seed: mean per-agent return of episodes finished since the last call, or None."""
+        objectives = None
+        if self.objectives is not None:
+            objectives = self.objectives[1].tolist()
+            self.objectives[1].zero_()
         values = torch.cat([self.sums, self.count.unsqueeze(-1)], dim=-1).tolist()
         self.sums.zero_()
         self.count.zero_()
@@ -279,6 +311,9 @@ class EpisodeStats:
                 continue
             result = {f"return/{g}": row[i] / count for i, g in enumerate(self.groups)}
             result["return_mean"] = row[len(self.groups)] / count
+            if objectives is not None:
+                for k, total in enumerate(objectives[len(out)]):
+                    result[f"objective/{k}"] = total / count
             result["episodes"] = count
             out.append(result)
         return out

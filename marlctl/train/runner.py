@@ -29,7 +29,7 @@ from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan
 from marlctl.spec.models import Spec
-from marlctl.train.core import EpisodeStats
+from marlctl.train.core import EpisodeStats, per_seed_objectives
 
 CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
@@ -143,9 +143,17 @@ def make_env(
         return env
     if seeds != 1:
         raise ValueError("seeds are batched on the native backend only")
+    if spec.env.backend == "vmas":
+        from marlctl.envs.registry import lookup
+        from marlctl.envs.vmas import VmasEnv
+
+        scenario = dict(lookup(spec.env.id).kwargs)["scenario"]
+        return VmasEnv(spec.env.id, scenario, params, num_envs, device)
     from marlctl.envs.pettingzoo import PettingZooEnv
 
-    return PettingZooEnv(spec.env.id, params, info, num_envs, device, workers)
+    return PettingZooEnv(
+        spec.env.id, params, info, num_envs, device, workers, reward_weights=spec.env.reward_weights
+    )
 
 
 def _reset_seed(seeds: list[int]) -> int | list[int]:
@@ -168,7 +176,7 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
         first = tr.terminated | tr.truncated
         done = first.view(S, n)
         rewards = {k: v.view(S, n, *v.shape[1:]) for k, v in tr.rewards.items()}
-        stats.record(rewards, done & (finished < quota))
+        stats.record(rewards, done & (finished < quota), per_seed_objectives(tr, S))
         finished += done.long()
         ob = tr.next
     results = []

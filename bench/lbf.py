@@ -1,0 +1,129 @@
+"""Benchmark: MAPPO and QMIX on level-based foraging, Foraging-8x8-2p-2f-coop-v3.
+
+Through the `lbforaging` package (`env.backend: pettingzoo`) with EPyMARL's common reward
+(the team's sum, so a solved episode returns 1.0 per agent), each algorithm at its defaults,
+3 seeds, `marlctl run specs/lbf_mappo.yaml` (QMIX: the same spec with `algos=qmix`). Reports
+the final per-agent eval return (mean, 95% Student-t interval, every seed) and the first
+eval at 0.9 of the maximum or more; the wall-clock is kept in the jsonl only (the table is
+about returns; speed is measured where nothing else runs). Writes `bench/results/lbf.md`;
+each finished algorithm is appended to `bench/results/lbf.jsonl` and skipped on a re-run.
+
+    .venv/bin/python bench/lbf.py                       # both algorithms, 1M env steps each
+    .venv/bin/python bench/lbf.py --algos qmix --steps 2000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+from algorithms import curves, t_interval
+from pettingzoo_mappo import machine, marlctl_json
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "lbf_mappo.yaml"
+OUT = ROOT / "bench" / "results" / "lbf.md"
+DONE = ROOT / "bench" / "results" / "lbf.jsonl"
+WORKDIR = ROOT / "bench" / "runs"
+TASK = "lbf/Foraging-8x8-2p-2f-coop-v3"
+MAXIMUM = 1.0  # every food collected, rewards normalised and summed over the team
+
+
+def run(algo: str, steps: int, seeds: int) -> dict:
+    folder = WORKDIR / f"lbf-{algo}"
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [
+        "run",
+        str(SPEC),
+        f"algos={algo}",
+        f"seeds=[{','.join(map(str, range(seeds)))}]",
+        f"train.total_env_steps={steps}",
+        f"train.eval_every={max(steps // 20, 1)}",
+        "train.checkpoint_every=0",
+    ]
+    summary, wall = marlctl_json(args, folder, f"{algo} on {TASK}")
+    runs = summary["runs"]
+    returns = [r["final_return"] for r in runs if r["final_return"] is not None]
+    mean, half = t_interval(returns)
+    return {
+        "algo": algo,
+        "steps": steps,
+        "seeds": seeds,
+        "mean": mean,
+        "ci": half,
+        "returns": returns,
+        "throughput": [r["steps_per_s"] for r in runs],
+        "wall_s": wall,
+        "curves": curves(folder, [r["run_id"] for r in runs]),
+        "ok": summary["ok"],
+    }
+
+
+def first_solved(curve: list[list[float]]) -> float | None:
+    for step, value in zip(*curve, strict=True):
+        if value >= 0.9 * MAXIMUM:
+            return step
+    return None
+
+
+def table(cells: list[dict]) -> str:
+    lines = [
+        "# Level-based foraging: MAPPO and QMIX on Foraging-8x8-2p-2f-coop-v3",
+        "",
+        f"Measured {date.today().isoformat()} with `python bench/lbf.py` (spec "
+        "`specs/lbf_mappo.yaml`; QMIX with `algos=qmix`): the `lbforaging` package through "
+        "the PettingZoo backend, 16 envs per seed, 2 seeds side by side, each algorithm at "
+        "its defaults, EPyMARL's common reward (summed: a solved episode returns 1.0 per "
+        "agent), 64 deterministic eval episodes per point.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "| algorithm | env steps per seed | final return (mean ± 95% CI) | seeds | "
+        "of the maximum | first eval ≥ 0.9 (per seed) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        solved = [first_solved(curve) for curve in c["curves"]]
+        lines.append(
+            f"| {c['algo']} | {c['steps']:,} | {c['mean']:.3f} ± {c['ci']:.3f} | "
+            + ", ".join(f"{r:.3f}" for r in c["returns"])
+            + f" | {c['mean'] / MAXIMUM:.0%} | "
+            + ", ".join("never" if s is None else f"{s:,.0f}" for s in solved)
+            + " |"
+        )
+    lines += ["", "Eval curves (env steps → per-agent return, mean over seeds):", ""]
+    for c in cells:
+        steps = c["curves"][0][0]
+        means = [
+            sum(curve[1][i] for curve in c["curves"]) / len(c["curves"])
+            for i in range(min(len(curve[1]) for curve in c["curves"]))
+        ]
+        lines.append(f"- {c['algo']}: " + ", ".join(
+            f"{s / 1e3:.0f}k {m:.2f}" for s, m in zip(steps, means, strict=False)
+        ))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", default="mappo,qmix")
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    for algo in args.algos.split(","):
+        if any(c["algo"] == algo and c["steps"] == args.steps for c in done):
+            continue
+        cell = run(algo, args.steps, args.seeds)
+        done.append(cell)
+        with DONE.open("a") as f:
+            f.write(json.dumps(cell) + "\n")
+        print(f"{algo}: {cell['mean']:.3f} ± {cell['ci']:.3f}", file=sys.stderr)
+    OUT.write_text(table(done))
+
+
+if __name__ == "__main__":
+    main()
