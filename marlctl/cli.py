@@ -880,6 +880,17 @@ def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
 @app.command("list")
 def list_(
     what: Annotated[ListWhat, typer.Argument(help="algos or envs")] = ListWhat.algos,
+    match: Annotated[
+        str | None, typer.Option("--match", help="envs: only ids containing this text.")
+    ] = None,
+    describe: Annotated[
+        bool,
+        typer.Option(
+            "--describe",
+            help="envs: build each installed env at its preset's params and show its agent "
+            "groups, spaces and global state.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show registered algorithms or environments with their capabilities."""
@@ -922,7 +933,7 @@ def list_(
     from marlctl.envs.native import NATIVE, NATIVE_ONLY
     from marlctl.envs.registry import lookup, preset_name, registered_ids
 
-    entries = [lookup(env_id) for env_id in registered_ids()]
+    entries = [lookup(env_id) for env_id in registered_ids() if match is None or match in env_id]
     rows = [
         {
             "id": e.id,
@@ -931,6 +942,8 @@ def list_(
             if e.id in NATIVE_ONLY
             else ["pettingzoo", "native"]
             if e.id in NATIVE
+            else ["vmas"]
+            if e.suite == "vmas"
             else ["pettingzoo"],
             "factory": e.factory,
             "installed": e.installed,
@@ -941,10 +954,14 @@ def list_(
         }
         for e in entries
     ]
+    if describe:
+        for row in rows:
+            row["description"] = _describe_env(row) if row["installed"] else None
     if as_json:
         _emit_json({"envs": rows})
         return
-    table = Table("env", "backends", "installed", "preset", "summary")
+    columns = ["env", "backends", "installed", "preset", "summary"]
+    table = Table(*columns, *(["agents and spaces"] if describe else []))
     for row in rows:
         table.add_row(
             row["id"],
@@ -952,6 +969,7 @@ def list_(
             "yes" if row["installed"] else Text(f"no: {row['install']}"),  # [extra]: no markup
             row["preset"],
             row["summary"],
+            *([Text(_describe_text(row.get("description")))] if describe else []),
         )
     out.print(table)
     out.print(
@@ -959,6 +977,62 @@ def list_(
         "ParallelEnv also works as env.id: package.module:factory",
         soft_wrap=True,
     )
+
+
+def _describe_env(row: dict) -> dict:
+    """An env's groups, spaces and global state, built at its preset's params."""
+    from marlctl.envs.registry import probe
+    from marlctl.spec import preset_roots
+
+    params: dict = {}
+    for root in preset_roots():
+        path = root / "envs" / f"{row['preset']}.yaml"
+        if path.is_file():
+            import yaml
+
+            params = dict(
+                (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("params") or {}
+            )
+            break
+    try:
+        info = probe(row["id"], params)
+    except Exception as err:  # an env that does not build here: say so, list the rest
+        return {"error": f"{type(err).__name__}: {err}"}
+    return {
+        "groups": [
+            {
+                "name": g.name,
+                "agents": list(g.agents),
+                "obs_shape": list(g.obs_shape),
+                "actions": f"Discrete({g.n_actions})" if g.discrete else f"Box({g.n_actions},)",
+                "action_mask": g.mask_source is not None,
+            }
+            for g in info.groups
+        ],
+        "state_dim": info.state_dim,
+        "state_from_env": info.state_from_env,
+        "turn_based": info.turn_based,
+        "objectives": info.objectives,
+    }
+
+
+def _describe_text(description: dict | None) -> str:
+    if description is None:
+        return "not installed"
+    if "error" in description:
+        return description["error"]
+    parts = [
+        f"{g['name']} ×{len(g['agents'])}: obs {tuple(g['obs_shape'])}, {g['actions']}"
+        + (", masked" if g["action_mask"] else "")
+        for g in description["groups"]
+    ]
+    state = "env state" if description["state_from_env"] else "observations"
+    parts.append(f"state {description['state_dim']} ({state})")
+    if description["turn_based"]:
+        parts.append("turn-based")
+    if description["objectives"]:
+        parts.append(f"{description['objectives']} objectives")
+    return "; ".join(parts)
 
 
 def main() -> None:

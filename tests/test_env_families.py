@@ -472,3 +472,20 @@ def test_drones_with_two_objectives_train_a_few_thousand_steps(tmp_path):
     out = run_json("run", str(write_spec(tmp_path, body)))
     assert out["exit_code"] == 0, out
     assert out["runs"][0]["env_steps"] >= 4_000
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_list_envs_describes_agents_spaces_and_groups_of_the_new_families():
+    out = run_json("list", "envs", "--match", "vmas/simple_speaker", "--describe")
+    (row,) = out["envs"]
+    assert row["backends"] == ["vmas"] and row["preset"] == "vmas_simple_speaker_listener"
+    groups = {g["name"]: g for g in row["description"]["groups"]}
+    assert set(groups) == {"speaker", "listener"}
+    assert groups["speaker"]["agents"] == ["speaker_0"]
+    out = run_json("list", "envs", "--match", "classic/tictactoe", "--describe")
+    (row,) = out["envs"]
+    description = row["description"]
+    assert description["turn_based"] and description["groups"][0]["action_mask"]
+    assert description["groups"][0]["obs_shape"] == [3, 3, 2]

@@ -1,0 +1,321 @@
+"""Peer benchmark: BenchMARL and marlctl on the same VMAS tasks with the same hyperparameters.
+
+BenchMARL runs from its own installed package, pinned, in its own virtual environment
+(`--setup` makes it: torch from the same CPU build as marlctl's, then benchmarl and vmas
+under that constraint). Each cell (algorithm × task × seed) trains once with BenchMARL, at
+its default experiment, algorithm, model and task configs, and once with `marlctl run` on
+the same task, with those configs translated field by field (`MAPPING` says how). Both
+evaluate every `--frames / 10` frames; the table gives the final eval return at equal
+frames (mean over seeds, 95% Student-t interval) and the wall-clock of each tool, run one
+after the other on this machine. Writes `bench/results/peer_benchmarl.md`; each finished
+cell is appended to `bench/results/peer_benchmarl.jsonl` and skipped on a re-run.
+
+The metric is BenchMARL's: an episode's return is the sum of its rewards, averaged over the
+agents of a group, then over groups. marlctl's `eval/return_mean` averages over all agents
+(a group with more agents weighs more); on the tasks here every agent is in one group, so
+the two are the same number.
+
+    .venv/bin/python bench/peer_benchmarl.py --setup     # make .venv-benchmarl once
+    .venv/bin/python bench/peer_benchmarl.py --algos mappo,ippo --tasks navigation \\
+        --seeds 3 --frames 3000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+from datetime import date
+from pathlib import Path
+
+import yaml
+from algorithms import t_interval
+from pettingzoo_mappo import machine, marlctl_json
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-benchmarl"
+OUT = ROOT / "bench" / "results" / "peer_benchmarl.md"
+DONE = ROOT / "bench" / "results" / "peer_benchmarl.jsonl"
+WORKDIR = ROOT / "bench" / "runs" / "peer"
+PINS = ["benchmarl==1.5.2", "vmas==1.5.2"]
+TORCH = "torch==2.13.0"  # marlctl's CPU build (scripts/setup): BenchMARL's torchrl runs on it
+TASKS = ("navigation", "balance", "transport")
+ON_POLICY = ("mappo", "ippo")
+
+# How each BenchMARL default is given to marlctl (on-policy algorithms).
+MAPPING = [
+    ("experiment.on_policy_n_envs_per_worker: 10", "hardware.num_envs: 10"),
+    (
+        "experiment.on_policy_collected_frames_per_batch: 6000",
+        "algo.rollout_steps: 600 (6000 frames / 10 envs)",
+    ),
+    (
+        "experiment.on_policy_n_minibatch_iters: 45, on_policy_minibatch_size: 400",
+        "algo.epochs: 3, algo.minibatches: 15 (45 steps of 400 = 3 passes over 6000)",
+    ),
+    ("experiment.lr: 5e-5", "algo.lr: 5e-5 (actor and critic)"),
+    ("experiment.gamma: 0.99", "algo.gamma: 0.99"),
+    ("experiment.clip_grad_norm: true, clip_grad_val: 5", "algo.max_grad_norm: 5"),
+    ("experiment.adam_eps: 1e-6", "not settable: marlctl's Adam uses 1e-8"),
+    ("experiment.share_policy_params: true", "model.sharing: shared (plus one-hot agent ids)"),
+    ("experiment.prefer_continuous_actions: true", "env.params.continuous_actions: true"),
+    ("experiment.max_n_frames", "train.total_env_steps (--frames; a frame is an env step)"),
+    ("experiment.evaluation_episodes: 10, deterministic", "train.eval_episodes: 10"),
+    ("algorithm.clip_epsilon: 0.2", "algo.clip: 0.2"),
+    ("algorithm.entropy_coef: 0.0", "algo.entropy_coef: 0.0"),
+    ("algorithm.critic_coef: 1.0", "algo.value_coef: 1.0"),
+    ("algorithm.loss_critic_type: l2", "algo.huber_delta: null"),
+    ("algorithm.lmbda: 0.9", "algo.gae_lambda: 0.9"),
+    ("ClipPPOLoss: normalize_advantage false, no value clip", "algo.normalize_advantages: "
+     "false, algo.value_clip: false, algo.value_norm: false"),
+    ("algorithm.share_param_critic: true", "one critic per group (marlctl's default)"),
+    ("algorithm.use_tanh_normal, scale_mapping: biased_softplus_1.0", "not matched: marlctl's "
+     "Gaussian has a state-independent log-std and the env clamps actions"),
+    ("model: mlp [256, 256], Tanh, no norm", "model.hidden: [256, 256], activation: tanh, "
+     "layer_norm: false"),
+    ("task: BenchMARL's vmas/TASK.yaml", "env.params: the same values"),
+]  # fmt: skip
+
+
+def site_packages() -> Path:
+    (found,) = (VENV / "lib").glob("python3*/site-packages")
+    return found
+
+
+def benchmarl_yaml(relative: str) -> dict:
+    data = yaml.safe_load((site_packages() / "benchmarl" / "conf" / relative).read_text())
+    data.pop("defaults", None)
+    return data
+
+
+def setup() -> None:
+    if not (VENV / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, TORCH], check=True)
+    constraint = VENV / "constraint.txt"
+    constraint.write_text(TORCH + "\n")
+    subprocess.run([*pip, "-c", str(constraint), *PINS], check=True)
+
+
+# ---------------------------------------------------------------- the two tools
+
+
+PEER = textwrap.dedent(
+    """
+    import json, sys, time, glob
+    import torch
+    from benchmarl.algorithms import {config}
+    from benchmarl.environments import VmasTask
+    from benchmarl.experiment import Experiment, ExperimentConfig
+    from benchmarl.models.mlp import MlpConfig
+
+    torch.set_num_threads({threads})
+    cfg = ExperimentConfig.get_from_yaml()
+    cfg.loggers, cfg.render, cfg.checkpoint_at_end = ["csv"], False, False
+    cfg.max_n_frames, cfg.evaluation_interval = {frames}, {interval}
+    cfg.save_folder = {folder!r}
+    task = VmasTask.{task}.get_from_yaml()
+    experiment = Experiment(
+        task=task,
+        algorithm_config={config}.get_from_yaml(),
+        model_config=MlpConfig.get_from_yaml(),
+        critic_model_config=MlpConfig.get_from_yaml(),
+        seed={seed},
+        config=cfg,
+    )
+    start = time.perf_counter()
+    experiment.run()
+    wall = time.perf_counter() - start
+    (path,) = glob.glob({folder!r} + "/*/*.json")
+    runs = json.load(open(path))["vmas"][{task_name!r}][{algo!r}]["seed_{seed}"]
+    curve = [
+        [v["step_count"], sum(v["return"]) / len(v["return"])]
+        for k, v in sorted(runs.items(), key=lambda kv: kv[1].get("step_count", -1))
+        if k.startswith("step_")
+    ]
+    print(json.dumps({{"curve": curve, "wall_s": wall}}))
+    """
+)
+
+
+def peer_run(algo: str, task: str, seed: int, frames: int, threads: int) -> dict:
+    folder = WORKDIR / f"benchmarl-{algo}-{task}-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*/*.json"):
+        old.unlink()
+    script = PEER.format(
+        config=f"{algo.capitalize()}Config",
+        threads=threads,
+        frames=frames,
+        interval=interval(frames),
+        folder=str(folder),
+        task=task.upper(),
+        task_name=task,
+        algo=algo,
+        seed=seed,
+    )
+    done = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", script], capture_output=True, text=True, cwd=folder
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"BenchMARL {algo} on {task} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def interval(frames: int) -> int:
+    """Every tenth of the budget, a whole number of BenchMARL's 6000-frame batches."""
+    return max(6000, frames // 10 // 6000 * 6000)
+
+
+def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
+    experiment = benchmarl_yaml("experiment/base_experiment.yaml")
+    config = benchmarl_yaml(f"algorithm/{algo}.yaml")
+    params = benchmarl_yaml(f"task/vmas/{task}.yaml")
+    envs = experiment["on_policy_n_envs_per_worker"]
+    batch = experiment["on_policy_collected_frames_per_batch"]
+    steps = experiment["on_policy_n_minibatch_iters"] * experiment["on_policy_minibatch_size"]
+    return {
+        "name": f"peer-{algo}-{task}",
+        "seeds": list(range(seeds)),
+        "env": {
+            "id": f"vmas/{task}",
+            "backend": "vmas",
+            "params": {**params, "continuous_actions": experiment["prefer_continuous_actions"]},
+        },
+        "algo": {
+            "name": algo,
+            "rollout_steps": batch // envs,
+            "epochs": steps // batch,
+            "minibatches": batch // experiment["on_policy_minibatch_size"],
+            "lr": experiment["lr"],
+            "gamma": experiment["gamma"],
+            "max_grad_norm": experiment["clip_grad_val"],
+            "clip": config["clip_epsilon"],
+            "entropy_coef": config["entropy_coef"],
+            "value_coef": config["critic_coef"],
+            "huber_delta": None,  # loss_critic_type l2
+            "gae_lambda": config["lmbda"],
+            "normalize_advantages": False,
+            "value_clip": False,
+            "value_norm": False,
+        },
+        "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
+        "train": {
+            "total_env_steps": frames,
+            "eval_every": interval(frames),
+            "eval_episodes": experiment["evaluation_episodes"],
+            "checkpoint_every": 0,
+        },
+        "hardware": {"device": "cpu", "num_envs": envs, "threads_per_run": threads},
+    }
+
+
+def curves(folder: Path, run_ids: list[str]) -> list[list[list[float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    out = []
+    for run_id in run_ids:
+        history = client.get_metric_history(run_id, "eval/return_mean")
+        out.append([[m.step, m.value] for m in sorted(history, key=lambda m: m.step)])
+    return out
+
+
+def cell(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
+    peers = [peer_run(algo, task, seed, frames, threads) for seed in range(seeds)]
+    folder = WORKDIR / f"marlctl-{algo}-{task}"
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(marlctl_spec(algo, task, seeds, frames, threads)))
+    summary, wall = marlctl_json(["run", str(spec)], folder, f"marlctl {algo} on {task}")
+    ours = curves(folder, [r["run_id"] for r in summary["runs"]])
+    return {
+        "algo": algo,
+        "task": task,
+        "frames": frames,
+        "seeds": seeds,
+        "threads": threads,
+        "benchmarl": {
+            "final": [p["curve"][-1][1] for p in peers],
+            "wall_s": sum(p["wall_s"] for p in peers),
+            "curves": [p["curve"] for p in peers],
+        },
+        "marlctl": {
+            "final": [c[-1][1] for c in ours],
+            "wall_s": wall,
+            "curves": ours,
+        },
+    }
+
+
+def table(cells: list[dict]) -> str:
+    lines = [
+        "# BenchMARL and marlctl on VMAS tasks",
+        "",
+        f"Measured {date.today().isoformat()} with `python bench/peer_benchmarl.py` "
+        f"({', '.join(PINS)}, in its own environment with marlctl's torch).",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "| algorithm | task | frames | seeds | BenchMARL return | marlctl return | "
+        "BenchMARL wall-clock | marlctl wall-clock | marlctl / BenchMARL time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        peer, ours = c["benchmarl"], c["marlctl"]
+        pm, ph = t_interval(peer["final"])
+        om, oh = t_interval(ours["final"])
+        lines.append(
+            f"| {c['algo']} | {c['task']} | {c['frames']:,} | {c['seeds']} | {pm:.3f} ± {ph:.3f} | "
+            f"{om:.3f} ± {oh:.3f} | {peer['wall_s'] / 60:.1f} min | {ours['wall_s'] / 60:.1f} min"
+            f" | {ours['wall_s'] / peer['wall_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "Returns: the final evaluation (deterministic actions), mean over seeds ± the half-width "
+        "of its 95% Student-t interval. BenchMARL's seeds run one after the other; marlctl "
+        "trains its seeds in one command.",
+        "",
+        "How BenchMARL's defaults were given to marlctl:",
+        "",
+        "| BenchMARL | marlctl |",
+        "|---|---|",
+        *(f"| {theirs} | {mine} |" for theirs, mine in MAPPING),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", action="store_true", help="make .venv-benchmarl and stop")
+    parser.add_argument("--algos", default=",".join(ON_POLICY))
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=3_000_000)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each tool")
+    args = parser.parse_args()
+    if args.setup:
+        setup()
+        return
+    if not (VENV / "bin" / "python").exists():
+        raise SystemExit(f"no {VENV.name}: run with --setup first")
+    done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    for algo in args.algos.split(","):
+        if algo not in ON_POLICY:
+            raise SystemExit(f"{algo}: only {', '.join(ON_POLICY)} are translated so far")
+        for task in args.tasks.split(","):
+            key = (algo, task, args.frames, args.seeds)
+            if any((c["algo"], c["task"], c["frames"], c["seeds"]) == key for c in done):
+                continue
+            result = cell(algo, task, args.seeds, args.frames, args.threads)
+            done.append(result)
+            with DONE.open("a") as f:
+                f.write(json.dumps(result) + "\n")
+    OUT.write_text(table(done))
+
+
+if __name__ == "__main__":
+    main()
