@@ -98,7 +98,7 @@ def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
         *(f"lbf/{n}" for n in registry.LBF_TASKS),
         *(f"rware/{n}" for n in registry.RWARE_TASKS),
         *(f"classic/{n}" for n in registry.CLASSIC),
-        *(e for e in registry.ENVS if e.startswith("vmas/")),
+        *(e for e in registry.ENVS if e.startswith(("vmas/", "momaland/"))),
         *NATIVE_ONLY,
     }
     for path in sorted(PRESETS.glob("*.y*ml")):
@@ -271,7 +271,12 @@ def test_env_params_mapping_override_replaces_the_params() -> None:
     assert resolved_env(str(SPREAD), "env.params={max_cycles: 10}")["params"] == {"max_cycles": 10}
     assert resolved_env(str(SPREAD), "env.params={}", "env.params.N=5")["params"] == {"N": 5}
     switched = resolved_env(str(SPREAD), "env.id=sisl/pursuit", "env.params={}")
-    assert switched == {"id": "sisl/pursuit", "backend": "pettingzoo", "params": {}}
+    assert switched == {
+        "id": "sisl/pursuit",
+        "backend": "pettingzoo",
+        "params": {},
+        "reward_weights": None,
+    }
 
 
 def test_the_note_is_one_line_on_stderr() -> None:
