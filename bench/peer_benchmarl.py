@@ -4,11 +4,12 @@ BenchMARL runs from its own installed package, pinned, in its own virtual enviro
 (`--setup` makes it: torch from the same CPU build as marlctl's, then benchmarl and vmas
 under that constraint). Each cell (algorithm × task × seed) trains once with BenchMARL, at
 its default experiment, algorithm, model and task configs, and once with `marlctl run` on
-the same task, with those configs translated field by field (`MAPPING` says how). Both
-evaluate every `--frames / 10` frames; the table gives the final eval return at equal
-frames (mean over seeds, 95% Student-t interval) and the wall-clock of each tool, run one
-after the other on this machine. Writes `bench/results/peer_benchmarl.md`; each finished
-cell is appended to `bench/results/peer_benchmarl.jsonl` and skipped on a re-run.
+the same task, with those configs translated field by field (`MAPPING` and
+`MAPPING_OFF_POLICY` say how; the table repeats them). Both evaluate every `--frames / 10`
+frames; the table gives the final eval return at equal frames (mean over seeds, 95%
+Student-t interval) and the wall-clock of each tool, run one after the other on this
+machine. Writes `bench/results/peer_benchmarl.md`; each finished cell is appended to
+`bench/results/peer_benchmarl.jsonl` and skipped on a re-run.
 
 The metric is BenchMARL's: an episode's return is the sum of its rewards, averaged over the
 agents of a group, then over groups. marlctl's `eval/return_mean` averages over all agents
@@ -43,6 +44,8 @@ PINS = ["benchmarl==1.5.2", "vmas==1.5.2"]
 TORCH = "torch==2.13.0"  # marlctl's CPU build (scripts/setup): BenchMARL's torchrl runs on it
 TASKS = ("navigation", "balance", "transport")
 ON_POLICY = ("mappo", "ippo")
+OFF_POLICY = ("masac", "maddpg", "qmix")
+DISCRETE_ONLY = ("qmix",)  # run with discrete actions in both tools
 
 # How each BenchMARL default is given to marlctl (on-policy algorithms).
 MAPPING = [
@@ -76,6 +79,31 @@ MAPPING = [
     ("model: mlp [256, 256], Tanh, no norm", "model.hidden: [256, 256], activation: tanh, "
      "layer_norm: false"),
     ("task: BenchMARL's vmas/TASK.yaml", "env.params: the same values"),
+]  # fmt: skip
+# How each BenchMARL default is given to marlctl (replay-based algorithms).
+MAPPING_OFF_POLICY = [
+    ("experiment.off_policy_n_envs_per_worker: 10", "hardware.num_envs: 10"),
+    ("experiment.off_policy_collected_frames_per_batch: 6000", "algo.rollout_steps: 600"),
+    ("experiment.off_policy_n_optimizer_steps: 1000", "algo.updates: 1000 (per 600-step round)"),
+    ("experiment.off_policy_train_batch_size: 128", "algo.batch_size: 128"),
+    ("experiment.off_policy_memory_size: 1000000", "algo.buffer_size: 1000000"),
+    ("experiment.off_policy_init_random_frames: 0", "algo.learning_starts: 0"),
+    ("experiment.lr: 5e-5", "algo.lr (and critic_lr, alpha_lr where they exist): 5e-5"),
+    ("experiment.gamma: 0.99", "algo.gamma: 0.99"),
+    ("experiment.clip_grad_val: 5", "algo.max_grad_norm: 5"),
+    ("experiment.soft_target_update: true, polyak_tau: 0.005",
+     "algo.tau: 0.005, algo.target_update_every: 0"),
+    ("experiment.exploration_eps_init: 0.8, eps_end: 0.01, over a third of the frames",
+     "QMIX: algo.epsilon_start 0.8, epsilon_end 0.01, epsilon_anneal_steps frames/3; "
+     "MADDPG: not matched, marlctl's Gaussian noise (exploration_noise) is not annealed"),
+    ("no reward normalisation", "algo.reward_scaling: none"),
+    ("bootstraps through truncation (TorchRL's value targets)", "algo.bootstrap_time_limit: true"),
+    ("qmix.mixing_embed_dim: 32; next value from the target network's max (delay_value)",
+     "algo.mixer_embed: 32, algo.double_q: false"),
+    ("masac: 2 Q networks, alpha_init 1.0, target entropy auto",
+     "two critics (marlctl's MASAC), algo.initial_alpha: 1.0, algo.autotune: true"),
+    ("model: mlp [256, 256], Tanh, no norm", "model.hidden: [256, 256], activation: tanh, "
+     "layer_norm: false"),
 ]  # fmt: skip
 
 
@@ -171,6 +199,8 @@ def interval(frames: int) -> int:
 
 
 def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
+    if algo in OFF_POLICY:
+        return off_policy_spec(algo, task, seeds, frames, threads)
     experiment = benchmarl_yaml("experiment/base_experiment.yaml")
     config = benchmarl_yaml(f"algorithm/{algo}.yaml")
     params = benchmarl_yaml(f"task/vmas/{task}.yaml")
@@ -202,6 +232,60 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
             "value_clip": False,
             "value_norm": False,
         },
+        "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
+        "train": {
+            "total_env_steps": frames,
+            "eval_every": interval(frames),
+            "eval_episodes": experiment["evaluation_episodes"],
+            "checkpoint_every": 0,
+        },
+        "hardware": {"device": "cpu", "num_envs": envs, "threads_per_run": threads},
+    }
+
+
+def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
+    experiment = benchmarl_yaml("experiment/base_experiment.yaml")
+    config = benchmarl_yaml(f"algorithm/{algo}.yaml")
+    params = benchmarl_yaml(f"task/vmas/{task}.yaml")
+    envs = experiment["off_policy_n_envs_per_worker"]
+    lr = experiment["lr"]
+    common = {
+        "rollout_steps": experiment["off_policy_collected_frames_per_batch"] // envs,
+        "updates": experiment["off_policy_n_optimizer_steps"],
+        "batch_size": experiment["off_policy_train_batch_size"],
+        "buffer_size": experiment["off_policy_memory_size"],
+        "learning_starts": experiment["off_policy_init_random_frames"],
+        "lr": lr,
+        "gamma": experiment["gamma"],
+        "max_grad_norm": experiment["clip_grad_val"],
+        "tau": experiment["polyak_tau"],
+        "target_update_every": 0,  # soft_target_update
+        "reward_scaling": "none",
+        "bootstrap_time_limit": True,
+    }
+    if algo == "qmix":
+        extra = {
+            "epsilon_start": experiment["exploration_eps_init"],
+            "epsilon_end": experiment["exploration_eps_end"],
+            "epsilon_anneal_steps": frames // 3,
+            "mixer_embed": config["mixing_embed_dim"],
+            "double_q": False,
+        }
+    elif algo == "masac":
+        extra = {"critic_lr": lr, "alpha_lr": lr, "initial_alpha": config["alpha_init"],
+                 "autotune": not config["fixed_alpha"]}  # fmt: skip
+    else:  # maddpg
+        extra = {"critic_lr": lr}
+    continuous = experiment["prefer_continuous_actions"] and algo not in DISCRETE_ONLY
+    return {
+        "name": f"peer-{algo}-{task}",
+        "seeds": list(range(seeds)),
+        "env": {
+            "id": f"vmas/{task}",
+            "backend": "vmas",
+            "params": {**params, "continuous_actions": continuous},
+        },
+        "algo": {"name": algo, **common, **extra},
         "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
         "train": {
             "total_env_steps": frames,
@@ -279,11 +363,17 @@ def table(cells: list[dict]) -> str:
         "of its 95% Student-t interval. BenchMARL's seeds run one after the other; marlctl "
         "trains its seeds in one command.",
         "",
-        "How BenchMARL's defaults were given to marlctl:",
+        "How BenchMARL's defaults were given to marlctl, on-policy (MAPPO, IPPO):",
         "",
         "| BenchMARL | marlctl |",
         "|---|---|",
         *(f"| {theirs} | {mine} |" for theirs, mine in MAPPING),
+        "",
+        "Replay-based (MASAC, MADDPG, QMIX; QMIX with discrete actions in both tools):",
+        "",
+        "| BenchMARL | marlctl |",
+        "|---|---|",
+        *(f"| {theirs} | {mine} |" for theirs, mine in MAPPING_OFF_POLICY),
     ]
     return "\n".join(lines) + "\n"
 
@@ -291,7 +381,7 @@ def table(cells: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", action="store_true", help="make .venv-benchmarl and stop")
-    parser.add_argument("--algos", default=",".join(ON_POLICY))
+    parser.add_argument("--algos", default=",".join(ON_POLICY + OFF_POLICY))
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--frames", type=int, default=3_000_000)
@@ -304,8 +394,8 @@ def main() -> None:
         raise SystemExit(f"no {VENV.name}: run with --setup first")
     done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
     for algo in args.algos.split(","):
-        if algo not in ON_POLICY:
-            raise SystemExit(f"{algo}: only {', '.join(ON_POLICY)} are translated so far")
+        if algo not in ON_POLICY + OFF_POLICY:
+            raise SystemExit(f"{algo}: translated are {', '.join(ON_POLICY + OFF_POLICY)}")
         for task in args.tasks.split(","):
             key = (algo, task, args.frames, args.seeds)
             if any((c["algo"], c["task"], c["frames"], c["seeds"]) == key for c in done):

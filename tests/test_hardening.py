@@ -441,3 +441,32 @@ def test_a_full_disk_at_start_is_named_at_once(full_folder, monkeypatch, capsys)
     monkeypatch.chdir(full_folder)
     err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=15)
     assert f"cannot write in {full_folder}: No space left on device" in err
+
+
+def test_the_probe_time_limit_holds_when_env_code_swallows_the_first_timeout():
+    """An env whose code catches exceptions broadly (a `try/except Exception` around an
+    attribute lookup) must not swallow the time limit and then build on for minutes."""
+    import time
+
+    from marlctl.envs.registry import ProbeTimeout, time_limit
+
+    swallowed = []
+    start = time.perf_counter()
+    with pytest.raises(ProbeTimeout, match="building x took longer than 0.2 s"):
+        with time_limit(0.2, "building x"):
+            try:
+                time.sleep(5)  # the first alarm lands here...
+            except Exception as err:  # ...in the env's broad except
+                swallowed.append(err)
+            while time.perf_counter() - start < 10:  # and the build goes on
+                sum(range(10_000))
+    assert len(swallowed) == 1 and time.perf_counter() - start < 2
+    # A block that swallows every alarm still ends in the timeout, once it returns.
+    start = time.perf_counter()
+    with pytest.raises(ProbeTimeout):
+        with time_limit(0.1, "building y"):
+            while time.perf_counter() - start < 0.5:
+                try:
+                    sum(range(10_000))
+                except Exception:
+                    pass

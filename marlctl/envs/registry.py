@@ -586,21 +586,33 @@ class ProbeTimeout(Exception):
 
 @contextmanager
 def time_limit(seconds: float, what: str):
-    """Raise ProbeTimeout in the main thread once `seconds` pass (no limit elsewhere)."""
+    """Raise ProbeTimeout in the main thread once `seconds` pass (no limit elsewhere).
+
+    The alarm repeats every tenth of a second until the block ends: code under it that
+    swallows an exception (a broad `except` around an attribute lookup, say) gets the next
+    one rather than running on unbounded, and a block that swallowed them all still ends in
+    ProbeTimeout."""
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
+    state = {"armed": True, "expired": False}
+    message = f"{what} took longer than {seconds:g} s"
 
     def expire(signum, frame):
-        raise ProbeTimeout(f"{what} took longer than {seconds:g} s")
+        if state["armed"]:
+            state["expired"] = True
+            raise ProbeTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.1)
     try:
         yield
     finally:
+        state["armed"] = False  # first: an alarm on its way now raises nothing
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if state["expired"]:
+        raise ProbeTimeout(message)
 
 
 def _step_once(env: Any, info: EnvInfo) -> None:
