@@ -207,16 +207,8 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
     envs = experiment["on_policy_n_envs_per_worker"]
     batch = experiment["on_policy_collected_frames_per_batch"]
     steps = experiment["on_policy_n_minibatch_iters"] * experiment["on_policy_minibatch_size"]
-    return {
-        "name": f"peer-{algo}-{task}",
-        "seeds": list(range(seeds)),
-        "env": {
-            "id": f"vmas/{task}",
-            "backend": "vmas",
-            "params": {**params, "continuous_actions": experiment["prefer_continuous_actions"]},
-        },
-        "algo": {
-            "name": algo,
+    continuous = experiment["prefer_continuous_actions"]
+    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, {
             "rollout_steps": batch // envs,
             "epochs": steps // batch,
             "minibatches": batch // experiment["on_policy_minibatch_size"],
@@ -231,16 +223,7 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
             "normalize_advantages": False,
             "value_clip": False,
             "value_norm": False,
-        },
-        "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
-        "train": {
-            "total_env_steps": frames,
-            "eval_every": interval(frames),
-            "eval_episodes": experiment["evaluation_episodes"],
-            "checkpoint_every": 0,
-        },
-        "hardware": {"device": "cpu", "num_envs": envs, "threads_per_run": threads},
-    }
+    })  # fmt: skip
 
 
 def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
@@ -277,6 +260,24 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
     else:  # maddpg
         extra = {"critic_lr": lr}
     continuous = experiment["prefer_continuous_actions"] and algo not in DISCRETE_ONLY
+    fields = {**common, **extra}
+    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, fields)
+
+
+def run_spec(
+    algo: str,
+    task: str,
+    seeds: int,
+    frames: int,
+    threads: int,
+    envs: int,
+    params: dict,
+    continuous: bool,
+    fields: dict,
+) -> dict:
+    """A marlctl spec on VMAS TASK with BenchMARL's model, evaluation and env count, and the
+    algorithm `fields` translated from its configs."""
+    experiment = benchmarl_yaml("experiment/base_experiment.yaml")
     return {
         "name": f"peer-{algo}-{task}",
         "seeds": list(range(seeds)),
@@ -285,7 +286,7 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
             "backend": "vmas",
             "params": {**params, "continuous_actions": continuous},
         },
-        "algo": {"name": algo, **common, **extra},
+        "algo": {"name": algo, **fields},
         "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
         "train": {
             "total_env_steps": frames,
