@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,8 +62,8 @@ MAPPING = [
     ("experiment.lr: 5e-5", "algo.lr: 5e-5 (actor and critic)"),
     ("experiment.gamma: 0.99", "algo.gamma: 0.99"),
     ("experiment.clip_grad_norm: true, clip_grad_val: 5", "algo.max_grad_norm: 5"),
-    ("experiment.adam_eps: 1e-6", "not settable: marlctl's Adam uses 1e-8"),
-    ("experiment.share_policy_params: true", "model.sharing: shared (plus one-hot agent ids)"),
+    ("experiment.adam_eps: 1e-6", "algo.adam_eps: 1e-6"),
+    ("experiment.share_policy_params: true", "model.sharing: shared, model.agent_ids: false"),
     ("experiment.prefer_continuous_actions: true", "env.params.continuous_actions: true"),
     ("experiment.max_n_frames", "train.total_env_steps (--frames; a frame is an env step)"),
     ("experiment.evaluation_episodes: 10, deterministic", "train.eval_episodes: 10"),
@@ -73,11 +74,13 @@ MAPPING = [
     ("algorithm.lmbda: 0.9", "algo.gae_lambda: 0.9"),
     ("ClipPPOLoss: normalize_advantage false, no value clip", "algo.normalize_advantages: "
      "false, algo.value_clip: false, algo.value_norm: false"),
-    ("algorithm.share_param_critic: true", "one critic per group (marlctl's default)"),
-    ("algorithm.use_tanh_normal, scale_mapping: biased_softplus_1.0", "not matched: marlctl's "
-     "Gaussian has a state-independent log-std and the env clamps actions"),
-    ("model: mlp [256, 256], Tanh, no norm", "model.hidden: [256, 256], activation: tanh, "
-     "layer_norm: false"),
+    ("algorithm.share_param_critic: true (MAPPO: one value from all observations, the same "
+     "for every agent)", "one critic per group on the global state (VMAS: every agent's "
+     "observation), agent_ids: false"),
+    ("algorithm.use_tanh_normal, scale_mapping: biased_softplus_1.0",
+     "model.action_dist: tanh_normal (softplus(x + b) + 0.01, 1 at x = 0)"),
+    ("model: mlp [256, 256], Tanh, no norm, nn.Linear's initialisation",
+     "model.hidden: [256, 256], activation: tanh, layer_norm: false, init: torch"),
     ("task: BenchMARL's vmas/TASK.yaml", "env.params: the same values"),
 ]  # fmt: skip
 # How each BenchMARL default is given to marlctl (replay-based algorithms).
@@ -89,21 +92,27 @@ MAPPING_OFF_POLICY = [
     ("experiment.off_policy_memory_size: 1000000", "algo.buffer_size: 1000000"),
     ("experiment.off_policy_init_random_frames: 0", "algo.learning_starts: 0"),
     ("experiment.lr: 5e-5", "algo.lr (and critic_lr, alpha_lr where they exist): 5e-5"),
+    ("experiment.adam_eps: 1e-6", "algo.adam_eps: 1e-6"),
+    ("experiment.share_policy_params: true", "model.sharing: shared, model.agent_ids: false"),
     ("experiment.gamma: 0.99", "algo.gamma: 0.99"),
     ("experiment.clip_grad_val: 5", "algo.max_grad_norm: 5"),
     ("experiment.soft_target_update: true, polyak_tau: 0.005",
      "algo.tau: 0.005, algo.target_update_every: 0"),
     ("experiment.exploration_eps_init: 0.8, eps_end: 0.01, over a third of the frames",
      "QMIX: algo.epsilon_start 0.8, epsilon_end 0.01, epsilon_anneal_steps frames/3; "
-     "MADDPG: not matched, marlctl's Gaussian noise (exploration_noise) is not annealed"),
+     "MADDPG (Gaussian noise std, AdditiveGaussianModule): algo.exploration_noise 0.8, "
+     "exploration_noise_end 0.01, noise_anneal_steps frames/3"),
     ("no reward normalisation", "algo.reward_scaling: none"),
     ("bootstraps through truncation (TorchRL's value targets)", "algo.bootstrap_time_limit: true"),
     ("qmix.mixing_embed_dim: 32; next value from the target network's max (delay_value)",
      "algo.mixer_embed: 32, algo.double_q: false"),
     ("masac: 2 Q networks, alpha_init 1.0, target entropy auto",
      "two critics (marlctl's MASAC), algo.initial_alpha: 1.0, algo.autotune: true"),
-    ("model: mlp [256, 256], Tanh, no norm", "model.hidden: [256, 256], activation: tanh, "
-     "layer_norm: false"),
+    ("masac: TanhNormal actor, scale_mapping biased_softplus_1.0",
+     "not matched: marlctl's MASAC actor is tanh-squashed too, with SAC's log-std clamped to "
+     "[-5, 2]"),
+    ("model: mlp [256, 256], Tanh, no norm, nn.Linear's initialisation",
+     "model.hidden: [256, 256], activation: tanh, layer_norm: false, init: torch"),
 ]  # fmt: skip
 
 
@@ -208,13 +217,15 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
     batch = experiment["on_policy_collected_frames_per_batch"]
     steps = experiment["on_policy_n_minibatch_iters"] * experiment["on_policy_minibatch_size"]
     continuous = experiment["prefer_continuous_actions"]
-    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, {
+    model = {"action_dist": "tanh_normal" if config["use_tanh_normal"] else "normal"}
+    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, model, {
             "rollout_steps": batch // envs,
             "epochs": steps // batch,
             "minibatches": batch // experiment["on_policy_minibatch_size"],
             "lr": experiment["lr"],
             "gamma": experiment["gamma"],
             "max_grad_norm": experiment["clip_grad_val"],
+            "adam_eps": experiment["adam_eps"],
             "clip": config["clip_epsilon"],
             "entropy_coef": config["entropy_coef"],
             "value_coef": config["critic_coef"],
@@ -241,6 +252,7 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
         "lr": lr,
         "gamma": experiment["gamma"],
         "max_grad_norm": experiment["clip_grad_val"],
+        "adam_eps": experiment["adam_eps"],
         "tau": experiment["polyak_tau"],
         "target_update_every": 0,  # soft_target_update
         "reward_scaling": "none",
@@ -257,11 +269,16 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
     elif algo == "masac":
         extra = {"critic_lr": lr, "alpha_lr": lr, "initial_alpha": config["alpha_init"],
                  "autotune": not config["fixed_alpha"]}  # fmt: skip
-    else:  # maddpg
-        extra = {"critic_lr": lr}
+    else:  # maddpg: AdditiveGaussianModule, sigma annealed like QMIX's epsilon
+        extra = {
+            "critic_lr": lr,
+            "exploration_noise": experiment["exploration_eps_init"],
+            "exploration_noise_end": experiment["exploration_eps_end"],
+            "noise_anneal_steps": frames // 3,
+        }
     continuous = experiment["prefer_continuous_actions"] and algo not in DISCRETE_ONLY
     fields = {**common, **extra}
-    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, fields)
+    return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, {}, fields)
 
 
 def run_spec(
@@ -273,6 +290,7 @@ def run_spec(
     envs: int,
     params: dict,
     continuous: bool,
+    model: dict,
     fields: dict,
 ) -> dict:
     """A marlctl spec on VMAS TASK with BenchMARL's model, evaluation and env count, and the
@@ -287,7 +305,15 @@ def run_spec(
             "params": {**params, "continuous_actions": continuous},
         },
         "algo": {"name": algo, **fields},
-        "model": {"hidden": [256, 256], "activation": "tanh", "layer_norm": False},
+        "model": {
+            "hidden": [256, 256],
+            "activation": "tanh",
+            "layer_norm": False,
+            "sharing": "shared" if experiment["share_policy_params"] else "independent",
+            "agent_ids": False,  # BenchMARL's shared networks see no agent id
+            "init": "torch",  # TorchRL's MLP keeps nn.Linear's initialisation
+            **model,
+        },
         "train": {
             "total_env_steps": frames,
             "eval_every": interval(frames),
@@ -309,31 +335,55 @@ def curves(folder: Path, run_ids: list[str]) -> list[list[list[float]]]:
     return out
 
 
-def cell(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
+def peer_half(algo: str, task: str, seeds: int, frames: int, threads: int) -> dict:
     peers = [peer_run(algo, task, seed, frames, threads) for seed in range(seeds)]
+    return {
+        "final": [p["curve"][-1][1] for p in peers],
+        "wall_s": sum(p["wall_s"] for p in peers),
+        "curves": [p["curve"] for p in peers],
+        "measured": date.today().isoformat(),
+    }
+
+
+def marlctl_half(spec_body: dict, algo: str, task: str) -> dict:
     folder = WORKDIR / f"marlctl-{algo}-{task}"
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        shutil.rmtree(folder)  # a fresh store: the runs of an earlier translation are gone
+    folder.mkdir(parents=True)
     spec = folder / "spec.yaml"
-    spec.write_text(yaml.safe_dump(marlctl_spec(algo, task, seeds, frames, threads)))
+    spec.write_text(yaml.safe_dump(spec_body))
     summary, wall = marlctl_json(["run", str(spec)], folder, f"marlctl {algo} on {task}")
     ours = curves(folder, [r["run_id"] for r in summary["runs"]])
+    return {
+        "final": [c[-1][1] for c in ours],
+        "wall_s": wall,
+        "curves": ours,
+        "measured": date.today().isoformat(),
+        "spec": spec_body,
+    }
+
+
+def cell(algo: str, task: str, seeds: int, frames: int, threads: int, old: dict | None) -> dict:
+    """Both tools on one task. BenchMARL's half of an `old` result is kept (its settings are
+    BenchMARL's defaults, pinned); marlctl's is rerun when its translated spec changed."""
+    spec_body = marlctl_spec(algo, task, seeds, frames, threads)
+    if old and old["marlctl"].get("spec") == spec_body:
+        return old
+    peer = old["benchmarl"] if old else peer_half(algo, task, seeds, frames, threads)
     return {
         "algo": algo,
         "task": task,
         "frames": frames,
         "seeds": seeds,
         "threads": threads,
-        "benchmarl": {
-            "final": [p["curve"][-1][1] for p in peers],
-            "wall_s": sum(p["wall_s"] for p in peers),
-            "curves": [p["curve"] for p in peers],
-        },
-        "marlctl": {
-            "final": [c[-1][1] for c in ours],
-            "wall_s": wall,
-            "curves": ours,
-        },
+        "benchmarl": peer,
+        "marlctl": marlctl_half(spec_body, algo, task),
     }
+
+
+def measured(peer: dict, ours: dict) -> str:
+    a, b = peer.get("measured", "?"), ours.get("measured", "?")
+    return a if a == b else f"{a} / {b}"
 
 
 def table(cells: list[dict]) -> str:
@@ -346,8 +396,8 @@ def table(cells: list[dict]) -> str:
         f"Machine: {machine()}.",
         "",
         "| algorithm | task | frames | seeds | BenchMARL return | marlctl return | "
-        "BenchMARL wall-clock | marlctl wall-clock | marlctl / BenchMARL time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "BenchMARL wall-clock | marlctl wall-clock | marlctl / BenchMARL time | measured |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         peer, ours = c["benchmarl"], c["marlctl"]
@@ -356,13 +406,16 @@ def table(cells: list[dict]) -> str:
         lines.append(
             f"| {c['algo']} | {c['task']} | {c['frames']:,} | {c['seeds']} | {pm:.3f} ± {ph:.3f} | "
             f"{om:.3f} ± {oh:.3f} | {peer['wall_s'] / 60:.1f} min | {ours['wall_s'] / 60:.1f} min"
-            f" | {ours['wall_s'] / peer['wall_s']:.2f} |"
+            f" | {ours['wall_s'] / peer['wall_s']:.2f} | {measured(peer, ours)} |"
         )
     lines += [
         "",
         "Returns: the final evaluation (deterministic actions), mean over seeds ± the half-width "
         "of its 95% Student-t interval. BenchMARL's seeds run one after the other; marlctl "
-        "trains its seeds in one command.",
+        "trains its seeds in one command. Measured: the day each tool's half of the row ran; "
+        "BenchMARL's half is rerun only when its budget changes (its settings are its pinned "
+        "defaults), marlctl's whenever its translated spec changes. Both halves run with "
+        "`--threads` torch threads on the machine above, nothing else running.",
         "",
         "How BenchMARL's defaults were given to marlctl, on-policy (MAPPO, IPPO):",
         "",
@@ -398,14 +451,19 @@ def main() -> None:
         if algo not in ON_POLICY + OFF_POLICY:
             raise SystemExit(f"{algo}: translated are {', '.join(ON_POLICY + OFF_POLICY)}")
         for task in args.tasks.split(","):
-            key = (algo, task, args.frames, args.seeds)
-            if any((c["algo"], c["task"], c["frames"], c["seeds"]) == key for c in done):
+            key = (algo, task, args.frames, args.seeds, args.threads)
+            old = next((c for c in done if cell_key(c) == key), None)
+            result = cell(algo, task, args.seeds, args.frames, args.threads, old)
+            if result is old:
                 continue
-            result = cell(algo, task, args.seeds, args.frames, args.threads)
-            done.append(result)
-            with DONE.open("a") as f:
-                f.write(json.dumps(result) + "\n")
+            done = [c for c in done if c is not old] + [result]
+            DONE.write_text("".join(json.dumps(c) + "\n" for c in done))
+            OUT.write_text(table(done))
     OUT.write_text(table(done))
+
+
+def cell_key(c: dict) -> tuple:
+    return c["algo"], c["task"], c["frames"], c["seeds"], c["threads"]
 
 
 if __name__ == "__main__":

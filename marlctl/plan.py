@@ -190,6 +190,21 @@ def compile_plan(
                         f"groups: {', '.join(sorted(names))}",
                     )
                 )
+    dist = spec.model.action_dist
+    if dist is not None and dist not in algo.action_dists:
+        able = ", ".join(name for name, a in registered_algos().items() if dist in a.action_dists)
+        problems.append(
+            prov.problem(
+                "model.action_dist",
+                f"algorithm '{algo.name}' has no '{dist}' policy"
+                + (
+                    f" (its continuous policies: {', '.join(algo.action_dists)})"
+                    if algo.action_dists
+                    else " (its continuous actions are deterministic or it has none)"
+                )
+                + f"; set model.action_dist: null or use one of {able}",
+            )
+        )
     if spec.model.recurrent is not None and not algo.recurrent:
         able = ", ".join(name for name, a in registered_algos().items() if a.recurrent)
         problems.append(

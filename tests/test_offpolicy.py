@@ -151,3 +151,21 @@ def test_masac_gives_each_agent_its_own_critic_unless_told_to_share():
     _fill(own, env, ob, 6)  # past learning_starts: the per-agent critics train
     after = own.critics["agent"].parameters()
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_maddpg_exploration_noise_anneals_linearly_and_is_logged():
+    trainer, env, ob = any_trainer(
+        "maddpg", (0,), exploration_noise=0.8, exploration_noise_end=0.1, noise_anneal_steps=400
+    )
+    assert trainer.exploration_sigma() == pytest.approx(0.8)
+    trainer.env_steps = 200
+    assert trainer.exploration_sigma() == pytest.approx(0.45)
+    trainer.env_steps = 4_000
+    assert trainer.exploration_sigma() == pytest.approx(0.1)
+    trainer.env_steps = 0
+    for _ in range(4):
+        ob, losses = trainer.train_iteration(env, ob)
+    sigma = 0.8 + (trainer.env_steps / 400) * (0.1 - 0.8)
+    assert float(losses["train/exploration_noise"][0]) == pytest.approx(sigma, rel=1e-5)
+    constant, _, _ = any_trainer("maddpg", (0,), exploration_noise=0.3)
+    assert constant.exploration_sigma() == 0.3 and constant.schedules() == {}

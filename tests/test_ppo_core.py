@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from marlctl.train.core import BatchedMLP, RunningMeanStd, gae
@@ -68,3 +69,58 @@ def test_a_seed_in_a_batch_computes_exactly_what_it_computes_alone():
             assert torch.equal(mine[0], theirs[1])  # same initialisation from the same seed
         x = torch.randn(3, 6, 3, 4)
         assert torch.equal(alone(x[1:2])[0], batch(x)[1])
+
+
+def test_tanh_normal_log_prob_is_torchs_squashed_gaussian_on_the_action_box():
+    from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+    from marlctl.envs.registry import GroupInfo
+    from marlctl.train.actions import ActionBounds, TanhNormal, softplus_scale
+
+    group = GroupInfo("agent", ("a",), (2,), "float32", False, 2, (-2.0, 0.0), (3.0, 1.0))
+    bounds = ActionBounds(group, torch.device("cpu"))
+    loc = torch.tensor([[0.3, -1.2], [2.0, 0.1]], dtype=torch.float64)
+    scale = softplus_scale(torch.tensor([[0.0, -2.0], [1.5, 0.4]], dtype=torch.float64))
+    assert float(softplus_scale(torch.zeros(1))) == pytest.approx(1.0)  # TorchRL's default
+    assert float(softplus_scale(torch.tensor([-50.0]))) == pytest.approx(0.01)
+    dist = TanhNormal(loc, scale, bounds)
+    reference = TransformedDistribution(
+        Normal(loc, scale),
+        [TanhTransform(), AffineTransform(bounds.low.double() + 0.5 * (bounds.high - bounds.low),
+                                          0.5 * (bounds.high - bounds.low).double())],
+    )  # fmt: skip
+    u = torch.tensor([[0.5, -3.0], [1.0, 0.0]], dtype=torch.float64)
+    action = dist.to_env(u)
+    assert ((action >= bounds.low) & (action <= bounds.high)).all()
+    assert torch.allclose(dist.log_prob(u), reference.log_prob(action), atol=1e-6)
+    # Far in the tail tanh rounds to 1: the log-probability stays finite.
+    assert torch.isfinite(dist.log_prob(torch.full_like(u, 40.0))).all()
+    # The one-sample entropy estimate is unbiased: its mean is -E[log p].
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(200_000, *loc.shape, generator=gen, dtype=torch.float64)
+    estimates = dist.entropy(noise).mean(0)
+    samples = loc + scale * noise
+    assert torch.allclose(estimates, -dist.log_prob(samples).mean(0), atol=0.01)
+    assert torch.allclose(estimates, -reference.log_prob(dist.to_env(samples)).mean(0), atol=0.01)
+
+
+@pytest.mark.parametrize("recurrent", [None, "gru"])
+def test_torch_init_draws_every_weight_and_bias_as_nn_linear_does(recurrent):
+    from marlctl.spec.models import ModelSpec
+    from marlctl.train.networks import AgentNet
+
+    gens = [torch.Generator().manual_seed(0)]
+    model = ModelSpec(hidden=[32, 16], activation="tanh", init="torch", recurrent=recurrent)
+    net = AgentNet(1, 3, 8, 4, model, "shared", gens, out_gain=0.01)
+    for name, p in net.named_parameters():
+        fan_in = p.shape[-2] if p.dim() == 4 else None
+        if name.startswith("gru"):
+            bound = 1 / 16**0.5  # the cell's size
+        elif fan_in is None:  # a bias: bounded by its layer's fan-in
+            continue
+        else:
+            bound = 1 / fan_in**0.5
+        assert p.abs().max() <= bound, name
+        assert p.abs().max() > 0.5 * bound, name  # uniform over the range, not scaled down
+    biases = [p for n, p in net.named_parameters() if "bias" in n]
+    assert biases and all(b.abs().sum() > 0 for b in biases)  # drawn, not zero

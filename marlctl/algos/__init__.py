@@ -35,6 +35,7 @@ class AlgoInfo:
     on_policy: bool
     recurrent: bool  # supports `model.recurrent`
     replay: bool  # keeps a replay buffer (`train.checkpoint_replay` applies)
+    action_dists: tuple[str, ...] = ()  # `model.action_dist` values of continuous policies
 
     @property
     def turn_based(self) -> bool:
@@ -67,7 +68,15 @@ def register_algo(
     centralised_critic: bool,
     on_policy: bool,
     recurrent: bool,
+    action_dists: tuple[str, ...] | None = None,
 ):
+    """`action_dists`: the `model.action_dist` values the algorithm's continuous actors
+    take; None = both for an on-policy algorithm with continuous actions (the on-policy
+    trainer's actors), none otherwise."""
+    if action_dists is None:
+        both = on_policy and continuous_actions
+        action_dists = ("normal", "tanh_normal") if both else ()
+
     def decorate(config: type[AlgoConfig]) -> type[AlgoConfig]:
         ALGOS[name] = AlgoInfo(
             name,
@@ -80,6 +89,7 @@ def register_algo(
             on_policy,
             recurrent,
             not on_policy,
+            action_dists,
         )
         return config
 

@@ -34,6 +34,17 @@ class DDPGFamilyConfig(OffPolicyConfig):
         description="Continuous actions: std of the Gaussian noise added while collecting, "
         "relative to half the action range.",
     )
+    exploration_noise_end: float | None = Field(
+        None,
+        ge=0,
+        le=10,
+        description="Continuous actions: the noise std reached after `noise_anneal_steps`, "
+        "annealed linearly from `exploration_noise` (TorchRL's AdditiveGaussianModule, as "
+        "BenchMARL uses it); null = constant `exploration_noise`.",
+    )
+    noise_anneal_steps: int = Field(
+        0, ge=0, description="Env steps over which the exploration noise is annealed."
+    )
     gumbel_temperature: float = Field(
         1.0, gt=0, le=100, description="Discrete actions: Gumbel-softmax temperature."
     )

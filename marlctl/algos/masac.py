@@ -30,6 +30,7 @@ from marlctl.algos.offpolicy import OffPolicyConfig
     centralised_critic=True,
     on_policy=False,
     recurrent=False,
+    action_dists=("tanh_normal",),
 )
 class MASACConfig(OffPolicyConfig):
     name: Literal["masac"] = "masac"

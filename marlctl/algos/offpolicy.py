@@ -20,6 +20,7 @@ class OffPolicyConfig(AlgoConfig):
 
     model_defaults: ClassVar[dict[str, Any]] = {"activation": "relu", "layer_norm": False}
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate (EPyMARL: 5e-4).")
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon (PyTorch's default).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     buffer_size: int = Field(
         200_000,

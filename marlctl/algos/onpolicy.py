@@ -7,6 +7,8 @@ config subclasses `OnPolicyConfig` and adds the fields of its own update.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from pydantic import Field
 
 from marlctl.algos import AlgoConfig
@@ -15,10 +17,16 @@ from marlctl.algos import AlgoConfig
 class OnPolicyConfig(AlgoConfig):
     """Defaults are the MAPPO paper's MPE settings (Yu et al. 2021, Table 13/14)."""
 
+    model_defaults: ClassVar[dict[str, Any]] = {
+        **AlgoConfig.model_defaults,
+        "action_dist": "normal",
+    }
+
     lr: float = Field(7e-4, gt=0, le=1, description="Adam learning rate of the actors.")
     critic_lr: float | None = Field(
         None, gt=0, le=1, description="Adam learning rate of the critics; null = `lr`."
     )
+    adam_eps: float = Field(1e-5, gt=0, le=1, description="Adam's epsilon (MAPPO: 1e-5).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (Schulman et al. 2016).")
     epochs: int = Field(10, ge=1, le=100, description="Passes over each rollout.")

@@ -61,9 +61,28 @@ class ModelSpec(Strict):
         "algorithm's reference choice (on for MAPPO/IPPO, off for the replay-based ones, "
         "whose critics take one-hot actions as input).",
     )
+    action_dist: Literal["normal", "tanh_normal"] | None = Field(
+        None,
+        description="Policy distribution of continuous actions (on-policy algorithms): "
+        "normal = a Gaussian with a state-independent log-std whose samples the env clips "
+        "(the MAPPO paper's); tanh_normal = a Gaussian with a state-dependent scale squashed "
+        "by tanh into the action bounds (TorchRL's TanhNormal, BenchMARL's default); "
+        "null = the algorithm's reference choice.",
+    )
+    init: Literal["orthogonal", "torch"] = Field(
+        "orthogonal",
+        description="Weight initialisation of actors and critics: orthogonal (gain sqrt 2, a "
+        "small last layer for actors, zero biases; the PPO implementations') or torch "
+        "(`nn.Linear`'s default, uniform in ±1/sqrt(fan_in); TorchRL's and BenchMARL's).",
+    )
+    agent_ids: bool = Field(
+        True,
+        description="Append a one-hot agent id to the input of a network that agents share "
+        "(`sharing: shared`), so shared parameters can still act per agent.",
+    )
     sharing: Sharing | dict[str, Sharing] = Field(
         "shared",
-        description="Parameters per agent group: shared (one network, agent id appended), "
+        description="Parameters per agent group: shared (one network; see `agent_ids`), "
         "independent (one per agent) or federated (one per agent, averaged every "
         "`federated_every` updates); a mapping sets it per group name, others stay shared.",
     )

@@ -11,8 +11,11 @@ Tensors are seed first, `[S, ..., n, ...]`; masks are bool, True where an action
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch.distributions import Normal
 
 from marlctl.envs.registry import GroupInfo
 
@@ -82,3 +85,52 @@ class ActionBounds:
 def action_bounds(groups, device: torch.device) -> dict[str, ActionBounds]:
     """The bounds of every continuous group, by name."""
     return {g.name: ActionBounds(g, device) for g in groups if not g.discrete}
+
+
+def tanh_log_det(u: torch.Tensor) -> torch.Tensor:
+    """log(1 - tanh(u)^2), elementwise: the log-Jacobian of tanh, written so it stays finite
+    where tanh(u) rounds to +-1 (SAC's appendix C)."""
+    return 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+
+
+# TorchRL's `biased_softplus_1.0`: softplus(x + b) + 0.01, with b such that x = 0 gives 1.
+_MIN_SCALE = 0.01
+_SCALE_BIAS = math.log(math.expm1(1.0 - _MIN_SCALE))
+
+
+def softplus_scale(raw: torch.Tensor) -> torch.Tensor:
+    """A network's raw output -> a positive scale, 1.0 at 0 and never below 0.01."""
+    return F.softplus(raw + _SCALE_BIAS) + _MIN_SCALE
+
+
+class TanhNormal:
+    """N(loc, scale) squashed by tanh into [-1, 1], then mapped onto the action box
+    (TorchRL's TanhNormal). A sample is kept before the squash, `u`, so that its
+    log-probability is exact (no atanh of a value that rounded to +-1): the env receives
+    `to_env(u)`. `mean` and `stddev` are the Gaussian's, in u."""
+
+    def __init__(self, loc: torch.Tensor, scale: torch.Tensor, bounds: ActionBounds):
+        self.base, self.bounds = Normal(loc, scale), bounds
+        self._log_half_range = torch.log(0.5 * (bounds.high - bounds.low))
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.base.mean
+
+    @property
+    def stddev(self) -> torch.Tensor:
+        return self.base.stddev
+
+    def to_env(self, u: torch.Tensor) -> torch.Tensor:
+        return self.bounds.to_env(torch.tanh(u))
+
+    def log_prob(self, u: torch.Tensor) -> torch.Tensor:
+        """Per dimension, of the action `to_env(u)` (sum over the last dim for the joint)."""
+        return self.base.log_prob(u) - tanh_log_det(u) - self._log_half_range
+
+    def entropy(self, noise: torch.Tensor) -> torch.Tensor:
+        """Per dimension, estimated with one reparameterised sample (`noise` ~ N(0, 1) of the
+        loc's shape): there is no closed form after the squash. Differentiable in loc and
+        scale."""
+        u = self.base.mean + self.base.stddev * noise
+        return self.base.entropy() + tanh_log_det(u) + self._log_half_range

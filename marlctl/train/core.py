@@ -99,10 +99,11 @@ def _upper_ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.ones(n, n, dtype=dtype, device=device).triu()
 
 
-def adam(params, lr: float) -> torch.optim.Adam:
-    """Adam as every algorithm uses it: one fused kernel over all parameters (per element,
-    so a seed's update does not depend on the seeds batched with it)."""
-    return torch.optim.Adam(params, lr=lr, fused=True)
+def adam(params, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+    """Adam as every algorithm uses it: one fused kernel over all parameters (per element, so
+    a seed's update does not depend on the seeds batched with it, up to the rounding of a
+    vector lane against the scalar tail on some CPUs)."""
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 
 
 def batched_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

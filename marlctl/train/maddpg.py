@@ -109,8 +109,8 @@ class MADDPGTrainer(OffPolicyTrainer):
         self.actor_params = list(self.actors.parameters())
         self.critic_params = list(self.critics.parameters())
         self.optimizers = {
-            "actor": adam(self.actor_params, config.lr),
-            "critic": adam(self.critic_params, config.critic_lr),
+            "actor": adam(self.actor_params, config.lr, config.adam_eps),
+            "critic": adam(self.critic_params, config.critic_lr, config.adam_eps),
         }
         S = len(self.seeds)
         self._member = {  # ensemble member of each env's current episode
@@ -142,10 +142,26 @@ class MADDPGTrainer(OffPolicyTrainer):
                 return self.sample_categorical(torch.softmax(out, -1))
             return out.argmax(-1)
         action = torch.tanh(out)
-        if explore and self.cfg.exploration_noise > 0:
-            noise = self.noise(action.shape, normal=True) * self.cfg.exploration_noise
+        sigma = self.exploration_sigma()
+        if explore and (torch.is_tensor(sigma) or sigma > 0):
+            noise = self.noise(action.shape, normal=True) * sigma
             action = (action + noise).clamp(-1, 1)
         return self.bounds[name].to_env(action)
+
+    def exploration_sigma(self, host: bool = False) -> float | torch.Tensor:
+        """The std of the exploration noise now (relative to half the action range)."""
+        cfg = self.cfg
+        if cfg.exploration_noise_end is None:
+            return cfg.exploration_noise
+        return self.annealed(
+            cfg.exploration_noise, cfg.exploration_noise_end, cfg.noise_anneal_steps, host
+        )
+
+    def schedules(self) -> dict[str, torch.Tensor]:
+        if self.cfg.exploration_noise_end is None:
+            return {}
+        sigma = torch.full((len(self.seeds),), self.exploration_sigma(host=True))
+        return {"train/exploration_noise": sigma.to(self.device)}
 
     def explore(self, ob: Observation, first: torch.Tensor):
         actions, extra = {}, {}

@@ -33,7 +33,7 @@ from marlctl.algos.masac import MASACConfig
 from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.actions import flat_obs, masked_log_softmax, masked_mean
+from marlctl.train.actions import flat_obs, masked_log_softmax, masked_mean, tanh_log_det
 from marlctl.train.base import clip_grad_norm_per_seed, freeze
 from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
@@ -46,9 +46,7 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 def squash(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
     """tanh(u) in [-1, 1] and its log-probability, u ~ N(mean, std) (SAC's appendix C)."""
     gaussian = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-    # log(1 - tanh(u)^2), written so it stays finite where tanh(u) rounds to +-1.
-    jacobian = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
-    return torch.tanh(u), (gaussian - jacobian).sum(-1)
+    return torch.tanh(u), (gaussian - tanh_log_det(u)).sum(-1)
 
 
 # ---------------------------------------------------------------- trainer
@@ -109,11 +107,11 @@ class MASACTrainer(OffPolicyTrainer):
         self.actor_params = list(self.actors.parameters())
         self.critic_params = list(self.critics.parameters())
         self.optimizers = {
-            "actor": adam(self.actor_params, config.lr),
-            "critic": adam(self.critic_params, config.critic_lr),
+            "actor": adam(self.actor_params, config.lr, config.adam_eps),
+            "critic": adam(self.critic_params, config.critic_lr, config.adam_eps),
         }
         if config.autotune:
-            self.optimizers["alpha"] = adam([self.log_alpha], config.alpha_lr)
+            self.optimizers["alpha"] = adam([self.log_alpha], config.alpha_lr, config.adam_eps)
 
     # ------------------------------------------------------------ policies
 

@@ -32,22 +32,37 @@ class BatchedGRU(nn.Module):
     """`seeds` × `copies` GRU cells (Cho et al. 2014) in batched matmuls, like `BatchedMLP`."""
 
     def __init__(
-        self, seeds: int, copies: int, n_in: int, size: int, generators: list[torch.Generator]
+        self,
+        seeds: int,
+        copies: int,
+        n_in: int,
+        size: int,
+        generators: list[torch.Generator],
+        init: str = "orthogonal",
     ):
+        """init: orthogonal gates and zero biases, or torch (`nn.GRUCell`'s default: every
+        weight and bias uniform in ±1/sqrt(size))."""
         super().__init__()
         self.size = size
         w_in = torch.empty(seeds, copies, 3 * size, n_in)
         w_hid = torch.empty(seeds, copies, 3 * size, size)
+        b_in = torch.zeros(seeds, copies, 3 * size)
+        b_hid = torch.zeros(seeds, copies, 3 * size)
+        bound = 1 / math.sqrt(size)
         for s in range(seeds):
             for k in range(copies):
+                if init == "torch":
+                    for t in (w_in[s, k], w_hid[s, k], b_in[s, k], b_hid[s, k]):
+                        nn.init.uniform_(t, -bound, bound, generator=generators[s])
+                    continue
                 for gate in range(3):
                     rows = slice(gate * size, (gate + 1) * size)
                     nn.init.orthogonal_(w_in[s, k, rows], 1.0, generator=generators[s])
                     nn.init.orthogonal_(w_hid[s, k, rows], 1.0, generator=generators[s])
         self.w_in = nn.Parameter(w_in.transpose(-1, -2).contiguous())
         self.w_hid = nn.Parameter(w_hid.transpose(-1, -2).contiguous())
-        self.b_in = nn.Parameter(torch.zeros(seeds, copies, 3 * size))
-        self.b_hid = nn.Parameter(torch.zeros(seeds, copies, 3 * size))
+        self.b_in = nn.Parameter(b_in)
+        self.b_hid = nn.Parameter(b_hid)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """x `[S, ..., n, in]`, h `[S, ..., n, H]` -> the next h."""
@@ -94,11 +109,11 @@ class AgentNet(nn.Module):
         super().__init__()
         self.sharing, self.n, self.ensemble = sharing, n_agents, ensemble
         shared = sharing == "shared"
-        self.id_dim = n_agents if shared and n_agents > 1 else 0
+        self.id_dim = n_agents if shared and n_agents > 1 and model.agent_ids else 0
         self.copies = (1 if shared else n_agents) * ensemble
         self.recurrent = model.recurrent is not None if recurrent is None else recurrent
         hidden, act = list(model.hidden), model.activation
-        common = {"activation": act, "generators": generators}
+        common = {"activation": act, "generators": generators, "init": model.init}
         n_in += self.id_dim
         if self.recurrent:
             size = hidden[-1]
@@ -107,7 +122,7 @@ class AgentNet(nn.Module):
                 seeds, self.copies, n_in, hidden[:-1], size, layer_norm=model.layer_norm,
                 out_gain=math.sqrt(2), **common,
             )  # fmt: skip
-            self.gru = BatchedGRU(seeds, self.copies, size, size, generators)
+            self.gru = BatchedGRU(seeds, self.copies, size, size, generators, model.init)
             self.head = BatchedMLP(
                 seeds, self.copies, size, [], n_out, layer_norm=False, out_gain=out_gain, **common
             )

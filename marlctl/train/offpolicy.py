@@ -106,6 +106,20 @@ class OffPolicyTrainer(Trainer):
             self._env_steps_t += self.num_envs
         return tr.next
 
+    def annealed(
+        self, start: float, end: float, steps: int, host: bool = False
+    ) -> float | torch.Tensor:
+        """Linear from `start` to `end` over the first `steps` env steps (0: `end` from the
+        start). A captured run computes it on the device from its env-step count, with the
+        same float64 arithmetic, so that a replay reads the current value; `host` gives the
+        host's float in any case (for logging)."""
+        if steps == 0:
+            return end
+        if self.graph is None or host:
+            return start + min(1.0, self.env_steps / steps) * (end - start)
+        frac = (self._env_steps_t.double() / steps).clamp(max=1.0)
+        return (start + frac * (end - start)).float()
+
     # ------------------------------------------------------------ one iteration
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -24,7 +24,14 @@ from marlctl.algos.onpolicy import OnPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.actions import flat_obs, mask_logits, masked_mean
+from marlctl.train.actions import (
+    ActionBounds,
+    TanhNormal,
+    flat_obs,
+    mask_logits,
+    masked_mean,
+    softplus_scale,
+)
 from marlctl.train.base import Trainer, clip_grad_norm_per_seed
 from marlctl.train.core import RunningMeanStd, gae, per_seed, per_seed_objectives, turn_gae
 from marlctl.train.networks import reset_where
@@ -38,12 +45,16 @@ class GroupPolicy(nn.Module):
     def __init__(self, trainer: Trainer, group: GroupInfo, critic_dim: int, centralised: bool):
         super().__init__()
         self.group, self.centralised = group, centralised
-        self.actor = trainer.agent_net(group, group.obs_dim, group.n_actions, out_gain=0.01)
+        # tanh_normal: the actor outputs a loc and a raw scale per action dimension.
+        self.tanh = not group.discrete and trainer.model.action_dist == "tanh_normal"
+        self.bounds = None if group.discrete else ActionBounds(group, trainer.device)
+        n_out = group.n_actions * (2 if self.tanh else 1)
+        self.actor = trainer.agent_net(group, group.obs_dim, n_out, out_gain=0.01)
         self.critic = trainer.agent_net(group, critic_dim, 1, out_gain=1.0)
         copies = self.actor.copies
         self.log_std = (
             None
-            if group.discrete
+            if group.discrete or self.tanh
             else nn.Parameter(torch.zeros(len(trainer.seeds), copies, group.n_actions))
         )
         self.value_norm = RunningMeanStd(len(trainer.seeds))
@@ -63,10 +74,22 @@ class GroupPolicy(nn.Module):
     def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None):
         """The action distribution, and the actor's next recurrent state."""
         out, h = self.actor(actor_in, h)
+        return self.distribution_of(out, mask), h
+
+    def distribution_of(self, out: torch.Tensor, mask: torch.Tensor | None):
+        """The action distribution of the actor's output `[S, ..., n, out]`."""
         if self.group.discrete:
-            return Categorical(logits=mask_logits(out, mask)), h
+            return Categorical(logits=mask_logits(out, mask))
+        if self.tanh:
+            loc, raw = out.chunk(2, -1)
+            return TanhNormal(loc, softplus_scale(raw), self.bounds)
         shape = (out.shape[0], *([1] * (out.dim() - 3)), self.actor.copies, out.shape[-1])
-        return Normal(out, self.log_std.exp().view(shape).expand_as(out)), h
+        return Normal(out, self.log_std.exp().view(shape).expand_as(out))
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """A stored action as the env takes it: a tanh_normal sample is kept before its
+        squash; a normal one is clipped by the env."""
+        return self.bounds.to_env(torch.tanh(action)) if self.tanh else action
 
     def value(self, critic_in: torch.Tensor, h=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, h = self.critic(critic_in, h)
@@ -77,8 +100,13 @@ def log_prob(dist, action: torch.Tensor, discrete: bool) -> torch.Tensor:
     return dist.log_prob(action) if discrete else dist.log_prob(action).sum(-1)
 
 
-def entropy(dist, discrete: bool) -> torch.Tensor:
-    return dist.entropy() if discrete else dist.entropy().sum(-1)
+def entropy(dist, discrete: bool, noise=None) -> torch.Tensor:
+    """The policy's entropy per agent; a TanhNormal's is a one-sample estimate (`noise`)."""
+    if discrete:
+        return dist.entropy()
+    if isinstance(dist, TanhNormal):
+        return dist.entropy(noise(dist.mean.shape, normal=True)).sum(-1)
+    return dist.entropy().sum(-1)
 
 
 # ---------------------------------------------------------------- rollout storage
@@ -103,7 +131,7 @@ class Minibatch:
     """One group's minibatch under the current networks, each `[S, B, n]` (sequences
     flattened to steps): what an update's loss is made of."""
 
-    dist: Categorical | Normal
+    dist: Categorical | Normal | TanhNormal
     log_prob: torch.Tensor  # of the taken actions, now
     entropy: torch.Tensor
     value: torch.Tensor  # normalised if `value_norm`
@@ -165,7 +193,7 @@ class OnPolicyTrainer(Trainer):
                 {"params": actor_params, "lr": config.lr},
                 {"params": critic_params, "lr": config.critic_lr or config.lr},
             ],
-            eps=1e-5,
+            eps=config.adam_eps,
         )
         self.optimizers = {"adam": self.optimizer}
         S = len(self.seeds)
@@ -192,7 +220,7 @@ class OnPolicyTrainer(Trainer):
                 action = dist.probs.argmax(-1) if pol.group.discrete else dist.mean
             else:
                 action = self._sample(pol, dist)
-            actions[name] = action
+            actions[name] = pol.env_action(action)
         return actions
 
     def _sample(self, pol: GroupPolicy, dist) -> torch.Tensor:
@@ -237,7 +265,7 @@ class OnPolicyTrainer(Trainer):
                 b["active"].append(split.active[name])
                 b["masks"].append(split.masks[name])
                 b["first"].append(self._first)
-                actions[name] = action.flatten(0, 1)
+                actions[name] = pol.env_action(action).flatten(0, 1)
             tr = env.step(actions)
             done = (tr.terminated | tr.truncated).view(S, -1)
             rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
@@ -364,7 +392,7 @@ class OnPolicyTrainer(Trainer):
         return Minibatch(
             dist=dist,
             log_prob=log_prob(dist, flat(take(d["actions"])), discrete),
-            entropy=entropy(dist, discrete),
+            entropy=entropy(dist, discrete, self.noise),
             value=value,
             active=flat(take(d["active"])),
             adv=flat(take(d["adv"])),
@@ -394,12 +422,7 @@ class OnPolicyTrainer(Trainer):
             outs.append(out)
             values.append(value.squeeze(-1))
         out = torch.stack(outs, 2).flatten(1, 2)
-        if pol.group.discrete:
-            dist = Categorical(logits=mask_logits(out, mask))
-        else:
-            shape = (out.shape[0], 1, pol.actor.copies, out.shape[-1])
-            dist = Normal(out, pol.log_std.exp().view(shape).expand_as(out))
-        return dist, torch.stack(values, 2).flatten(1, 2)
+        return pol.distribution_of(out, mask), torch.stack(values, 2).flatten(1, 2)
 
     def value_error(self, error: torch.Tensor) -> torch.Tensor:
         """Huber (`huber_delta`) or half squared error, elementwise."""

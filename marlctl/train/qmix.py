@@ -112,7 +112,7 @@ class QLearningTrainer(OffPolicyTrainer):
         self.target.requires_grad_(False)
         self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
         self.params = list(online.parameters())
-        self.optimizer = adam(self.params, config.lr)
+        self.optimizer = adam(self.params, config.lr, config.adam_eps)
         self.optimizers = {"adam": self.optimizer}
         self._hidden = {
             name: net.initial_state(S, num_envs, device=self.device) for name, net in self.q.items()
@@ -125,25 +125,14 @@ class QLearningTrainer(OffPolicyTrainer):
 
     def epsilon(self) -> float:
         cfg = self.cfg
-        if cfg.epsilon_anneal_steps == 0:
-            return cfg.epsilon_end
-        frac = min(1.0, self.env_steps / cfg.epsilon_anneal_steps)
-        return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+        return self.annealed(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_anneal_steps, True)
 
     def schedules(self) -> dict[str, torch.Tensor]:
         return {"train/epsilon": torch.full((len(self.seeds),), self.epsilon(), device=self.device)}
 
     def _exploration_rate(self) -> float | torch.Tensor:
-        """`epsilon()`; in a captured run computed on the device from its env-step count,
-        with the same float64 arithmetic, so that a replay reads the current value."""
-        if self.graph is None:
-            return self.epsilon()
         cfg = self.cfg
-        if cfg.epsilon_anneal_steps == 0:
-            return cfg.epsilon_end
-        frac = (self._env_steps_t.double() / cfg.epsilon_anneal_steps).clamp(max=1.0)
-        rate = cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
-        return rate.float()
+        return self.annealed(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_anneal_steps)
 
     def _greedy_or_random(
         self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float | torch.Tensor
