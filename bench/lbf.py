@@ -1,14 +1,17 @@
 """Benchmark: MAPPO and QMIX on level-based foraging, Foraging-8x8-2p-2f-coop-v3.
 
-Through the `lbforaging` package (`env.backend: pettingzoo`) with EPyMARL's common reward
+Through the `lbforaging` package (`--backend pettingzoo`) or the native batched env
+(`--backend native`, with the seeds trained as one batch), with EPyMARL's common reward
 (the team's sum, so a solved episode returns 1.0 per agent), each algorithm at its defaults,
-3 seeds, `marlctl run specs/lbf_mappo.yaml` (QMIX: the same spec with `algos=qmix`). Reports
-the final per-agent eval return (mean, 95% Student-t interval, every seed) and the first
-eval at 0.9 of the maximum or more; the wall-clock is kept in the jsonl only (the table is
-about returns; speed is measured where nothing else runs). Writes `bench/results/lbf.md`;
-each finished algorithm is appended to `bench/results/lbf.jsonl` and skipped on a re-run.
+3 seeds, 16 envs per seed, `marlctl run specs/lbf_mappo.yaml` (QMIX: the same spec with
+`algos=qmix`). Reports the final per-agent eval return (mean, 95% Student-t interval, every
+seed), the first eval at 0.9 of the maximum or more, and the wall-clock of the command;
+where both backends ran an algorithm for the same steps on this machine, the ratio of their
+wall-clocks. Writes `bench/results/lbf.md`; each finished cell is appended to
+`bench/results/lbf.jsonl` and skipped on a re-run.
 
     .venv/bin/python bench/lbf.py                       # both algorithms, 1M env steps each
+    .venv/bin/python bench/lbf.py --backend native
     .venv/bin/python bench/lbf.py --algos qmix --steps 2000000
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from datetime import date
 from pathlib import Path
@@ -32,9 +36,12 @@ TASK = "lbf/Foraging-8x8-2p-2f-coop-v3"
 MAXIMUM = 1.0  # every food collected, rewards normalised and summed over the team
 
 
-def run(algo: str, steps: int, seeds: int) -> dict:
-    folder = WORKDIR / f"lbf-{algo}"
-    folder.mkdir(parents=True, exist_ok=True)
+def run(algo: str, steps: int, seeds: int, backend: str) -> dict:
+    folder = WORKDIR / f"lbf-{algo}-{backend}-{steps}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    native = ["env.backend=native", "hardware.batch_seeds=true"] if backend == "native" else []
     args = [
         "run",
         str(SPEC),
@@ -43,6 +50,7 @@ def run(algo: str, steps: int, seeds: int) -> dict:
         f"train.total_env_steps={steps}",
         f"train.eval_every={max(steps // 20, 1)}",
         "train.checkpoint_every=0",
+        *native,
     ]
     summary, wall = marlctl_json(args, folder, f"{algo} on {TASK}")
     runs = summary["runs"]
@@ -50,6 +58,9 @@ def run(algo: str, steps: int, seeds: int) -> dict:
     mean, half = t_interval(returns)
     return {
         "algo": algo,
+        "backend": backend,
+        "machine": machine(),
+        "measured": date.today().isoformat(),
         "steps": steps,
         "seeds": seeds,
         "mean": mean,
@@ -73,35 +84,55 @@ def table(cells: list[dict]) -> str:
     lines = [
         "# Level-based foraging: MAPPO and QMIX on Foraging-8x8-2p-2f-coop-v3",
         "",
-        f"Measured {date.today().isoformat()} with `python bench/lbf.py` (spec "
-        "`specs/lbf_mappo.yaml`; QMIX with `algos=qmix`): the `lbforaging` package through "
-        "the PettingZoo backend, 16 envs per seed, 2 seeds side by side, each algorithm at "
-        "its defaults, EPyMARL's common reward (summed: a solved episode returns 1.0 per "
-        "agent), 64 deterministic eval episodes per point.",
+        "`python bench/lbf.py` (spec `specs/lbf_mappo.yaml`; QMIX with `algos=qmix`): the "
+        "`lbforaging` package through the PettingZoo backend (2 seeds side by side), or the "
+        "native batched env (`env.backend=native`, the 3 seeds as one batch), 16 envs per "
+        "seed, each algorithm at its defaults, EPyMARL's common reward (summed: a solved "
+        "episode returns 1.0 per agent), 64 deterministic eval episodes per point. "
+        "Wall-clock: the whole `marlctl run` command, every seed, nothing else running.",
         "",
-        f"Machine: {machine()}.",
-        "",
-        "| algorithm | env steps per seed | final return (mean ± 95% CI) | seeds | "
-        "of the maximum | first eval ≥ 0.9 (per seed) |",
-        "|---|---|---|---|---|---|",
+        "| algorithm | backend | env steps per seed | final return (mean ± 95% CI) | seeds | "
+        "of the maximum | first eval ≥ 0.9 (per seed) | wall-clock | measured | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         solved = [first_solved(curve) for curve in c["curves"]]
         lines.append(
-            f"| {c['algo']} | {c['steps']:,} | {c['mean']:.3f} ± {c['ci']:.3f} | "
+            f"| {c['algo']} | {c['backend']} | {c['steps']:,} | "
+            f"{c['mean']:.3f} ± {c['ci']:.3f} | "
             + ", ".join(f"{r:.3f}" for r in c["returns"])
             + f" | {c['mean'] / MAXIMUM:.0%} | "
             + ", ".join("never" if s is None else f"{s:,.0f}" for s in solved)
-            + " |"
+            + f" | {c['wall_s'] / 60:.1f} min | {c['measured']} | "
+            + f"{c['machine']} |"
         )
+    ratios = [
+        (a, b)
+        for a in cells
+        for b in cells
+        if a["backend"] == "native"
+        and b["backend"] == "pettingzoo"
+        and (a["algo"], a["steps"], a["seeds"], a["machine"])
+        == (b["algo"], b["steps"], b["seeds"], b["machine"])
+    ]
+    if ratios:
+        lines += ["", "Native against the package, same algorithm, steps and machine:", ""]
+        for a, b in ratios:
+            lines.append(
+                f"- {a['algo']}, {a['steps']:,} env steps per seed: native "
+                f"{a['wall_s'] / 60:.1f} min, package {b['wall_s'] / 60:.1f} min, "
+                f"{a['wall_s'] / b['wall_s']:.2f} of the package's wall-clock"
+            )
     lines += ["", "Eval curves (env steps → per-agent return, mean over seeds):", ""]
     for c in cells:
+        if len(c["curves"][0][0]) < 3:
+            continue
         steps = c["curves"][0][0]
         means = [
             sum(curve[1][i] for curve in c["curves"]) / len(c["curves"])
             for i in range(min(len(curve[1]) for curve in c["curves"]))
         ]
-        lines.append(f"- {c['algo']}: " + ", ".join(
+        lines.append(f"- {c['algo']}, {c['backend']}: " + ", ".join(
             f"{s / 1e3:.0f}k {m:.2f}" for s, m in zip(steps, means, strict=False)
         ))  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -112,12 +143,16 @@ def main() -> None:
     parser.add_argument("--algos", default="mappo,qmix")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--backend", choices=("pettingzoo", "native"), default="pettingzoo")
     args = parser.parse_args()
     done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    here = machine()
     for algo in args.algos.split(","):
-        if any(c["algo"] == algo and c["steps"] == args.steps for c in done):
+        key = (algo, args.steps, args.seeds, args.backend, here)
+        if any((c["algo"], c["steps"], c["seeds"], c["backend"], c["machine"]) == key
+               for c in done):  # fmt: skip
             continue
-        cell = run(algo, args.steps, args.seeds)
+        cell = run(algo, args.steps, args.seeds, args.backend)
         done.append(cell)
         with DONE.open("a") as f:
             f.write(json.dumps(cell) + "\n")

@@ -930,7 +930,7 @@ def list_(
             )
         out.print(table)
         return
-    from marlctl.envs.native import NATIVE, NATIVE_ONLY
+    from marlctl.envs.native import NATIVE_ONLY, is_native
     from marlctl.envs.registry import lookup, preset_name, registered_ids
 
     entries = [lookup(env_id) for env_id in registered_ids() if match is None or match in env_id]
@@ -941,7 +941,7 @@ def list_(
             "backends": ["native"]
             if e.id in NATIVE_ONLY
             else ["pettingzoo", "native"]
-            if e.id in NATIVE
+            if is_native(e.id)
             else ["vmas"]
             if e.suite == "vmas"
             else ["pettingzoo"],

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from marlctl.envs.batch import Observation, Transition
-from marlctl.envs.native import NATIVE, native_class
+from marlctl.envs.native import is_native, native_class
 from marlctl.envs.registry import (
     ENVS,
     EnvInfo,
@@ -45,7 +45,7 @@ def _cases():
         if env_id in ENVS:
             backend = "vmas" if lookup(env_id).suite == "vmas" else "pettingzoo"
             yield pytest.param(env_id, backend, id=f"{backend}-{env_id}")
-        if env_id in NATIVE:
+        if is_native(env_id):
             yield pytest.param(env_id, "native", id=f"native-{env_id}")
 
 

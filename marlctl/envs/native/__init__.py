@@ -10,6 +10,7 @@ Pure (no torch import): `validate` checks a `backend: native` spec against this 
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 NATIVE: dict[str, str] = {
@@ -44,11 +45,63 @@ UNSUPPORTED = {
 }
 
 
+_FORAGING = re.compile(
+    r"^Foraging(?P<grid>-grid)?(?:-(?P<sight>\d+)s)?-(?P<size>\d+)x(?P=size)-(?P<players>\d+)p"
+    r"-(?P<food>\d+)f(?P<coop>-coop)?(?P<ind>-ind)?(?P<pen>-pen)?-v3$"
+)
+
+
+def foraging_task(task: str) -> dict[str, Any] | None:
+    """The `lbforaging` package's registration keywords of a `Foraging...-v3` task name (as
+    its `__init__` registers them), or None for another name."""
+    m = _FORAGING.match(task)
+    if m is None:
+        return None
+    size = int(m["size"])
+    return {
+        "players": int(m["players"]),
+        "min_player_level": 1,
+        "max_player_level": 2,
+        "field_size": (size, size),
+        "min_food_level": 1,
+        "max_food_level": 1 if m["ind"] else None,
+        "max_num_food": int(m["food"]),
+        "sight": int(m["sight"]) if m["sight"] else size,
+        "max_episode_steps": 50,
+        "force_coop": bool(m["coop"]),
+        "grid_observation": bool(m["grid"]),
+        "penalty": 0.1 if m["pen"] else 0.0,
+    }
+
+
+def is_native(env_id: str) -> bool:
+    """Whether `env_id` runs under `backend: native`: a listed task, or a task of a native
+    family (`lbf/<task>`)."""
+    prefix, _, task = env_id.partition("/")
+    return env_id in NATIVE or (prefix == "lbf" and foraging_task(task) is not None)
+
+
 def native_problem(env_id: str, params: dict[str, Any]) -> tuple[str, str] | None:
     """(key, message) when `env_id` with `params` cannot run natively, else None."""
-    if env_id not in NATIVE:
+    if not is_native(env_id):
         have = ", ".join(sorted(NATIVE))
-        return "env.backend", f"no native implementation of '{env_id}' (native: {have})"
+        return (
+            "env.backend",
+            f"no native implementation of '{env_id}' (native: {have}, and the lbf/ tasks)",
+        )
+    if env_id.startswith("lbf/"):
+        task = foraging_task(env_id.partition("/")[2]) or {}
+        if params.get("grid_observation", task.get("grid_observation")):
+            return (
+                "env.params.grid_observation",
+                "the native foraging env has vector observations only; use backend: "
+                "pettingzoo for grid observations",
+            )
+        if params.get("observe_agent_levels") is False:
+            return (
+                "env.params.observe_agent_levels",
+                "not implemented natively; use backend: pettingzoo",
+            )
     for key, reason in UNSUPPORTED.items():
         if params.get(key):
             return f"env.params.{key}", f"not supported with backend: native ({reason})"
@@ -66,5 +119,9 @@ def native_only_problem(env_id: str, backend: str) -> tuple[str, str] | None:
 
 
 def native_class(env_id: str) -> type:
+    if env_id.startswith("lbf/"):
+        from marlctl.envs.native.foraging import task_class
+
+        return task_class(env_id)
     module, _, name = NATIVE[env_id].partition(":")
     return getattr(importlib.import_module(module), name)
