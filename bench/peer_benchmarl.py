@@ -363,11 +363,14 @@ def marlctl_half(spec_body: dict, algo: str, task: str) -> dict:
     }
 
 
-def cell(algo: str, task: str, seeds: int, frames: int, threads: int, old: dict | None) -> dict:
+def cell(
+    algo: str, task: str, seeds: int, frames: int, threads: int, old: dict | None, rerun: bool
+) -> dict:
     """Both tools on one task. BenchMARL's half of an `old` result is kept (its settings are
-    BenchMARL's defaults, pinned); marlctl's is rerun when its translated spec changed."""
+    BenchMARL's defaults, pinned); marlctl's is rerun when its translated spec changed, or
+    when `rerun` says so (a measurement taken while something else ran)."""
     spec_body = marlctl_spec(algo, task, seeds, frames, threads)
-    if old and old["marlctl"].get("spec") == spec_body:
+    if old and old["marlctl"].get("spec") == spec_body and not rerun:
         return old
     peer = old["benchmarl"] if old else peer_half(algo, task, seeds, frames, threads)
     return {
@@ -440,6 +443,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--frames", type=int, default=3_000_000)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each tool")
+    parser.add_argument(
+        "--rerun-marlctl", action="store_true", help="rerun marlctl's half of stored cells"
+    )
     args = parser.parse_args()
     if args.setup:
         setup()
@@ -453,7 +459,9 @@ def main() -> None:
         for task in args.tasks.split(","):
             key = (algo, task, args.frames, args.seeds, args.threads)
             old = next((c for c in done if cell_key(c) == key), None)
-            result = cell(algo, task, args.seeds, args.frames, args.threads, old)
+            result = cell(
+                algo, task, args.seeds, args.frames, args.threads, old, args.rerun_marlctl
+            )
             if result is old:
                 continue
             done = [c for c in done if c is not old] + [result]

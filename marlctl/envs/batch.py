@@ -30,6 +30,9 @@ class Transition(NamedTuple):
     # A multi-objective env's reward vectors before `env.reward_weights` scalarised them:
     # [E, k], the mean over all agents; None for a scalar reward.
     objectives: torch.Tensor | None = None
+    # [E] bool, read where an episode ended: the learners won it (SMAX's battles); None for
+    # an env without a notion of winning.
+    won: torch.Tensor | None = None
 
 
 class BatchedEnv(Protocol):

@@ -236,10 +236,14 @@ def one_hot_ids(n: int, device: torch.device) -> torch.Tensor:
     return torch.eye(n, device=device)
 
 
-def per_seed_objectives(transition, seeds: int) -> torch.Tensor | None:
-    """A transition's objective vectors `[E, k]` laid out seed first, `[S, E/S, k]`."""
-    objectives = transition.objectives
-    return None if objectives is None else objectives.view(seeds, -1, objectives.shape[-1])
+def per_seed_outcomes(transition, seeds: int) -> dict[str, torch.Tensor | None]:
+    """What a transition tells of its episodes besides rewards, laid out seed first: a
+    multi-objective env's reward vectors `[S, E/S, k]` (`objectives`) and the ended episodes
+    the learners won `[S, E/S]` (`won`); None where the env has no such thing."""
+    objectives, won = transition.objectives, transition.won
+    if objectives is not None:
+        objectives = objectives.view(seeds, -1, objectives.shape[-1])
+    return {"objectives": objectives, "won": None if won is None else won.view(seeds, -1)}
 
 
 class EpisodeStats:
@@ -257,16 +261,23 @@ class EpisodeStats:
         self.count = torch.zeros(seeds, device=device)
         self.seeds, self.num_envs, self.device = seeds, num_envs, device
         self.objectives: tuple[torch.Tensor, torch.Tensor] | None = None  # running, sums
+        self.wins: torch.Tensor | None = None  # [S]: won episodes, for envs that report wins
 
     def record(
         self,
         rewards: dict[str, torch.Tensor],
         done: torch.Tensor,
         objectives: torch.Tensor | None = None,
+        won: torch.Tensor | None = None,
     ) -> None:
         """objectives: a multi-objective env's reward vectors, the mean over all agents,
-        `[S, E, k]`: each objective's episode return is kept too."""
+        `[S, E, k]`: each objective's episode return is kept too. won `[S, E]`: the episodes
+        the learners won, of those that ended (`win_rate`)."""
         finished = done.to(torch.float32)
+        if won is not None:
+            if self.wins is None:
+                self.wins = torch.zeros(self.seeds, device=self.device)
+            self.wins += (won.to(torch.float32) * finished).sum(-1)
         if objectives is not None:
             if self.objectives is None:
                 k = objectives.shape[-1]
@@ -301,6 +312,10 @@ class EpisodeStats:
         if self.objectives is not None:
             objectives = self.objectives[1].tolist()
             self.objectives[1].zero_()
+        wins = None
+        if self.wins is not None:
+            wins = self.wins.tolist()
+            self.wins.zero_()
         values = torch.cat([self.sums, self.count.unsqueeze(-1)], dim=-1).tolist()
         self.sums.zero_()
         self.count.zero_()
@@ -315,6 +330,8 @@ class EpisodeStats:
             if objectives is not None:
                 for k, total in enumerate(objectives[len(out)]):
                     result[f"objective/{k}"] = total / count
+            if wins is not None:
+                result["win_rate"] = wins[len(out)] / count
             result["episodes"] = count
             out.append(result)
         return out

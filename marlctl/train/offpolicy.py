@@ -19,7 +19,7 @@ from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.base import Trainer, next_observation
-from marlctl.train.core import RunningMeanStd, per_seed, per_seed_objectives
+from marlctl.train.core import RunningMeanStd, per_seed, per_seed_outcomes
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
 
@@ -92,7 +92,7 @@ class OffPolicyTrainer(Trainer):
         done = (tr.terminated | tr.truncated).view(S, -1)
         terminated = tr.terminated.view(S, -1) if self.cfg.bootstrap_time_limit else done
         rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
-        self.stats.record(rewards, done, per_seed_objectives(tr, S))
+        self.stats.record(rewards, done, **per_seed_outcomes(tr, S))
         if self.cfg.reward_scaling != "none":
             for name, stats in self.reward_stats.items():
                 stats.update(rewards[name], split.active[name])

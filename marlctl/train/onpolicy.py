@@ -33,7 +33,7 @@ from marlctl.train.actions import (
     softplus_scale,
 )
 from marlctl.train.base import Trainer, clip_grad_norm_per_seed
-from marlctl.train.core import RunningMeanStd, gae, per_seed, per_seed_objectives, turn_gae
+from marlctl.train.core import RunningMeanStd, gae, per_seed, per_seed_outcomes, turn_gae
 from marlctl.train.networks import reset_where
 
 # ---------------------------------------------------------------- networks
@@ -269,7 +269,7 @@ class OnPolicyTrainer(Trainer):
             tr = env.step(actions)
             done = (tr.terminated | tr.truncated).view(S, -1)
             rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
-            self.stats.record(rewards, done, per_seed_objectives(tr, S))
+            self.stats.record(rewards, done, **per_seed_outcomes(tr, S))
             trunc = tr.truncated.view(S, -1).to(torch.float32).unsqueeze(-1)
             final = None if tr.final is tr.next else self.split(tr.final)
             for name, pol in self.policies.items():

@@ -29,7 +29,7 @@ from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan
 from marlctl.spec.models import Spec
-from marlctl.train.core import EpisodeStats, per_seed_objectives
+from marlctl.train.core import EpisodeStats, per_seed_outcomes
 
 CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
@@ -176,7 +176,7 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
         first = tr.terminated | tr.truncated
         done = first.view(S, n)
         rewards = {k: v.view(S, n, *v.shape[1:]) for k, v in tr.rewards.items()}
-        stats.record(rewards, done & (finished < quota), per_seed_objectives(tr, S))
+        stats.record(rewards, done & (finished < quota), **per_seed_outcomes(tr, S))
         finished += done.long()
         ob = tr.next
     results = []

@@ -34,6 +34,28 @@ NATIVE_ONLY: dict[str, str] = {
     "matrix/penalty": "penalty game: 2 players pick one of two optima, miscoordination costs k",
 }
 
+# SMAX scenarios (`marlctl.envs.native.smax`): allies, enemies and what they are. Native
+# only: SMAX itself is JAX code, not a PettingZoo env.
+SMAX = {
+    "3m": "3 marines against 3 marines",
+    "2s3z": "2 stalkers and 3 zealots against the same",
+    "25m": "25 marines against 25 marines",
+    "3s5z": "3 stalkers and 5 zealots against the same",
+    "8m": "8 marines against 8 marines",
+    "5m_vs_6m": "5 marines against 6 marines",
+    "10m_vs_11m": "10 marines against 11 marines",
+    "27m_vs_30m": "27 marines against 30 marines",
+    "3s5z_vs_3s6z": "3 stalkers and 5 zealots against 3 stalkers and 6 zealots",
+    "3s_vs_5z": "3 stalkers against 5 zealots",
+    "6h_vs_8z": "6 hydralisks against 8 zealots",
+    "smacv2_5_units": "SMACv2-style: 5 random units a side, random start formations",
+    "smacv2_10_units": "SMACv2-style: 10 random units a side, random start formations",
+    "smacv2_20_units": "SMACv2-style: 20 random units a side, random start formations",
+}
+for _name, _what in SMAX.items():
+    NATIVE[f"smax/{_name}"] = f"marlctl.envs.native.smax:Smax_{_name}"
+    NATIVE_ONLY[f"smax/{_name}"] = f"SMAX {_name}: {_what}; the enemies follow SMAX's heuristic"
+
 # Parameters of the originals that only affect rendering: accepted and ignored.
 RENDER_ONLY = frozenset({"dynamic_rescaling", "render_mode"})
 # Parameters the native tasks do not implement, with the reason given to the user.

@@ -108,6 +108,9 @@ class NativeEnv(SeededBatch):
 
     env_id = ""
     max_cycles = 25  # default episode length; `env.params.max_cycles` overrides it
+    # True for an env whose `advance` sets `self.won` `[E]` bool (the learners won the
+    # episodes that end now): `train/win_rate` and `eval/win_rate` are logged.
+    reports_wins = False
     # Methods `compile` fuses: none by default. A step of a few operations (the matrix
     # games') runs slower compiled; list `observe`/`advance` where they hold many.
     pure_steps: tuple[str, ...] = ()
@@ -183,10 +186,11 @@ class NativeEnv(SeededBatch):
             terminated = torch.zeros_like(self.steps, dtype=torch.bool)
         truncated = (self.steps >= self.max_cycles) & ~terminated
         final = self._observation()
+        won = self.won if self.reports_wins else None  # set by `advance`
         done = terminated | truncated
         self._assign(self.start(self.num_envs), done)
         self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
-        return Transition(self._observation(), rewards, terminated, truncated, final)
+        return Transition(self._observation(), rewards, terminated, truncated, final, won=won)
 
     def close(self) -> None:
         pass
