@@ -132,7 +132,7 @@ def table(cells: list[dict]) -> str:
             sum(curve[1][i] for curve in c["curves"]) / len(c["curves"])
             for i in range(min(len(curve[1]) for curve in c["curves"]))
         ]
-        lines.append(f"- {c['algo']}, {c['backend']}: " + ", ".join(
+        lines.append(f"- {c['algo']}, {c['backend']}, {c['steps']:,} steps: " + ", ".join(
             f"{s / 1e3:.0f}k {m:.2f}" for s, m in zip(steps, means, strict=False)
         ))  # fmt: skip
     return "\n".join(lines) + "\n"

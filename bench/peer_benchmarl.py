@@ -342,6 +342,7 @@ def peer_half(algo: str, task: str, seeds: int, frames: int, threads: int) -> di
         "wall_s": sum(p["wall_s"] for p in peers),
         "curves": [p["curve"] for p in peers],
         "measured": date.today().isoformat(),
+        "machine": machine(),
     }
 
 
@@ -359,6 +360,7 @@ def marlctl_half(spec_body: dict, algo: str, task: str) -> dict:
         "wall_s": wall,
         "curves": ours,
         "measured": date.today().isoformat(),
+        "machine": machine(),
         "spec": spec_body,
     }
 
@@ -366,13 +368,18 @@ def marlctl_half(spec_body: dict, algo: str, task: str) -> dict:
 def cell(
     algo: str, task: str, seeds: int, frames: int, threads: int, old: dict | None, rerun: bool
 ) -> dict:
-    """Both tools on one task. BenchMARL's half of an `old` result is kept (its settings are
-    BenchMARL's defaults, pinned); marlctl's is rerun when its translated spec changed, or
-    when `rerun` says so (a measurement taken while something else ran)."""
+    """Both tools on one task. BenchMARL's half of an `old` result is kept when it ran on this
+    machine (its settings are BenchMARL's defaults, pinned); marlctl's is rerun when its
+    translated spec changed, when it ran elsewhere, or when `rerun` says so (a measurement
+    taken while something else ran)."""
     spec_body = marlctl_spec(algo, task, seeds, frames, threads)
-    if old and old["marlctl"].get("spec") == spec_body and not rerun:
+    here = machine()
+    current = old and old["benchmarl"]["machine"] == here and old["marlctl"]["machine"] == here
+    if current and old["marlctl"].get("spec") == spec_body and not rerun:
         return old
-    peer = old["benchmarl"] if old else peer_half(algo, task, seeds, frames, threads)
+    # A half measured on another machine is measured again here: a ratio needs both.
+    keep = old and old["benchmarl"]["machine"] == here
+    peer = old["benchmarl"] if keep else peer_half(algo, task, seeds, frames, threads)
     return {
         "algo": algo,
         "task": task,
@@ -384,8 +391,19 @@ def cell(
     }
 
 
-def measured(peer: dict, ours: dict) -> str:
-    a, b = peer.get("measured", "?"), ours.get("measured", "?")
+def machines(cells: list[dict]) -> list[str]:
+    found: list[str] = []
+    for c in cells:
+        for half in (c["benchmarl"], c["marlctl"]):
+            if half["machine"] not in found:
+                found.append(half["machine"])
+    return found
+
+
+def measured(peer: dict, ours: dict, known: list[str]) -> str:
+    """The day and machine (numbered as in the header) of each half."""
+    a = f"{peer['measured']} ({known.index(peer['machine']) + 1})"
+    b = f"{ours['measured']} ({known.index(ours['machine']) + 1})"
     return a if a == b else f"{a} / {b}"
 
 
@@ -396,20 +414,25 @@ def table(cells: list[dict]) -> str:
         f"Measured {date.today().isoformat()} with `python bench/peer_benchmarl.py` "
         f"({', '.join(PINS)}, in its own environment with marlctl's torch).",
         "",
-        f"Machine: {machine()}.",
+        "Machines: "
+        + "; ".join(f"({i}) {m}" for i, m in enumerate(machines(cells), 1))
+        + ". A wall-clock ratio is given only where both tools ran on the same machine.",
         "",
         "| algorithm | task | frames | seeds | BenchMARL return | marlctl return | "
         "BenchMARL wall-clock | marlctl wall-clock | marlctl / BenchMARL time | measured |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    known = machines(cells)
     for c in cells:
         peer, ours = c["benchmarl"], c["marlctl"]
+        same = peer["machine"] == ours["machine"]
+        ratio = f"{ours['wall_s'] / peer['wall_s']:.2f}" if same else "— (other machines)"
         pm, ph = t_interval(peer["final"])
         om, oh = t_interval(ours["final"])
         lines.append(
             f"| {c['algo']} | {c['task']} | {c['frames']:,} | {c['seeds']} | {pm:.3f} ± {ph:.3f} | "
             f"{om:.3f} ± {oh:.3f} | {peer['wall_s'] / 60:.1f} min | {ours['wall_s'] / 60:.1f} min"
-            f" | {ours['wall_s'] / peer['wall_s']:.2f} | {measured(peer, ours)} |"
+            f" | {ratio} | {measured(peer, ours, known)} |"
         )
     lines += [
         "",
@@ -417,8 +440,9 @@ def table(cells: list[dict]) -> str:
         "of its 95% Student-t interval. BenchMARL's seeds run one after the other; marlctl "
         "trains its seeds in one command. Measured: the day each tool's half of the row ran; "
         "BenchMARL's half is rerun only when its budget changes (its settings are its pinned "
-        "defaults), marlctl's whenever its translated spec changes. Both halves run with "
-        "`--threads` torch threads on the machine above, nothing else running.",
+        "defaults) and on another machine, marlctl's whenever its translated spec changes. "
+        "Both halves run with `--threads` torch threads on the machine their row names, "
+        "nothing else running.",
         "",
         "How BenchMARL's defaults were given to marlctl, on-policy (MAPPO, IPPO):",
         "",
