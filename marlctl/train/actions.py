@@ -72,10 +72,16 @@ class ActionBounds:
         high = torch.tensor(group.action_high, dtype=torch.float32, device=device)
         finite = low.isfinite() & high.isfinite() & (high > low)
         self.low, self.high = low.where(finite, -1.0), high.where(finite, 1.0)
+        # log of the box's half widths: the Jacobian of the map from [-1, 1] onto it.
+        self.log_half_range = torch.log(0.5 * (self.high - self.low))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """[-1, 1] -> the env's bounds."""
         return self.low + (action + 1.0) * 0.5 * (self.high - self.low)
+
+    def squash(self, u: torch.Tensor) -> torch.Tensor:
+        """An unbounded sample -> the env's bounds, through tanh (a TanhNormal's action)."""
+        return self.to_env(torch.tanh(u))
 
     def from_env(self, action: torch.Tensor) -> torch.Tensor:
         """The env's bounds -> [-1, 1] (clamped: a stored action may sit on the bound)."""
@@ -107,11 +113,10 @@ class TanhNormal:
     """N(loc, scale) squashed by tanh into [-1, 1], then mapped onto the action box
     (TorchRL's TanhNormal). A sample is kept before the squash, `u`, so that its
     log-probability is exact (no atanh of a value that rounded to +-1): the env receives
-    `to_env(u)`. `mean` and `stddev` are the Gaussian's, in u."""
+    `bounds.squash(u)`. `mean` and `stddev` are the Gaussian's, in u."""
 
     def __init__(self, loc: torch.Tensor, scale: torch.Tensor, bounds: ActionBounds):
         self.base, self.bounds = Normal(loc, scale), bounds
-        self._log_half_range = torch.log(0.5 * (bounds.high - bounds.low))
 
     @property
     def mean(self) -> torch.Tensor:
@@ -121,16 +126,14 @@ class TanhNormal:
     def stddev(self) -> torch.Tensor:
         return self.base.stddev
 
-    def to_env(self, u: torch.Tensor) -> torch.Tensor:
-        return self.bounds.to_env(torch.tanh(u))
-
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
-        """Per dimension, of the action `to_env(u)` (sum over the last dim for the joint)."""
-        return self.base.log_prob(u) - tanh_log_det(u) - self._log_half_range
+        """Per dimension, of the action `bounds.squash(u)` (sum over the last dim for the
+        joint)."""
+        return self.base.log_prob(u) - tanh_log_det(u) - self.bounds.log_half_range
 
     def entropy(self, noise: torch.Tensor) -> torch.Tensor:
         """Per dimension, estimated with one reparameterised sample (`noise` ~ N(0, 1) of the
         loc's shape): there is no closed form after the squash. Differentiable in loc and
         scale."""
         u = self.base.mean + self.base.stddev * noise
-        return self.base.entropy() + tanh_log_det(u) + self._log_half_range
+        return self.base.entropy() + tanh_log_det(u) + self.bounds.log_half_range

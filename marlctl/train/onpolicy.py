@@ -89,7 +89,7 @@ class GroupPolicy(nn.Module):
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         """A stored action as the env takes it: a tanh_normal sample is kept before its
         squash; a normal one is clipped by the env."""
-        return self.bounds.to_env(torch.tanh(action)) if self.tanh else action
+        return self.bounds.squash(action) if self.tanh else action
 
     def value(self, critic_in: torch.Tensor, h=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, h = self.critic(critic_in, h)

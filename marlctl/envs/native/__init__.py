@@ -96,6 +96,23 @@ def foraging_task(task: str) -> dict[str, Any] | None:
     }
 
 
+# Package keywords the native foraging env does not implement, at the value that needs them.
+FORAGING_UNSUPPORTED = {
+    "grid_observation": "the native foraging env has vector observations only; use backend: "
+    "pettingzoo for grid observations",
+    "observe_agent_levels": "false is not implemented natively; use backend: pettingzoo",
+}
+
+
+def foraging_unsupported(params: dict[str, Any]) -> str | None:
+    """The first of `FORAGING_UNSUPPORTED` that foraging `params` ask for, or None."""
+    if params.get("grid_observation"):
+        return "grid_observation"
+    if params.get("observe_agent_levels") is False:
+        return "observe_agent_levels"
+    return None
+
+
 def is_native(env_id: str) -> bool:
     """Whether `env_id` runs under `backend: native`: a listed task, or a task of a native
     family (`lbf/<task>`)."""
@@ -112,18 +129,9 @@ def native_problem(env_id: str, params: dict[str, Any]) -> tuple[str, str] | Non
             f"no native implementation of '{env_id}' (native: {have}, and the lbf/ tasks)",
         )
     if env_id.startswith("lbf/"):
-        task = foraging_task(env_id.partition("/")[2]) or {}
-        if params.get("grid_observation", task.get("grid_observation")):
-            return (
-                "env.params.grid_observation",
-                "the native foraging env has vector observations only; use backend: "
-                "pettingzoo for grid observations",
-            )
-        if params.get("observe_agent_levels") is False:
-            return (
-                "env.params.observe_agent_levels",
-                "not implemented natively; use backend: pettingzoo",
-            )
+        key = foraging_unsupported({**foraging_task(env_id.partition("/")[2]), **params})
+        if key is not None:
+            return f"env.params.{key}", FORAGING_UNSUPPORTED[key]
     for key, reason in UNSUPPORTED.items():
         if params.get(key):
             return f"env.params.{key}", f"not supported with backend: native ({reason})"

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from marlctl.envs.native import foraging_task
+from marlctl.envs.native import FORAGING_UNSUPPORTED, foraging_task, foraging_unsupported
 from marlctl.envs.native.base import NativeEnv, group
 from marlctl.envs.signature import FactoryParams
 
@@ -86,18 +86,12 @@ class Foraging(NativeEnv):
         unknown = set(p) - set(self.parameters().defaults)
         if unknown:
             raise ValueError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
-        if p["grid_observation"]:
-            raise ValueError(
-                "grid_observation: the native env has the vector observations only; "
-                "use backend: pettingzoo for grid observations"
-            )
+        key = foraging_unsupported(p)
+        if key is not None:
+            raise ValueError(f"{key}: {FORAGING_UNSUPPORTED[key]}")
         if p["reward_scalarisation"] not in ("sum", "mean"):
             raise ValueError(
                 f"reward_scalarisation must be sum or mean, not {p['reward_scalarisation']!r}"
-            )
-        if not p["observe_agent_levels"]:
-            raise ValueError(
-                "observe_agent_levels: false is not implemented natively; use backend: pettingzoo"
             )
         rows, cols = (int(x) for x in p["field_size"])
         P, F = int(p["players"]), int(p["max_num_food"])

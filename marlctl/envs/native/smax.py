@@ -348,8 +348,10 @@ class Smax(NativeEnv):
         return torch.cat([moves, stop, shoot], -1)
 
     def observe(self):
-        obs = self._all_obs()[:, : self.A]
-        return {"ally": obs}, self._state(), {"ally": self._ally_masks()}
+        # Every unit's view: the allies' is returned, the enemies' is what the heuristic acts
+        # on in the next `advance` (a step ends with this state observed, so it is kept).
+        self._unit_obs = self._all_obs()
+        return {"ally": self._unit_obs[:, : self.A]}, self._state(), {"ally": self._ally_masks()}
 
     # ------------------------------------------------------------ the enemy heuristic
 
@@ -399,7 +401,7 @@ class Smax(NativeEnv):
 
     def advance(self, actions: dict[str, torch.Tensor]):
         E, A = self.pos.shape[0], self.A
-        enemy_obs = self._all_obs()[:, A:]
+        enemy_obs = self._unit_obs[:, A:]  # observed at the end of the last reset or step
         enemy = self._heuristic(enemy_obs, self.uniform(E, self.E_units))
         joint = torch.cat([actions["ally"].long(), enemy], 1)
         move, attack = self._decode(joint)
