@@ -1,4 +1,5 @@
-"""Benchmark: every registered algorithm on MPE simple_spread and simple_speaker_listener.
+"""Benchmark: every registered algorithm, and A2C's preset, on MPE simple_spread and
+simple_speaker_listener.
 
 For each algorithm × task: several seeds trained as one batch on the native backend
 (discrete actions, N=3 and 25 steps for simple_spread), through `marlctl run`, each cell in
@@ -48,24 +49,48 @@ ON_POLICY = {"num_envs": 128, "algo": {"epochs": 4, "minibatches": 4, "lr": 1e-3
 OFF_POLICY = {"num_envs": 32, "algo": {"batch_size": 256, "updates": 2, "gamma": 0.9}}
 
 
-def settings(on_policy: bool) -> dict:
-    return ON_POLICY if on_policy else OFF_POLICY
+# Per algorithm, beyond its family's settings: the heterogeneous-agent algorithms train at
+# MAPPO's rollout length and passes over it, so that a cell differs from MAPPO's by the
+# sequential update alone (HARL's own defaults are 200-step rollouts and 5 epochs).
+EXTRA = {
+    "happo": {"rollout_steps": 25, "critic_epochs": 4},
+    "hatrpo": {"rollout_steps": 25, "epochs": 1, "critic_epochs": 4},
+}
+# Presets benchmarked as algorithms: their values replace the family's settings.
+PRESETS = {"a2c": ROOT / "algos" / "a2c.yaml"}
+
+
+def registered(algo: str) -> str:
+    """The registered algorithm a benchmark row trains (a preset names one)."""
+    if algo in PRESETS:
+        return yaml.safe_load(PRESETS[algo].read_text())["name"]
+    return algo
+
+
+def settings(algo: str, on_policy: bool) -> dict:
+    if algo in PRESETS:
+        preset = yaml.safe_load(PRESETS[algo].read_text())
+        return {"num_envs": ON_POLICY["num_envs"], "algo": preset}
+    family = ON_POLICY if on_policy else OFF_POLICY
+    if algo not in EXTRA:
+        return family
+    return {**family, "algo": {**family["algo"], **EXTRA[algo]}}
 
 
 def defaults(algo: str) -> dict:
     """The algorithm's default hyperparameters: a recorded cell is reused only while they hold."""
     from marlctl.algos import registered_algos
 
-    return registered_algos()[algo].config().model_dump(mode="json")
+    return registered_algos()[registered(algo)].config().model_dump(mode="json")
 
 
 def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
-    family = settings(on_policy)
+    family = settings(algo, on_policy)
     return {
         "name": f"bench-{algo}-{task}",
         "seeds": list(range(seeds)),
         "env": {"id": f"mpe/{task}", "backend": "native", "params": TASKS[task]},
-        "algo": {"name": algo, **family["algo"]},
+        "algo": {"name": registered(algo), **family["algo"]},
         "train": {
             "total_env_steps": steps,
             "eval_every": max(steps // 20, 1),
@@ -116,9 +141,10 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
         "ci": half,
         "returns": returns,
         "budget": steps,
-        "settings": settings(on_policy),
+        "settings": settings(algo, on_policy),
         "defaults": defaults(algo),
         "device": hw["device"],
+        "machine": machine(hw["device"]),
         "env_steps": max(r["env_steps"] for r in summary["runs"]),
         "wall_s": wall,
         "curves": curves(folder, [r["run_id"] for r in summary["runs"]]),
@@ -189,7 +215,7 @@ def main() -> None:
 
     algos = registered_algos()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", default=",".join(algos))
+    parser.add_argument("--algos", default=",".join([*algos, *PRESETS]))
     parser.add_argument("--envs", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--on-policy-steps", type=int, default=2_000_000)
@@ -210,13 +236,13 @@ def main() -> None:
     cells = []
     for task in args.envs.split(","):
         for algo in args.algos.split(","):
-            on = algos[algo].on_policy
+            on = algos[registered(algo)].on_policy
             steps = args.on_policy_steps if on else args.off_policy_steps
             cells.append((algo, task, steps, on))
 
     def cell(item: tuple) -> dict | None:
         algo, task, steps, on = item
-        row = done.get(key(algo, task, steps, args.seeds, settings(on), defaults(algo)))
+        row = done.get(key(algo, task, steps, args.seeds, settings(algo, on), defaults(algo)))
         if row is None and not args.table:
             row = run(algo, task, steps, args.seeds, on, hw)
             with DONE.open("a") as f:
@@ -229,7 +255,7 @@ def main() -> None:
     references = {task: {"random": random_return(task)} for task in args.envs.split(",")}
     if "simple_spread" in references:
         references["simple_spread"]["scripted"] = scripted_spread_return()
-    write_table(args.out, rows, references, command, args.seeds, args.note, args.device)
+    write_table(args.out, rows, references, command, args.seeds, args.note)
     write_curves(args.out.with_name(args.out.stem + "_curves.png"), rows, references)
 
 
@@ -257,32 +283,39 @@ def write_table(
     command: str,
     seeds: int,
     note: str,
-    device: str,
 ) -> None:
+    machines: list[str] = []
+    for r in rows:
+        if r["machine"] not in machines:
+            machines.append(r["machine"])
     lines = [
         "# Algorithms on MPE (native backend, discrete actions)",
         "",
-        f"Measured {date.today()} with `{command}` on {machine(device)}.",
+        f"Written {date.today()} by `{command}`. Machines (the last column): "
+        + "; ".join(f"({i}) {m}" for i, m in enumerate(machines, 1))
+        + ". Compare wall-clock figures only between rows of the same machine.",
         "",
         f"{seeds} seeds per cell, trained as one batch (`hardware.batch_seeds`); final eval "
         "return = mean over 100 deterministic episodes of the per-agent episode return; "
         "± is the 95% Student-t interval over seeds; 'worst' is the lowest seed. Settings: "
-        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY} (the rest are each algorithm's "
-        f"defaults). Curves: `{out.stem}_curves.png`.",
+        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}; a2c is "
+        "the on-policy trainer with `algos/a2c.yaml`'s values alone (the rest are each "
+        f"algorithm's defaults). Curves: `{out.stem}_curves.png`.",
         *([note] if note else []),
         "",
         "| task | algo | final eval return | 95% CI | worst seed | env steps per seed | "
-        "wall-clock, all seeds |",
-        "|---|---|---|---|---|---|---|",
+        "wall-clock, all seeds | machine |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['algo']} | {r['mean']:.2f} | ± {r['ci']:.2f} | "
-            f"{min(r['returns']):.2f} | {r['env_steps']:,} | {r['wall_s'] / 60:.1f} min |"
+            f"{min(r['returns']):.2f} | {r['env_steps']:,} | {r['wall_s'] / 60:.1f} min | "
+            f"({machines.index(r['machine']) + 1}) |"
         )
     for task, points in references.items():
         for name, value in points.items():
-            lines.append(f"| {task} | *{name}* | {value:.2f} | | | | |")
+            lines.append(f"| {task} | *{name}* | {value:.2f} | | | | | |")
     lines += [
         "",
         "*random*: uniform random actions, 1,024 episodes. *scripted*: agents take the "

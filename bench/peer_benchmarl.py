@@ -369,25 +369,32 @@ def cell(
     algo: str, task: str, seeds: int, frames: int, threads: int, old: dict | None, rerun: bool
 ) -> dict:
     """Both tools on one task. BenchMARL's half of an `old` result is kept when it ran on this
-    machine (its settings are BenchMARL's defaults, pinned); marlctl's is rerun when its
-    translated spec changed, when it ran elsewhere, or when `rerun` says so (a measurement
-    taken while something else ran)."""
+    machine (its settings are BenchMARL's defaults, pinned); marlctl's is kept when it ran here
+    with the same translated spec, unless `rerun` says otherwise (a measurement taken while
+    something else ran)."""
     spec_body = marlctl_spec(algo, task, seeds, frames, threads)
     here = machine()
     current = old and old["benchmarl"]["machine"] == here and old["marlctl"]["machine"] == here
     if current and old["marlctl"].get("spec") == spec_body and not rerun:
         return old
     # A half measured on another machine is measured again here: a ratio needs both.
-    keep = old and old["benchmarl"]["machine"] == here
-    peer = old["benchmarl"] if keep else peer_half(algo, task, seeds, frames, threads)
+    keep_peer = old and old["benchmarl"]["machine"] == here
+    keep_ours = (
+        old
+        and old["marlctl"]["machine"] == here
+        and old["marlctl"].get("spec") == spec_body
+        and not rerun
+    )
     return {
         "algo": algo,
         "task": task,
         "frames": frames,
         "seeds": seeds,
         "threads": threads,
-        "benchmarl": peer,
-        "marlctl": marlctl_half(spec_body, algo, task),
+        "benchmarl": old["benchmarl"]
+        if keep_peer
+        else peer_half(algo, task, seeds, frames, threads),
+        "marlctl": old["marlctl"] if keep_ours else marlctl_half(spec_body, algo, task),
     }
 
 

@@ -120,7 +120,7 @@ def test_value_decomposition_rejects_continuous_actions(tmp_path):
     assert "'qmix' does not support continuous actions" in str(out)
 
 
-@pytest.mark.parametrize("algo", ["maddpg", "matd3", "masac", "mappo"])
+@pytest.mark.parametrize("algo", ["maddpg", "matd3", "masac", "mappo", "happo", "hatrpo", "hasac"])
 def test_heterogeneous_groups_with_masks_and_agents_leaving(algo, tmp_path):
     import toy_envs
 
@@ -345,7 +345,7 @@ def test_replay_based_learners_learn_discrete_navigation(algo, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["maddpg", "matd3", "masac"])
+@pytest.mark.parametrize("algo", ["maddpg", "matd3", "masac", "hasac"])
 def test_actor_critics_learn_continuous_navigation(algo, tmp_path):
     """Two agents covering two landmarks with continuous forces (native simple_spread N=2)."""
     params = {"N": 2, "max_cycles": 25, "continuous_actions": True}

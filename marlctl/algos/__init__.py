@@ -19,7 +19,11 @@ class AlgoConfig(Strict):
     """Base of every algorithm's hyperparameters; `name` selects the algorithm."""
 
     # The `model` fields a spec leaves null take these values: the reference implementation's.
-    model_defaults: ClassVar[dict[str, Any]] = {"activation": "tanh", "layer_norm": True}
+    model_defaults: ClassVar[dict[str, Any]] = {
+        "activation": "tanh",
+        "layer_norm": True,
+        "sharing": "shared",
+    }
     name: str
 
 

@@ -18,7 +18,11 @@ class OffPolicyConfig(AlgoConfig):
     and `src/config/algs/*.yaml` of uoe-agents/epymarl) translated from episode batches to
     transition batches."""
 
-    model_defaults: ClassVar[dict[str, Any]] = {"activation": "relu", "layer_norm": False}
+    model_defaults: ClassVar[dict[str, Any]] = {
+        **AlgoConfig.model_defaults,
+        "activation": "relu",
+        "layer_norm": False,
+    }
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate (EPyMARL: 5e-4).")
     adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon (PyTorch's default).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")

@@ -80,11 +80,13 @@ class ModelSpec(Strict):
         description="Append a one-hot agent id to the input of a network that agents share "
         "(`sharing: shared`), so shared parameters can still act per agent.",
     )
-    sharing: Sharing | dict[str, Sharing] = Field(
-        "shared",
+    sharing: Sharing | dict[str, Sharing] | None = Field(
+        None,
         description="Parameters per agent group: shared (one network; see `agent_ids`), "
         "independent (one per agent) or federated (one per agent, averaged every "
-        "`federated_every` updates); a mapping sets it per group name, others stay shared.",
+        "`federated_every` updates); a mapping sets it per group name, others stay shared; "
+        "null = the algorithm's reference choice (shared; a network per agent for the "
+        "heterogeneous-agent algorithms, as in HARL).",
     )
     federated_every: int = Field(
         10, ge=1, le=1_000_000, description="Updates between federated averaging rounds."

@@ -60,18 +60,30 @@ class BatchedMLP(nn.Module):
         self.norm = nn.Parameter(torch.ones(seeds, copies, n_in)) if layer_norm else None
         self.norm_bias = nn.Parameter(torch.zeros(seeds, copies, n_in)) if layer_norm else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, copy: torch.Tensor | None = None) -> torch.Tensor:
+        """`copy` `[S]`: run only that copy of each seed's networks (`select_copy`), on x
+        `[S, ..., m, in]` (the rows of the agents it serves)."""
         S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
+        pick = (lambda p: p) if copy is None else (lambda p: select_copy(p, copy))
+        copies = self.copies if copy is None else 1
         if self.norm is not None:
-            shape = (S, *([1] * len(lead)), self.copies, x.shape[-1])
-            x = layer_norm(x) * self.norm.view(shape) + self.norm_bias.view(shape)
+            shape = (S, *([1] * len(lead)), copies, x.shape[-1])
+            x = layer_norm(x) * pick(self.norm).view(shape) + pick(self.norm_bias).view(shape)
         last = len(self.weights) - 1
-        h = x.reshape(S, -1, x.shape[-1]) if self.copies == 1 else x.reshape(S, -1, n, x.shape[-1])
+        h = x.reshape(S, -1, x.shape[-1]) if copies == 1 else x.reshape(S, -1, n, x.shape[-1])
         for index, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = batched_linear(h, w, b)
+            h = batched_linear(h, pick(w), pick(b))
             if index < last:
                 h = self.activation(h)
         return h.view(S, *lead, n, -1)
+
+
+def select_copy(p: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+    """Each seed's copy `copy[s]` of a parameter `[S, copies, ...]`, as `[S, 1, ...]`: one
+    agent's network where agents update one at a time (a gradient reaches that copy only)."""
+    if p.shape[1] == 1:
+        return p
+    return p[torch.arange(p.shape[0], device=p.device), copy].unsqueeze(1)
 
 
 def layer_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -104,6 +116,38 @@ def adam(params, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
     a seed's update does not depend on the seeds batched with it, up to the rounding of a
     vector lane against the scalar tail on some CPUs)."""
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+
+
+class AgentAdam(torch.optim.Optimizer):
+    """Adam (Kingma & Ba 2015) for networks whose agents update one at a time: the moments
+    and the step count of every parameter `[S, copies, ...]` are kept per seed and per copy
+    (an agent's network, or a group's shared one), and `step(moved)` advances only the
+    copies that `moved[p]` `[S, copies]` marks. torch's Adam would move every copy on every
+    step, one whose gradient is zero by its momentum alone."""
+
+    def __init__(self, params, lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
+        super().__init__(params, {"lr": lr, "eps": eps, "betas": betas})
+
+    @torch.no_grad()
+    def step(self, moved: dict[torch.Tensor, torch.Tensor]) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            lr, eps, (b1, b2) = group["lr"], group["eps"], group["betas"]
+            for p in group["params"]:
+                if p.grad is None or p not in moved:  # another agent's network: untouched
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros(p.shape[:2], device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                shape = (*p.shape[:2], *([1] * (p.dim() - 2)))
+                move = moved[p].view(shape)
+                step = state["step"].add_(moved[p].to(torch.float32)).view(shape).clamp(min=1)
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                m.copy_(torch.where(move, m * b1 + (1 - b1) * g, m))
+                v.copy_(torch.where(move, v * b2 + (1 - b2) * g * g, v))
+                denom = (v / (1 - b2**step)).sqrt() + eps
+                p.sub_(torch.where(move, lr * (m / (1 - b1**step)) / denom, 0.0))
 
 
 def batched_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -115,9 +115,10 @@ class MASACTrainer(OffPolicyTrainer):
 
     # ------------------------------------------------------------ policies
 
-    def policy(self, name: str, obs: torch.Tensor, mask: torch.Tensor | None):
-        """Discrete: (probs, log_probs); continuous: (mean, log_std), each `[S, ..., n, A]`."""
-        out, _ = self.actors[name](obs)
+    def policy(self, name: str, obs: torch.Tensor, mask: torch.Tensor | None, copy=None):
+        """Discrete: (probs, log_probs); continuous: (mean, log_std), each `[S, ..., n, A]`
+        (`copy`: one agent's network per seed, `AgentNet.forward`)."""
+        out, _ = self.actors[name](obs, copy=copy)
         if self.groups[name].discrete:
             return masked_log_softmax(out, mask)
         mean, log_std = out.chunk(2, -1)
@@ -240,43 +241,10 @@ class MASACTrainer(OffPolicyTrainer):
         grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
         self.optimizers["critic"].step()
 
-        # Actors against the updated critics, other agents' actions as stored; temperatures.
+        # Actors against the updated critics; temperatures.
         freeze(self.critic_params, True)  # the actor loss trains the actors only
-        actor_loss = torch.zeros(S, device=self.device)
-        alpha_loss = torch.zeros(S, device=self.device)
-        entropy = torch.zeros(S, device=self.device)
-        for index, (name, g) in enumerate(self.groups.items()):
-            a = per_seed(alpha[:, index], active[name])
-            mask = b.get(f"mask/{name}")
-            dist = self.policy(name, obs[name], mask)
-            if g.discrete:
-                probs, log_probs = dist
-                with torch.no_grad():  # Q does not depend on the policy here
-                    own = torch.zeros_like(taken[name])
-                    q = self.min_q(
-                        self.critics[name], self.critic_input(name, b["state"], taken, own)
-                    )
-                loss = (probs * (a.unsqueeze(-1) * log_probs - q)).sum(-1)
-                h = -(probs * log_probs).sum(-1).detach()
-                # Max entropy is log(allowed actions): a fixed log(n) could be out of reach.
-                allowed = math.log(g.n_actions) if mask is None else mask.sum(-1).clamp_min(1).log()
-                target = cfg.target_entropy_scale * allowed
-            else:
-                action, log_prob = self.sample(name, dist)
-                x = self.critic_input(name, b["state"], taken, action)
-                loss = a * log_prob - self.min_q(self.critics[name], x).squeeze(-1)
-                h = -log_prob.detach()
-                target = -float(g.n_actions)
-            actor_loss = actor_loss + masked_mean(loss, active[name])
-            # d/d alpha of alpha * (H - target): alpha falls while the entropy is above target.
-            temperature = per_seed(self.log_alpha[:, index].exp(), h)
-            alpha_loss = alpha_loss + masked_mean(temperature * (h - target), active[name])
-            entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
-        self.optimizers["actor"].zero_grad(set_to_none=True)
-        actor_loss.sum().backward()
+        actor_loss, alpha_loss, entropy = self.update_actors(b, alpha, active, obs, taken)
         freeze(self.critic_params, False)
-        clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
-        self.optimizers["actor"].step()
         if cfg.autotune:
             self.optimizers["alpha"].zero_grad(set_to_none=True)
             alpha_loss.sum().backward()
@@ -290,6 +258,74 @@ class MASACTrainer(OffPolicyTrainer):
             "entropy": entropy,
             "grad_norm": grad,
         }
+
+    def update_actors(self, b: dict, alpha, active: dict, obs: dict, taken: dict):
+        """One step of every actor against the critics, the other agents' actions as stored;
+        the actor loss, the temperature loss (to step) and the policies' entropy, per seed."""
+        cfg, S = self.cfg, len(self.seeds)
+        actor_loss = torch.zeros(S, device=self.device)
+        alpha_loss = torch.zeros(S, device=self.device)
+        entropy = torch.zeros(S, device=self.device)
+        for index, name in enumerate(self.groups):
+            mask = b.get(f"mask/{name}")
+            loss, h, target = self.policy_loss(
+                name, alpha[:, index], obs[name], mask, b["state"], taken
+            )
+            actor_loss = actor_loss + masked_mean(loss, active[name])
+            alpha_loss = alpha_loss + self.temperature_loss(index, h, target, active[name])
+            entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
+        self.optimizers["actor"].zero_grad(set_to_none=True)
+        actor_loss.sum().backward()
+        clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
+        self.optimizers["actor"].step()
+        return actor_loss, alpha_loss, entropy
+
+    def policy_loss(
+        self,
+        name: str,
+        alpha: torch.Tensor,
+        obs: torch.Tensor,
+        mask: torch.Tensor | None,
+        state: torch.Tensor,
+        joint: dict[str, torch.Tensor],
+        copy: torch.Tensor | None = None,
+    ):
+        """Group `name`'s soft policy loss per agent `[S, X, n]` against its critics, the
+        other agents' actions from `joint`; the policy's entropy (detached) and the
+        temperature's target entropy. `copy` `[S]`: agent `copy[s]` alone (obs and mask of
+        that agent, `[S, X, 1, ...]`; loss `[S, X, 1]`)."""
+        g = self.groups[name]
+        a = per_seed(alpha, obs)
+        dist = self.policy(name, obs, mask, copy)
+        if g.discrete:
+            probs, log_probs = dist
+            with torch.no_grad():  # Q does not depend on the policy here
+                own = torch.zeros_like(joint[name])
+                x = self.critic_input(name, state, joint, own)
+                q = self.pick(self.min_q(self.critics[name], x), copy)
+            loss = (probs * (a * log_probs - q)).sum(-1)
+            h = -(probs * log_probs).sum(-1).detach()
+            # Max entropy is log(allowed actions): a fixed log(n) could be out of reach.
+            allowed = math.log(g.n_actions) if mask is None else mask.sum(-1).clamp_min(1).log()
+            return loss, h, self.cfg.target_entropy_scale * allowed
+        action, log_prob = self.sample(name, dist)
+        own = action.expand_as(joint[name]) if copy is not None else action
+        x = self.critic_input(name, state, joint, own)
+        q = self.pick(self.min_q(self.critics[name], x), copy)
+        return a.squeeze(-1) * log_prob - q.squeeze(-1), -log_prob.detach(), -float(g.n_actions)
+
+    @staticmethod
+    def pick(x: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:
+        """Agent `copy[s]`'s row of x `[S, X, n, ...]` (None: every row)."""
+        if copy is None:
+            return x
+        index = copy.view(-1, 1, 1, *([1] * (x.dim() - 3)))
+        return x.gather(2, index.expand(*x.shape[:2], 1, *x.shape[3:]))
+
+    def temperature_loss(self, index: int, h: torch.Tensor, target, active: torch.Tensor):
+        """d/d alpha of alpha * (H - target): alpha falls while the entropy is above target."""
+        temperature = per_seed(self.log_alpha[:, index].exp(), h)
+        return masked_mean(temperature * (h - target), active)
 
     def schedules(self) -> dict[str, torch.Tensor]:
         return {"train/alpha": self.log_alpha.detach().exp().mean(1)}

@@ -20,12 +20,14 @@ import torch
 from torch import nn
 
 from marlctl.spec.models import ModelSpec
-from marlctl.train.core import ACTIVATIONS, BatchedMLP, batched_linear, one_hot_ids
+from marlctl.train.core import ACTIVATIONS, BatchedMLP, batched_linear, one_hot_ids, select_copy
 
 
 def sharing_of(model: ModelSpec, group: str) -> str:
     sharing = model.sharing
-    return sharing.get(group, "shared") if isinstance(sharing, dict) else sharing
+    if isinstance(sharing, dict):
+        return sharing.get(group, "shared")
+    return sharing or "shared"
 
 
 class BatchedGRU(nn.Module):
@@ -64,18 +66,21 @@ class BatchedGRU(nn.Module):
         self.b_in = nn.Parameter(b_in)
         self.b_hid = nn.Parameter(b_hid)
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """x `[S, ..., n, in]`, h `[S, ..., n, H]` -> the next h."""
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor, copy: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x `[S, ..., n, in]`, h `[S, ..., n, H]` -> the next h; `copy` as `BatchedMLP`'s."""
         S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
-        copies = self.w_in.shape[1]
+        pick = (lambda p: p) if copy is None else (lambda p: select_copy(p, copy))
+        copies = self.w_in.shape[1] if copy is None else 1
 
         def rows(t: torch.Tensor) -> torch.Tensor:
             if copies == 1:
                 return t.reshape(S, -1, t.shape[-1])
             return t.reshape(S, -1, n, t.shape[-1])
 
-        gi = batched_linear(rows(x), self.w_in, self.b_in)
-        gh = batched_linear(rows(h), self.w_hid, self.b_hid)
+        gi = batched_linear(rows(x), pick(self.w_in), pick(self.b_in))
+        gh = batched_linear(rows(h), pick(self.w_hid), pick(self.b_hid))
         i_r, i_z, i_n = gi.chunk(3, -1)
         h_r, h_z, h_n = gh.chunk(3, -1)
         reset = torch.sigmoid(i_r + h_r)
@@ -142,15 +147,22 @@ class AgentNet(nn.Module):
         x: torch.Tensor,
         h: torch.Tensor | None = None,
         member: torch.Tensor | None = None,
+        copy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One step: output, and the next hidden state (None when feed-forward)."""
+        """One step: output, and the next hidden state (None when feed-forward).
+
+        `copy` `[S]` (a network per agent): only agent `copy[s]`'s network of each seed, on
+        that agent's input `[S, ..., 1, in]`, as where agents update one at a time.
+        """
+        if copy is not None and self.copies == 1:
+            copy = None  # one network serves every agent
         x = self._with_ids(x)
         if self.ensemble > 1:
             return self._ensemble(x, member), None
         if not self.recurrent:
-            return self.mlp(x), None
-        h = self.gru(self.activation(self.encoder(x)), h)
-        return self.head(h), h
+            return self.mlp(x, copy), None
+        h = self.gru(self.activation(self.encoder(x, copy)), h, copy)
+        return self.head(h, copy), h
 
     def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
         if not self.id_dim:

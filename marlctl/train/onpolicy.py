@@ -33,7 +33,14 @@ from marlctl.train.actions import (
     softplus_scale,
 )
 from marlctl.train.base import Trainer, clip_grad_norm_per_seed
-from marlctl.train.core import RunningMeanStd, gae, per_seed, per_seed_outcomes, turn_gae
+from marlctl.train.core import (
+    RunningMeanStd,
+    gae,
+    per_seed,
+    per_seed_outcomes,
+    select_copy,
+    turn_gae,
+)
 from marlctl.train.networks import reset_where
 
 # ---------------------------------------------------------------- networks
@@ -50,7 +57,9 @@ class GroupPolicy(nn.Module):
         self.bounds = None if group.discrete else ActionBounds(group, trainer.device)
         n_out = group.n_actions * (2 if self.tanh else 1)
         self.actor = trainer.agent_net(group, group.obs_dim, n_out, out_gain=0.01)
-        self.critic = trainer.agent_net(group, critic_dim, 1, out_gain=1.0)
+        self.critic = trainer.agent_net(
+            group, critic_dim, 1, sharing=trainer.critic_sharing, out_gain=1.0
+        )
         copies = self.actor.copies
         self.log_std = (
             None
@@ -71,20 +80,23 @@ class GroupPolicy(nn.Module):
         """The global state `[..., D]` as every agent's critic input `[..., n, D]` (a view)."""
         return state.unsqueeze(-2).expand(*state.shape[:-1], self.group.n_agents, -1)
 
-    def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None):
-        """The action distribution, and the actor's next recurrent state."""
-        out, h = self.actor(actor_in, h)
-        return self.distribution_of(out, mask), h
+    def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None, copy=None):
+        """The action distribution, and the actor's next recurrent state (`copy`: one agent's
+        network per seed, `AgentNet.forward`)."""
+        out, h = self.actor(actor_in, h, copy=copy)
+        return self.distribution_of(out, mask, copy), h
 
-    def distribution_of(self, out: torch.Tensor, mask: torch.Tensor | None):
-        """The action distribution of the actor's output `[S, ..., n, out]`."""
+    def distribution_of(self, out: torch.Tensor, mask: torch.Tensor | None, copy=None):
+        """The action distribution of the actor's output `[S, ..., n, out]` (of agent
+        `copy[s]` alone if given)."""
         if self.group.discrete:
             return Categorical(logits=mask_logits(out, mask))
         if self.tanh:
             loc, raw = out.chunk(2, -1)
             return TanhNormal(loc, softplus_scale(raw), self.bounds)
-        shape = (out.shape[0], *([1] * (out.dim() - 3)), self.actor.copies, out.shape[-1])
-        return Normal(out, self.log_std.exp().view(shape).expand_as(out))
+        log_std = self.log_std if copy is None else select_copy(self.log_std, copy)
+        shape = (out.shape[0], *([1] * (out.dim() - 3)), log_std.shape[1], out.shape[-1])
+        return Normal(out, log_std.exp().view(shape).expand_as(out))
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         """A stored action as the env takes it: a tanh_normal sample is kept before its
@@ -162,6 +174,8 @@ class OnPolicyTrainer(Trainer):
     trained on whole rollout sequences, minibatched over envs.
     """
 
+    critic_sharing: str | None = None  # the critics' `model.sharing`; None = the actors'
+
     def __init__(
         self,
         config: OnPolicyConfig,
@@ -188,14 +202,7 @@ class OnPolicyTrainer(Trainer):
         actor_params += [pol.log_std for pol in self.policies.values() if pol.log_std is not None]
         critic_params = [p for pol in self.policies.values() for p in pol.critic.parameters()]
         self.actor_params, self.critic_params = actor_params, critic_params
-        self.optimizer = torch.optim.Adam(
-            [
-                {"params": actor_params, "lr": config.lr},
-                {"params": critic_params, "lr": config.critic_lr or config.lr},
-            ],
-            eps=config.adam_eps,
-        )
-        self.optimizers = {"adam": self.optimizer}
+        self.optimizers = self.make_optimizers()
         S = len(self.seeds)
         self._hidden = {
             name: (
@@ -204,6 +211,18 @@ class OnPolicyTrainer(Trainer):
             )
             for name, pol in self.policies.items()
         }
+
+    def make_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """One Adam: the actors' parameters in its first group, the critics' in its second."""
+        cfg = self.cfg
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": self.actor_params, "lr": cfg.lr},
+                {"params": self.critic_params, "lr": cfg.critic_lr or cfg.lr},
+            ],
+            eps=cfg.adam_eps,
+        )
+        return {"adam": self.optimizer}
 
     # ------------------------------------------------------------ acting
 
@@ -409,20 +428,35 @@ class OnPolicyTrainer(Trainer):
             shared = d["critic_in"] is d["actor_in"]  # one gather serves both
             value, _ = pol.value(actor_in if shared else pol.per_agent(take(d["critic_in"])))
             return dist, value
-        # Sequences [S, B, T, ...]: run the recurrent nets through time from the stored state.
-        actor_in, critic_in, first = take(d["actor_in"]), take(d["critic_in"]), take(d["first"])
-        h_a, h_c = (take(h) for h in d["hidden"])
-        shared = d["critic_in"] is d["actor_in"]
-        outs, values = [], []
+        return self.actor_forward(pol, d, take, mask), self.critic_forward(pol, d, take)
+
+    def actor_forward(self, pol: GroupPolicy, d: dict, take, mask, copy=None):
+        """The action distribution on the minibatch, `[S, B, n, ...]`: recurrent actors run
+        through each sequence `[S, B, T, ...]` from its stored state. `copy` `[S]`: agent
+        `copy[s]`'s network alone, on `take`'s rows of that agent only (`[..., 1, ...]`)."""
+        actor_in = take(d["actor_in"])
+        if not self.recurrent:
+            return pol.distribution(actor_in, mask, copy=copy)[0]
+        first, h = take(d["first"]), take(d["hidden"][0])
+        outs = []
         for t in range(actor_in.shape[2]):
-            h_a, h_c = reset_where(h_a, first[:, :, t]), reset_where(h_c, first[:, :, t])
-            out, h_a = pol.actor(actor_in[:, :, t], h_a)
-            c_in = critic_in[:, :, t] if shared else pol.per_agent(critic_in[:, :, t])
-            value, h_c = pol.critic(c_in, h_c)
+            out, h = pol.actor(actor_in[:, :, t], reset_where(h, first[:, :, t]), copy=copy)
             outs.append(out)
+        return pol.distribution_of(torch.stack(outs, 2).flatten(1, 2), mask, copy)
+
+    def critic_forward(self, pol: GroupPolicy, d: dict, take) -> torch.Tensor:
+        """The value on the minibatch, `[S, B, n]` (sequences flattened to steps)."""
+        shared = d["critic_in"] is d["actor_in"]
+        critic_in = take(d["critic_in"])
+        if not self.recurrent:
+            return pol.value(critic_in if shared else pol.per_agent(critic_in))[0]
+        first, h = take(d["first"]), take(d["hidden"][1])
+        values = []
+        for t in range(critic_in.shape[2]):
+            c_in = critic_in[:, :, t] if shared else pol.per_agent(critic_in[:, :, t])
+            value, h = pol.critic(c_in, reset_where(h, first[:, :, t]))
             values.append(value.squeeze(-1))
-        out = torch.stack(outs, 2).flatten(1, 2)
-        return pol.distribution_of(out, mask), torch.stack(values, 2).flatten(1, 2)
+        return torch.stack(values, 2).flatten(1, 2)
 
     def value_error(self, error: torch.Tensor) -> torch.Tensor:
         """Huber (`huber_delta`) or half squared error, elementwise."""
@@ -468,13 +502,18 @@ class OnPolicyTrainer(Trainer):
         return ob, self.update(self.advantages(rollouts, ob, dones))
 
     def _set_lr(self, index: int, value: float) -> None:
-        group = self.optimizer.param_groups[index]
-        if torch.is_tensor(group["lr"]):  # read by the captured optimiser step
-            group["lr"].fill_(value)
-        else:
-            group["lr"] = value
+        """Learning rate of the actors (0) or the critics (1)."""
+        set_lr(self.optimizer.param_groups[index], value)
 
     @property
     def steps_per_iteration(self) -> int:
         """Env steps per iteration for each seed."""
         return self.cfg.rollout_steps * self.num_envs
+
+
+def set_lr(group: dict, value: float) -> None:
+    """Set an optimiser parameter group's learning rate."""
+    if torch.is_tensor(group["lr"]):  # read by the captured optimiser step
+        group["lr"].fill_(value)
+    else:
+        group["lr"] = value

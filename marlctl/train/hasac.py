@@ -1,0 +1,92 @@
+"""HASAC: heterogeneous-agent soft actor-critic (config: `marlctl.algos.hetero`).
+
+Liu et al. 2024, "Maximum Entropy Heterogeneous-Agent Reinforcement Learning" (ICLR), as
+HARL's `OffPolicyHARunner` runs it. The critics and temperatures are MASAC's
+(`marlctl.train.masac`). The actors take their soft policy steps one after another, in a
+random order drawn for every gradient step: every agent's action is first sampled from its
+current policy; an agent then steps against the critics with the others' actions as they
+stand (those updated before it resampled from their new policies, the rest from their old
+ones), and its own action is resampled from its new policy for the agents after it.
+
+The unit that steps at once is an agent with its own network (`model.sharing: independent`,
+the default, as in HARL) or a group whose agents share one. Seeds trained as one batch each
+draw their own order; a unit's forward pass runs only its agent's network, and `AgentAdam`
+moves only the networks that stepped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from marlctl.algos.hetero import HASACConfig
+from marlctl.train.actions import masked_mean
+from marlctl.train.base import clip_grad_norm_per_seed
+from marlctl.train.core import AgentAdam
+from marlctl.train.hetero import Unit, pick_agent, positions, units_of
+from marlctl.train.masac import MASACTrainer
+
+
+class HASACTrainer(MASACTrainer):
+    """MASAC with the actors' step taken agent by agent (`update_actors`)."""
+
+    cfg: HASACConfig
+    captured_by_default = False
+
+    def __init__(self, config: HASACConfig, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.optimizers["actor"] = AgentAdam(self.actor_params, config.lr, config.adam_eps)
+
+    def joint_action(self, name: str, dist) -> torch.Tensor:
+        """A sampled action as a critic's joint-action slot: one-hot, or in [-1, 1]."""
+        sample = self.sample(name, dist)
+        return sample[1] if self.groups[name].discrete else sample[0]
+
+    def update_actors(self, b: dict, alpha, active: dict, obs: dict, taken: dict):
+        cfg, S = self.cfg, len(self.seeds)
+        names = list(self.groups)
+        actors = [self.actors[name] for name in names]
+        masks = {name: b.get(f"mask/{name}") for name in names}
+        with torch.no_grad():  # every agent's action under its current policy
+            joint = {name: self.joint_action(name, self.policy(name, obs[name], masks[name]))
+                     for name in names}  # fmt: skip
+        per_group = Counter(index for index, _ in units_of(actors))
+        actor_loss = torch.zeros(S, device=self.device)
+        alpha_loss = torch.zeros(S, device=self.device)
+        entropy = torch.zeros(S, device=self.device)
+        for position in positions(self, actors, cfg.fixed_order):
+            for index, on, copy in position:
+                name = names[index]
+                unit = Unit(list(self.actors[name].parameters()), on, copy)
+
+                def cut(x, copy=copy):
+                    return x if x is None or copy is None else pick_agent(x, copy, 2)
+
+                o, mask, act = cut(obs[name]), cut(masks[name]), cut(active[name])
+                loss, h, target = self.policy_loss(
+                    name, alpha[:, index], o, mask, b["state"], joint, copy
+                )
+                loss = masked_mean(loss, act)
+                self.optimizers["actor"].zero_grad(set_to_none=True)
+                (unit.weight * loss).sum().backward()
+                clip_grad_norm_per_seed(unit.params, cfg.max_grad_norm, S)
+                self.optimizers["actor"].step(unit.moved())
+                share = unit.weight / per_group[index]  # a group's units average
+                actor_loss = actor_loss + share * loss.detach()
+                alpha_loss = alpha_loss + share * self.temperature_loss(index, h, target, act)
+                entropy = entropy + share * masked_mean(h, act) / len(names)
+                with torch.no_grad():  # the unit's action under its new policy
+                    new = self.joint_action(name, self.policy(name, o, mask, copy))
+                    joint[name] = self.replace(joint[name], new, on, copy)
+        return actor_loss, alpha_loss, entropy
+
+    @staticmethod
+    def replace(current, new, on: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:
+        """`current` `[S, X, n, w]` with the unit's agents' slots (agent `copy[s]`, or every
+        agent) taken from `new`, in the seeds `on` marks."""
+        S, n = current.shape[0], current.shape[2]
+        where = on.view(S, 1).expand(S, n)
+        if copy is not None:
+            where = where & (torch.arange(n, device=on.device) == copy.view(S, 1))
+        return torch.where(where.view(S, 1, n, 1), new, current)
