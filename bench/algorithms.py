@@ -19,6 +19,7 @@ budget, seeds and settings.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -60,17 +61,19 @@ EXTRA = {
 PRESETS = {"a2c": ROOT / "algos" / "a2c.yaml"}
 
 
+@functools.cache
+def preset(algo: str) -> dict:
+    return yaml.safe_load(PRESETS[algo].read_text())
+
+
 def registered(algo: str) -> str:
     """The registered algorithm a benchmark row trains (a preset names one)."""
-    if algo in PRESETS:
-        return yaml.safe_load(PRESETS[algo].read_text())["name"]
-    return algo
+    return preset(algo)["name"] if algo in PRESETS else algo
 
 
 def settings(algo: str, on_policy: bool) -> dict:
     if algo in PRESETS:
-        preset = yaml.safe_load(PRESETS[algo].read_text())
-        return {"num_envs": ON_POLICY["num_envs"], "algo": preset}
+        return {"num_envs": ON_POLICY["num_envs"], "algo": preset(algo)}
     family = ON_POLICY if on_policy else OFF_POLICY
     if algo not in EXTRA:
         return family

@@ -71,7 +71,7 @@ class HASACTrainer(MASACTrainer):
                 self.optimizers["actor"].zero_grad(set_to_none=True)
                 (unit.weight * loss).sum().backward()
                 clip_grad_norm_per_seed(unit.params, cfg.max_grad_norm, S)
-                self.optimizers["actor"].step(unit.moved())
+                self.optimizers["actor"].step(unit.moved)
                 share = unit.weight / per_group[index]  # a group's units average
                 actor_loss = actor_loss + share * loss.detach()
                 alpha_loss = alpha_loss + share * self.temperature_loss(index, h, target, act)

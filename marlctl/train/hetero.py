@@ -112,22 +112,17 @@ class Unit:
     ):
         self.params, self.on, self.copy, self.pol = params, on, copy, pol
         self.weight = on.to(torch.float32)
-
-    def moved(self) -> dict[torch.Tensor, torch.Tensor]:
-        """The copies each seed's step moves, `[S, copies]` per parameter (`AgentAdam`)."""
-        out = {}
-        for p in self.params:
-            on = self.on.unsqueeze(1)
-            if p.shape[1] > 1:
-                index = torch.arange(p.shape[1], device=p.device)
-                on = on & (index == self.copy.unsqueeze(1))
-            out[p] = on
-        return out
+        # The copy of every parameter the unit owns (a shared network's only one: 0).
+        self.index = copy if copy is not None else torch.zeros_like(on, dtype=torch.long)
+        # The copies each seed's step moves, `[S, copies]` per parameter (`AgentAdam`).
+        self.moved = {}
+        for p in params:
+            mine = torch.arange(p.shape[1], device=p.device) == self.index.unsqueeze(1)
+            self.moved[p] = on.unsqueeze(1) & mine
 
     def flat(self, tensors) -> torch.Tensor:
         """This unit's slice of per-parameter tensors, `[S, N]` (a seed's row: its agent)."""
-        copy = self.copy if self.copy is not None else torch.zeros_like(self.on, dtype=torch.long)
-        return torch.cat([select_copy(t, copy).flatten(1) for t in tensors], 1)
+        return torch.cat([select_copy(t, self.index).flatten(1) for t in tensors], 1)
 
     @torch.no_grad()
     def assign(self, values: torch.Tensor, where: torch.Tensor) -> None:
@@ -136,8 +131,7 @@ class Unit:
         S, offset = values.shape[0], 0
         rows = torch.arange(S, device=values.device)
         for p in self.params:
-            copy = self.copy if self.copy is not None else torch.zeros_like(rows)
-            old = select_copy(p, copy)
+            old = select_copy(p, self.index)
             size = old[0].numel()
             new = values[:, offset : offset + size].view_as(old)
             offset += size
@@ -145,7 +139,7 @@ class Unit:
             if p.shape[1] == 1:
                 p.copy_(new)
             else:
-                p[rows, copy] = new.squeeze(1)
+                p[rows, self.index] = new.squeeze(1)
 
 
 class HeteroTrainer(OnPolicyTrainer):
@@ -180,17 +174,6 @@ class HeteroTrainer(OnPolicyTrainer):
         out["hidden"] = None if d["hidden"] is None else (pick_agent(d["hidden"][0], copy, 2),)
         return out
 
-    def rows(self, idx: torch.Tensor | None):
-        """The minibatch rows `idx` of a layout tensor, sequences flattened to steps."""
-
-        def take(x: torch.Tensor) -> torch.Tensor:
-            return x if idx is None else x[self._rows, idx]
-
-        def flat(x: torch.Tensor) -> torch.Tensor:
-            return x.flatten(1, 2) if self.recurrent else x
-
-        return take, flat
-
     def unit_policy(self, unit: Unit, ud: dict, idx: torch.Tensor | None):
         """The unit's action distribution on minibatch `idx`, and the log-probability of its
         stored actions under it."""
@@ -203,12 +186,15 @@ class HeteroTrainer(OnPolicyTrainer):
 
     def update(self, data: dict[str, dict]) -> dict[str, torch.Tensor]:
         pols = list(self.policies.values())
+        actors = [pol.actor for pol in pols]
         first = next(iter(data.values()))["active"]
         factor = torch.ones(first.shape[:-1], device=self.device)  # M per sample
         totals: dict[str, torch.Tensor] = {}
-        count = len(units_of([pol.actor for pol in pols]))
-        for position in positions(self, [pol.actor for pol in pols], self.cfg.fixed_order):
+        count = len(units_of(actors))
+        for position in positions(self, actors, self.cfg.fixed_order):
             gain = torch.zeros_like(factor)  # log of this position's ratio product
+            # Every group steps at every position, with zero weight in the seeds whose unit
+            # is elsewhere: a seed draws the same random numbers batched as alone.
             for index, on, copy in position:
                 pol = pols[index]
                 params = list(pol.actor.parameters())
@@ -245,7 +231,7 @@ class HeteroTrainer(OnPolicyTrainer):
             for idx in self.minibatches(data, cfg.minibatches):
                 loss = torch.zeros(S, device=self.device)
                 for name, pol in self.policies.items():
-                    loss = loss + self.value_loss(pol, data[name], idx)
+                    loss = loss + self.group_value_loss(pol, data[name], idx)
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 (cfg.value_coef * loss).sum().backward()
                 grad = grad + clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
@@ -253,18 +239,15 @@ class HeteroTrainer(OnPolicyTrainer):
                 total, steps = total + loss.detach(), steps + 1
         return {"value": total / steps, "critic_grad_norm": grad / steps}
 
-    def value_loss(self, pol: GroupPolicy, d: dict, idx: torch.Tensor | None) -> torch.Tensor:
-        """MAPPO's value loss per seed: clipped around the old value if `value_clip`."""
+    def group_value_loss(self, pol: GroupPolicy, d: dict, idx: torch.Tensor | None):
+        """One group's value loss per seed on minibatch `idx`."""
         cfg = self.cfg
         take, flat = self.rows(idx)
         value = self.critic_forward(pol, d, take)
         ret, old = flat(take(d["ret"])), flat(take(d["values"]))
         if cfg.value_norm:
             ret = pol.value_norm.normalize(ret)
-        loss = self.value_error(ret - value)
-        if cfg.value_clip:
-            clipped = old + (value - old).clamp(-cfg.clip, cfg.clip)
-            loss = torch.max(loss, self.value_error(ret - clipped))
+        loss = self.value_loss(value, old, ret, cfg.clip if cfg.value_clip else None)
         return masked_mean(loss, flat(take(d["active"])))
 
 
@@ -303,7 +286,7 @@ class HAPPOTrainer(HeteroTrainer):
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 loss.sum().backward()
                 grad = clip_grad_norm_per_seed(unit.params, cfg.max_grad_norm, S)
-                self.actor_optimizer.step(unit.moved())
+                self.actor_optimizer.step(unit.moved)
                 self.after_update()
                 with torch.no_grad():
                     sums["policy"] += policy

@@ -392,16 +392,22 @@ class OnPolicyTrainer(Trainer):
         for start in range(0, batch - size + 1, size):
             yield order[:, start : start + size]
 
-    def evaluate(self, pol: GroupPolicy, d: dict, idx: torch.Tensor | None) -> Minibatch:
-        """The current actor and critic on minibatch rows `idx` `[S, B]` of group data `d`
-        (None: every row)."""
+    def rows(self, idx: torch.Tensor | None):
+        """`take`: minibatch rows `idx` `[S, B]` of a layout tensor (None: every row);
+        `flat`: sequences flattened to steps."""
 
         def take(x: torch.Tensor) -> torch.Tensor:
             return x if idx is None else x[self._rows, idx]
 
-        def flat(x: torch.Tensor) -> torch.Tensor:  # sequences -> samples
+        def flat(x: torch.Tensor) -> torch.Tensor:
             return x.flatten(1, 2) if self.recurrent else x
 
+        return take, flat
+
+    def evaluate(self, pol: GroupPolicy, d: dict, idx: torch.Tensor | None) -> Minibatch:
+        """The current actor and critic on minibatch rows `idx` `[S, B]` of group data `d`
+        (None: every row)."""
+        take, flat = self.rows(idx)
         mask = flat(take(d["masks"])) if d["masks"] is not None else None
         dist, value = self._forward(pol, d, take, mask)
         discrete = pol.group.discrete
@@ -457,6 +463,17 @@ class OnPolicyTrainer(Trainer):
             value, h = pol.critic(c_in, reset_where(h, first[:, :, t]))
             values.append(value.squeeze(-1))
         return torch.stack(values, 2).flatten(1, 2)
+
+    def value_loss(
+        self, value: torch.Tensor, old: torch.Tensor, ret: torch.Tensor, clip: float | None
+    ) -> torch.Tensor:
+        """MAPPO's value loss, elementwise: the error to the return, and with `clip` the larger
+        of it and the error of the value clipped to within `clip` of the old one."""
+        loss = self.value_error(ret - value)
+        if clip is None:
+            return loss
+        clipped = old + (value - old).clamp(-clip, clip)
+        return torch.max(loss, self.value_error(ret - clipped))
 
     def value_error(self, error: torch.Tensor) -> torch.Tensor:
         """Huber (`huber_delta`) or half squared error, elementwise."""

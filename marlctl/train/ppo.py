@@ -54,12 +54,8 @@ class PPOTrainer(OnPolicyTrainer):
         log_ratio = mb.log_prob - mb.old_log_prob
         ratio = log_ratio.exp()
         surrogate = torch.min(ratio * mb.adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * mb.adv)
-        error = mb.ret - mb.value
-        if cfg.value_clip:
-            clipped = mb.old_value + (mb.value - mb.old_value).clamp(-cfg.clip, cfg.clip)
-            value_loss = torch.max(self.value_error(error), self.value_error(mb.ret - clipped))
-        else:
-            value_loss = self.value_error(error)
+        clip = cfg.clip if cfg.value_clip else None
+        value_loss = self.value_loss(mb.value, mb.old_value, mb.ret, clip)
         with torch.no_grad():
             approx_kl = mean((ratio - 1) - log_ratio)
             clip_frac = mean(((ratio - 1).abs() > cfg.clip).float())
