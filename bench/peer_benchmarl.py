@@ -48,6 +48,10 @@ ON_POLICY = ("mappo", "ippo")
 OFF_POLICY = ("masac", "maddpg", "qmix")
 DISCRETE_ONLY = ("qmix",)  # run with discrete actions in both tools
 
+# TorchRL's VmasEnv(max_steps=...) marks the horizon `terminated`, not `truncated`: BenchMARL's
+# value targets (GAE, TD) do not bootstrap past it.
+HORIZON = "task max_steps: VmasEnv marks the horizon terminated (no bootstrap past it)"
+
 # How each BenchMARL default is given to marlctl (on-policy algorithms).
 MAPPING = [
     ("experiment.on_policy_n_envs_per_worker: 10", "hardware.num_envs: 10"),
@@ -57,7 +61,8 @@ MAPPING = [
     ),
     (
         "experiment.on_policy_n_minibatch_iters: 45, on_policy_minibatch_size: 400",
-        "algo.epochs: 3, algo.minibatches: 15 (45 steps of 400 = 3 passes over 6000)",
+        "algo.epochs: 45, algo.minibatches: 15 (each of the 45 iterations is a pass over the"
+        " 6000 frames in minibatches of 400: 675 gradient steps per batch)",
     ),
     ("experiment.lr: 5e-5", "algo.lr: 5e-5 (actor and critic)"),
     ("experiment.gamma: 0.99", "algo.gamma: 0.99"),
@@ -72,6 +77,7 @@ MAPPING = [
     ("algorithm.critic_coef: 1.0", "algo.value_coef: 1.0"),
     ("algorithm.loss_critic_type: l2", "algo.huber_delta: null"),
     ("algorithm.lmbda: 0.9", "algo.gae_lambda: 0.9"),
+    (HORIZON, "algo.bootstrap_time_limit: false"),
     ("ClipPPOLoss: normalize_advantage false, no value clip", "algo.normalize_advantages: "
      "false, algo.value_clip: false, algo.value_norm: false"),
     ("algorithm.share_param_critic: true (MAPPO: one value from all observations, the same "
@@ -103,7 +109,7 @@ MAPPING_OFF_POLICY = [
      "MADDPG (Gaussian noise std, AdditiveGaussianModule): algo.exploration_noise 0.8, "
      "exploration_noise_end 0.01, noise_anneal_steps frames/3"),
     ("no reward normalisation", "algo.reward_scaling: none"),
-    ("bootstraps through truncation (TorchRL's value targets)", "algo.bootstrap_time_limit: true"),
+    (HORIZON, "algo.bootstrap_time_limit: false"),
     ("qmix.mixing_embed_dim: 32; next value from the target network's max (delay_value)",
      "algo.mixer_embed: 32, algo.double_q: false"),
     ("masac: 2 Q networks, alpha_init 1.0, target entropy auto",
@@ -215,13 +221,14 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
     params = benchmarl_yaml(f"task/vmas/{task}.yaml")
     envs = experiment["on_policy_n_envs_per_worker"]
     batch = experiment["on_policy_collected_frames_per_batch"]
-    steps = experiment["on_policy_n_minibatch_iters"] * experiment["on_policy_minibatch_size"]
     continuous = experiment["prefer_continuous_actions"]
     model = {"action_dist": "tanh_normal" if config["use_tanh_normal"] else "normal"}
     return run_spec(algo, task, seeds, frames, threads, envs, params, continuous, model, {
             "rollout_steps": batch // envs,
-            "epochs": steps // batch,
-            "minibatches": batch // experiment["on_policy_minibatch_size"],
+            # Experiment._optimizer_loop runs n_minibatch_iters passes, each drawing
+            # ceil(batch / minibatch_size) minibatches without replacement: one epoch.
+            "epochs": experiment["on_policy_n_minibatch_iters"],
+            "minibatches": -(-batch // experiment["on_policy_minibatch_size"]),
             "lr": experiment["lr"],
             "gamma": experiment["gamma"],
             "max_grad_norm": experiment["clip_grad_val"],
@@ -234,6 +241,7 @@ def marlctl_spec(algo: str, task: str, seeds: int, frames: int, threads: int) ->
             "normalize_advantages": False,
             "value_clip": False,
             "value_norm": False,
+            "bootstrap_time_limit": False,  # HORIZON
     })  # fmt: skip
 
 
@@ -256,7 +264,7 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
         "tau": experiment["polyak_tau"],
         "target_update_every": 0,  # soft_target_update
         "reward_scaling": "none",
-        "bootstrap_time_limit": True,
+        "bootstrap_time_limit": False,  # HORIZON
     }
     if algo == "qmix":
         extra = {
@@ -449,7 +457,8 @@ def table(cells: list[dict]) -> str:
         "BenchMARL's half is rerun only when its budget changes (its settings are its pinned "
         "defaults) and on another machine, marlctl's whenever its translated spec changes. "
         "Both halves run with `--threads` torch threads on the machine their row names, "
-        "nothing else running.",
+        "nothing else running. Where each tool's time goes, and the least ratio the same "
+        "work allows on the machine: [peer_cost.md](peer_cost.md) (`bench/peer_cost.py`).",
         "",
         "How BenchMARL's defaults were given to marlctl, on-policy (MAPPO, IPPO):",
         "",

@@ -214,6 +214,14 @@ def compile_plan(
                 f"trains on single transitions; set model.recurrent: null or use one of {able}",
             )
         )
+    elif spec.model.recurrent is not None and getattr(spec.algo, "n_step", 1) > 1:
+        problems.append(
+            prov.problem(
+                "algo.n_step",
+                f"n-step returns ({spec.algo.n_step}) need feed-forward agents: recurrent ones "
+                "train on sequences; set algo.n_step: 1 or model.recurrent: null",
+            )
+        )
 
     hw, train = spec.hardware, spec.train
     gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices

@@ -94,3 +94,21 @@ def test_every_installed_registered_env_can_be_described(env_id):
     assert info.state_dim > 0
     for group in info.groups:
         assert group.obs_dim > 0 and group.n_actions > 0
+
+
+def test_n_step_returns_with_recurrent_agents_are_rejected_before_launch(tmp_path):
+    from marlctl.errors import SpecError
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "env:\n  id: mpe/simple_spread\nalgo:\n  name: qmix\n  n_step: 5\n"
+        "model:\n  recurrent: gru\n"
+    )
+    with pytest.raises(SpecError) as caught:
+        compile_plan(load_spec(spec))
+    message = str(caught.value)
+    assert f"{spec}:5: algo.n_step:" in message and "feed-forward" in message
+    spec.write_text("env:\n  id: mpe/simple_spread\nalgo:\n  name: qmix\n  n_step: 5\n")
+    assert compile_plan(load_spec(spec))  # feed-forward: fine

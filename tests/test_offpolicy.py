@@ -169,3 +169,47 @@ def test_maddpg_exploration_noise_anneals_linearly_and_is_logged():
     assert float(losses["train/exploration_noise"][0]) == pytest.approx(sigma, rel=1e-5)
     constant, _, _ = any_trainer("maddpg", (0,), exploration_noise=0.3)
     assert constant.exploration_sigma() == 0.3 and constant.schedules() == {}
+
+
+def test_n_step_targets_sum_discounted_rewards_up_to_the_window_or_episode_end():
+    trainer, _, _ = _trainer("iql", (0,), n_step=3, reward_scaling="none", gamma=0.5)
+    # Three windows of 3 steps: (a) inside one episode; (b) terminated at its first step, the
+    # next episode starting at step 1; (c) cut by a time limit after step 1.
+    first = torch.tensor([[False, False, False], [False, True, False], [False, False, True]])
+    terminated = torch.tensor([[False, False, False], [True, False, False], [False] * 3])
+    reward = torch.tensor([[1.0, 2.0, 4.0], [1.0, 8.0, 8.0], [1.0, 2.0, 8.0]])
+    step = torch.arange(3.0).expand(3, 3)  # next_obs names the step it follows
+    batch = {
+        "first": first.T.unsqueeze(0),  # [S=1, n=3, B=3]
+        "terminated": terminated.T.unsqueeze(0),
+        "reward/agent": reward.T.unsqueeze(0)[..., None].expand(1, 3, 3, 2),  # 2 agents
+        "obs/agent": step.T.unsqueeze(0)[..., None, None].expand(1, 3, 3, 2, 4),
+        "next_obs/agent": step.T.unsqueeze(0)[..., None, None].expand(1, 3, 3, 2, 4),
+        "next_active/agent": torch.ones(1, 3, 3, 2, dtype=torch.bool),
+    }
+    out = trainer.prepare(batch)
+    assert out["reward/agent"].shape == (1, 1, 3, 2)
+    assert out["reward/agent"][0, 0, :, 0].tolist() == [1 + 0.5 * 2 + 0.25 * 4, 1.0, 1 + 0.5 * 2]
+    assert out["discount"][0, 0].tolist() == [0.125, 0.5, 0.25]
+    assert out["next_obs/agent"][0, 0, :, 0, 0].tolist() == [2.0, 0.0, 1.0]
+    assert out["terminated"][0, 0].tolist() == [False, True, False]
+    assert out["obs/agent"][0, 0, :, 0, 0].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_one_step_targets_are_the_normalised_reward_and_gamma():
+    trainer, env, ob = _trainer("iql", (0,), buffer_size=4_000, learning_starts=10_000)
+    _fill(trainer, env, ob, 10)
+    batch = trainer.buffer.sample(64)
+    out = trainer.prepare(batch)
+    assert torch.equal(out["reward/agent"], trainer.reward(batch, "agent"))
+    assert torch.all(out["discount"] == trainer.cfg.gamma)
+    assert torch.equal(out["next_obs/agent"], batch["next_obs/agent"])
+
+
+@pytest.mark.parametrize("algo", ["masac", "maddpg", "qmix", "hasac"])
+def test_n_step_returns_train_every_replay_learner(algo):
+    trainer, env, ob = any_trainer(algo, (0, 1), n_step=4)
+    ob = _fill(trainer, env, ob, 12)
+    assert trainer.updates > 0
+    for p in trainer.policies.parameters():
+        assert torch.isfinite(p).all()

@@ -124,3 +124,76 @@ def test_torch_init_draws_every_weight_and_bias_as_nn_linear_does(recurrent):
         assert p.abs().max() > 0.5 * bound, name  # uniform over the range, not scaled down
     biases = [p for n, p in net.named_parameters() if "bias" in n]
     assert biases and all(b.abs().sum() > 0 for b in biases)  # drawn, not zero
+
+
+def test_a_shared_centralised_critic_runs_once_per_state_and_updates_as_per_agent_copies():
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    params = {"N": 3, "max_cycles": 10, "continuous_actions": True}
+
+    def trainer(per_state: bool, agent_ids: bool = False):
+        env = native_class("mpe/simple_spread")(params, 8, "cpu", seeds=2)
+        spec = Spec.model_validate(
+            {
+                "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
+                "algo": {"name": "mappo", "rollout_steps": 6, "epochs": 2, "minibatches": 2},
+                "model": {"hidden": [16], "agent_ids": agent_ids},
+            }
+        )
+        t = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, (3, 4))
+        ob = env.reset([3, 4])
+        t.restart_episodes()
+        pol = next(iter(t.policies.values()))
+        if not per_state:
+            pol.state_critic = False
+        return t, env, ob, pol
+
+    assert not trainer(True, agent_ids=True)[3].state_critic  # agent ids: a value per agent
+    once, env, ob, pol = trainer(True)
+    assert pol.state_critic
+    rows = []
+    pol.critic.mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[-2]))
+    split = once.split(ob)
+    value, _ = pol.value(pol.critic_input(split))
+    assert rows == [1] and value.shape[-1] == 3  # one row per state, a value per agent
+    every = pol.critic(split.state.unsqueeze(-2).expand(*split.state.shape[:-1], 3, -1))[0]
+    assert torch.allclose(value, every.squeeze(-1), atol=1e-6)
+
+    # Two iterations from the same start: the same parameters as a critic run per agent.
+    copies, env2, ob2, _ = trainer(False)
+    for _ in range(2):
+        ob = once.train_iteration(env, ob)[0]
+        ob2 = copies.train_iteration(env2, ob2)[0]
+    for a, b in zip(once.policies.values(), copies.policies.values(), strict=True):
+        for mine, theirs in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.allclose(mine, theirs, atol=1e-5)
+
+
+def test_on_policy_returns_bootstrap_through_time_limits_only_when_told():
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    params = {"N": 2, "max_cycles": 4}  # 4-step episodes: the 6-step rollout crosses a cut
+    stored = {}
+    for bootstrap in (True, False):
+        env = native_class("mpe/simple_spread")(params, 3, "cpu")
+        spec = Spec.model_validate(
+            {
+                "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
+                "algo": {"name": "mappo", "rollout_steps": 6, "bootstrap_time_limit": bootstrap},
+                "model": {"hidden": [8]},
+            }
+        )
+        trainer = build_trainer(spec, env.info, 3, torch.device("cpu"), 10, (0,))
+        ob = env.reset(0)
+        trainer.restart_episodes()
+        rollouts, _, dones = trainer.collect(env, ob)
+        stored[bootstrap] = (rollouts["agent"].rewards, dones)
+    (boot, dones), (plain, same_dones) = stored[True], stored[False]
+    assert torch.equal(dones, same_dones) and dones[3].all() and not dones[:3].any()
+    # The same policy and env: rewards differ exactly at the cut, by gamma * V(final obs).
+    assert torch.equal(boot[:3], plain[:3]) and torch.equal(boot[4:], plain[4:])
+    assert (boot[3] != plain[3]).all()

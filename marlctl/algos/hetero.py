@@ -140,8 +140,9 @@ class HASACConfig(MASACConfig):
     ICLR): MASAC's twin centralised critics and tuned temperatures, with the actors' soft
     policy steps taken one agent after another in a random order, each against the actions
     the agents before it now take. Defaults are MASAC's, so that the two differ by the
-    sequential update alone; HARL's MPE configurations add 20-step returns and one gradient
-    step per 1,000 transitions, which marlctl's replay does not do."""
+    sequential update alone. HARL's MPE configurations also take 20-step returns
+    (`algo.n_step: 20`) and one gradient step per 1,000 transitions (`rollout_steps` ×
+    `hardware.num_envs` = 1,000 with `updates: 1`)."""
 
     model_defaults: ClassVar[dict[str, Any]] = {
         **MASACConfig.model_defaults,

@@ -72,6 +72,14 @@ class OffPolicyConfig(AlgoConfig):
         "value of its final state counts); false = a time limit ends the return like a "
         "termination, as EPyMARL and JaxMARL do, which keeps values within the episode.",
     )
+    n_step: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Rewards summed into each target: r_t + ... + gamma^(m-1) r_(t+m-1) + "
+        "gamma^m (value after step t+m-1), m = n_step or fewer where the episode ends first "
+        "(HARL's `n_step`: 20 for HASAC on MPE). Feed-forward agents only.",
+    )
     checkpoint_replay: bool = Field(
         True,
         description="Save the replay buffer with each checkpoint, so a resumed run samples "

@@ -45,3 +45,10 @@ class OnPolicyConfig(AlgoConfig):
         True, description="Standardise advantages over each rollout, per agent group."
     )
     anneal_lr: bool = Field(False, description="Decay learning rates linearly to zero.")
+    bootstrap_time_limit: bool = Field(
+        True,
+        description="Bootstrap GAE through an episode cut by the env's time limit (the value of "
+        "its final observation counts; HARL's `use_proper_time_limits`); false = a time limit "
+        "ends the return like a termination, as the MAPPO code's default and TorchRL's VMAS "
+        "envs (BenchMARL) do.",
+    )

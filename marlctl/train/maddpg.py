@@ -247,6 +247,7 @@ class MADDPGTrainer(OffPolicyTrainer):
 
         state, next_state = flat(batch["state"]), flat(batch["next_state"])
         keep = 1.0 - flat(batch["terminated"]).to(state.dtype)
+        discount = flat(batch["discount"]).unsqueeze(-1)
         taken = {
             n: self.critic_action(g, flat(batch[f"action/{n}"])) for n, g in self.groups.items()
         }
@@ -263,7 +264,7 @@ class MADDPGTrainer(OffPolicyTrainer):
             with torch.no_grad():
                 next_q = self._q(self.target["critics"], name, next_state, next_joint).amin(-1)
                 alive = keep.unsqueeze(-1) * flat(batch[f"next_active/{name}"]).to(state.dtype)
-                y = flat(self.reward(batch, name)) + cfg.gamma * alive * next_q
+                y = flat(batch[f"reward/{name}"]) + discount * alive * next_q
             q = self._q(self.critics, name, state, joint)  # [S, X, n, K]
             error = ((q - y.unsqueeze(-1)) ** 2).sum(-1)
             critic_loss = critic_loss + masked_mean(error, active)

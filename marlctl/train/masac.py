@@ -221,7 +221,9 @@ class MASACTrainer(OffPolicyTrainer):
                 else:
                     value = q.squeeze(-1) - a * samples[name][1]
                 bootstrap = keep.unsqueeze(-1) * b[f"next_active/{name}"].float()
-                targets[name] = self.reward(b, name) + cfg.gamma * bootstrap * value
+                targets[name] = (
+                    b[f"reward/{name}"] + b["discount"].unsqueeze(-1) * bootstrap * value
+                )
 
         # Critics: both regress on the same target, on the stored joint action.
         taken = {

@@ -125,6 +125,41 @@ class OffPolicyTrainer(Trainer):
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A sampled batch as `update` reads it: rewards normalised (`reward`) and `discount`,
+        the factor of each sample's bootstrapped value. With `n_step` > 1 each window
+        `[S, n, B, ...]` becomes one transition `[S, 1, B, ...]`: the first step's inputs, the
+        discounted sum of its normalised rewards up to the window's end or the episode's, and
+        the next observation and termination of the step it stops at, discounted by gamma to
+        the number of steps summed (HARL's off-policy buffers)."""
+        gamma, n = self.cfg.gamma, self.cfg.n_step
+        batch = dict(batch)
+        for name in self.reward_stats:
+            batch[f"reward/{name}"] = self.reward(batch, name)
+        if n == 1:
+            batch["discount"] = torch.full(
+                batch["terminated"].shape, gamma, device=batch["terminated"].device
+            )
+            return batch
+        first = batch["first"]  # [S, n, B]: step k opens an episode, so step k - 1 ended one
+        counted = torch.cat([torch.ones_like(first[:, :1]), ~first[:, 1:]], 1).float().cumprod(1)
+        steps = counted.sum(1, keepdim=True)  # [S, 1, B]
+        powers = gamma ** torch.arange(n, device=first.device, dtype=torch.float32)
+        weight = counted * powers.view(1, n, 1)
+        last = steps.long() - 1
+        out = {}
+        for key, value in batch.items():
+            tail = [1] * (value.dim() - 3)
+            if key.startswith("reward/"):
+                out[key] = (value * weight.view(*weight.shape, *tail)).sum(1, keepdim=True)
+            elif key.startswith("next_") or key == "terminated":
+                index = last.view(*last.shape, *tail).expand(-1, -1, -1, *value.shape[3:])
+                out[key] = value.gather(1, index)
+            else:
+                out[key] = value[:, :1]
+        out["discount"] = gamma**steps
+        return out
+
     def reward(self, batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         """Group `name`'s sampled rewards, normalised as `reward_scaling` says."""
         reward = batch[f"reward/{name}"]
@@ -167,7 +202,12 @@ class OffPolicyTrainer(Trainer):
         buffer = self.buffer
         if buffer is None or len(buffer) < max(self.cfg.learning_starts, self.cfg.batch_size):
             return False
-        return buffer.written >= self.sequence_length
+        return buffer.written >= self.window
+
+    @property
+    def window(self) -> int:
+        """Consecutive steps per sample: a recurrent sequence, or an n-step return's."""
+        return max(self.sequence_length, self.cfg.n_step)
 
     def train_iteration(self, env: BatchedEnv, ob: Observation):
         # Captured once gradient steps begin: from then on every iteration runs the same
@@ -186,7 +226,7 @@ class OffPolicyTrainer(Trainer):
         totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
         if self.ready():
             for _ in range(self.cfg.updates):
-                batch = self.buffer.sample(self.cfg.batch_size, self.sequence_length)
+                batch = self.prepare(self.buffer.sample(self.cfg.batch_size, self.window))
                 losses = self.update(batch)
                 self.after_update()
                 for key, value in losses.items():

@@ -60,6 +60,14 @@ class GroupPolicy(nn.Module):
         self.critic = trainer.agent_net(
             group, critic_dim, 1, sharing=trainer.critic_sharing, out_gain=1.0
         )
+        # A centralised critic with one network, no agent ids and no memory gives every agent
+        # the same value (BenchMARL's MAPPO critic): it runs once per state, not per agent.
+        self.state_critic = (
+            centralised
+            and self.critic.copies == 1
+            and not self.critic.id_dim
+            and not self.critic.recurrent
+        )
         copies = self.actor.copies
         self.log_std = (
             None
@@ -77,8 +85,10 @@ class GroupPolicy(nn.Module):
         return self.per_agent(ob.state)
 
     def per_agent(self, state: torch.Tensor) -> torch.Tensor:
-        """The global state `[..., D]` as every agent's critic input `[..., n, D]` (a view)."""
-        return state.unsqueeze(-2).expand(*state.shape[:-1], self.group.n_agents, -1)
+        """The global state `[..., D]` as every agent's critic input `[..., n, D]` (a view);
+        `[..., 1, D]` for a `state_critic`, whose `value` is every agent's."""
+        n = 1 if self.state_critic else self.group.n_agents
+        return state.unsqueeze(-2).expand(*state.shape[:-1], n, -1)
 
     def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None, copy=None):
         """The action distribution, and the actor's next recurrent state (`copy`: one agent's
@@ -104,8 +114,12 @@ class GroupPolicy(nn.Module):
         return self.bounds.squash(action) if self.tanh else action
 
     def value(self, critic_in: torch.Tensor, h=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every agent's value `[..., n]` of `critic_input`."""
         out, h = self.critic(critic_in, h)
-        return out.squeeze(-1), h
+        value = out.squeeze(-1)
+        if self.state_critic:
+            value = value.expand(*value.shape[:-1], self.group.n_agents)
+        return value, h
 
 
 def log_prob(dist, action: torch.Tensor, discrete: bool) -> torch.Tensor:
@@ -290,9 +304,10 @@ class OnPolicyTrainer(Trainer):
             rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
             self.stats.record(rewards, done, **per_seed_outcomes(tr, S))
             trunc = tr.truncated.view(S, -1).to(torch.float32).unsqueeze(-1)
-            final = None if tr.final is tr.next else self.split(tr.final)
+            cut = tr.final is not tr.next and self.cfg.bootstrap_time_limit
+            final = self.split(tr.final) if cut else None
             for name, pol in self.policies.items():
-                if final is None:  # no episode ended: nothing to bootstrap
+                if final is None:  # no episode ended, or time limits end returns
                     buf[name]["rewards"].append(rewards[name])
                     continue
                 # A time limit is not a terminal state: fold gamma * V(final obs) into the reward.

@@ -247,7 +247,7 @@ class QLearningTrainer(OffPolicyTrainer):
             best = pick.argmax(-1, keepdim=True)
             target_next.append(q_next.gather(-1, best).squeeze(-1))
             chosen.append(q.gather(-1, flat(batch[f"action/{name}"]).unsqueeze(-1)).squeeze(-1))
-            rewards.append(flat(self.reward(batch, name)))
+            rewards.append(flat(batch[f"reward/{name}"]))
             active.append(flat(batch[f"active/{name}"]).to(q.dtype))
             next_active.append(flat(batch[f"next_active/{name}"]).to(q.dtype))
         a = torch.cat(active, -1)
@@ -255,9 +255,10 @@ class QLearningTrainer(OffPolicyTrainer):
         target_next = torch.cat(target_next, -1) * torch.cat(next_active, -1)
         rewards = torch.cat(rewards, -1)
         keep = 1.0 - flat(batch["terminated"]).to(chosen.dtype)  # [S, X]
+        discount = flat(batch["discount"])
 
         if cfg.name == "iql":
-            target_value = rewards + cfg.gamma * keep.unsqueeze(-1) * target_next
+            target_value = rewards + (discount * keep).unsqueeze(-1) * target_next
             error, weight = chosen - target_value.detach(), a
             taken = chosen
         else:
@@ -268,7 +269,7 @@ class QLearningTrainer(OffPolicyTrainer):
                     next_tot = self.target["mixer"](target_next, flat(batch["next_state"]))
             else:
                 q_tot, next_tot = chosen.sum(-1), target_next.sum(-1)
-            error = q_tot - (team_reward + cfg.gamma * keep * next_tot).detach()
+            error = q_tot - (team_reward + discount * keep * next_tot).detach()
             weight = (a.sum(-1) > 0).to(error.dtype)
             taken = q_tot
         loss = masked_mean(error**2, weight)
