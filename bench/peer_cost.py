@@ -36,12 +36,17 @@ MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 
 
 def benchmarl_timers(algo: str, task: str) -> dict[str, float]:
-    """Mean seconds per iteration over every iteration of every seed's run."""
+    """Mean seconds per iteration over every iteration of each seed's latest run."""
+    latest = [
+        max(runs, key=lambda p: p.stat().st_mtime)
+        for seed in WORKDIR.glob(f"benchmarl-{algo}-{task}-*")
+        if (runs := list(seed.glob("*/*/scalars")))
+    ]
     out = {}
     for timer in ("collection", "training"):
         values = []
-        for path in WORKDIR.glob(f"benchmarl-{algo}-{task}-*/*/*/scalars/timers_{timer}_time.csv"):
-            with path.open() as f:
+        for scalars in latest:
+            with (scalars / f"timers_{timer}_time.csv").open() as f:
                 values += [float(row[1]) for row in csv.reader(f) if row]
         if not values:
             raise SystemExit(f"no BenchMARL run of {algo} on {task}: run peer_benchmarl.py first")
