@@ -59,6 +59,12 @@ EXTRA = {
 }
 # Presets benchmarked as algorithms: their values replace the family's settings.
 PRESETS = {"a2c": ROOT / "algos" / "a2c.yaml"}
+# Variants benchmarked as rows of their own: (algorithm, settings beyond its family's).
+# HARL trains HASAC (and its MASAC baseline) on MPE with 20-step returns.
+VARIANTS = {
+    "masac-n20": ("masac", {"n_step": 20}),
+    "hasac-n20": ("hasac", {"n_step": 20}),
+}
 
 
 @functools.cache
@@ -67,7 +73,9 @@ def preset(algo: str) -> dict:
 
 
 def registered(algo: str) -> str:
-    """The registered algorithm a benchmark row trains (a preset names one)."""
+    """The registered algorithm a benchmark row trains (a preset or a variant names one)."""
+    if algo in VARIANTS:
+        return VARIANTS[algo][0]
     return preset(algo)["name"] if algo in PRESETS else algo
 
 
@@ -75,9 +83,10 @@ def settings(algo: str, on_policy: bool) -> dict:
     if algo in PRESETS:
         return {"num_envs": ON_POLICY["num_envs"], "algo": preset(algo)}
     family = ON_POLICY if on_policy else OFF_POLICY
-    if algo not in EXTRA:
+    extra = {**EXTRA.get(registered(algo), {}), **(VARIANTS[algo][1] if algo in VARIANTS else {})}
+    if not extra:
         return family
-    return {**family, "algo": {**family["algo"], **EXTRA[algo]}}
+    return {**family, "algo": {**family["algo"], **extra}}
 
 
 def defaults(algo: str) -> dict:
@@ -218,7 +227,7 @@ def main() -> None:
 
     algos = registered_algos()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", default=",".join([*algos, *PRESETS]))
+    parser.add_argument("--algos", default=",".join([*algos, *PRESETS, *VARIANTS]))
     parser.add_argument("--envs", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--on-policy-steps", type=int, default=2_000_000)

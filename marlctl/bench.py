@@ -177,14 +177,20 @@ def _env_point(
 def _train_point(
     spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds, graph: bool
 ) -> Point | None:
+    from marlctl import tracking
+    from marlctl.plan import learner_info
+    from marlctl.train.opponents import with_opponents
     from marlctl.train.runner import build_trainer, make_env, prepare_iterations
 
     _reset_peak(device)
-    trainer = build_trainer(spec, info, num_envs, device, 1_000, seeds)
+    trainer = build_trainer(spec, learner_info(info, spec), num_envs, device, 1_000, seeds)
     env = make_env(
         spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
     )
     try:
+        if spec.opponents:  # groups played by scripts or trained runs act as in training
+            client = tracking.client_for(spec.tracking.uri)
+            env = with_opponents(env, spec, info, client, list(seeds), deterministic=False)
         mode = prepare_iterations(spec, trainer, env, capture=graph)
         if graph and trainer.graph is None:  # this run is not captured: no size is
             return None

@@ -37,8 +37,8 @@ TrustOpt = Annotated[
     typer.Option(
         "--trust-factory",
         metavar="MODULE:FACTORY",
-        help="Let a spec read from the tracking store import and call this env factory "
-        "(repeatable; or list them in MARLCTL_TRUSTED_FACTORIES).",
+        help="Let a spec read from the tracking store import and call this env factory or "
+        "scripted policy (repeatable; or list them in MARLCTL_TRUSTED_FACTORIES).",
     ),
 ]
 
@@ -733,6 +733,16 @@ def eval_(
         str | None,
         typer.Option("--tracking-uri", help="MLflow store holding the run (default: ./mlflow.db)."),
     ] = None,
+    vs: Annotated[
+        str | None,
+        typer.Option(
+            "--vs",
+            metavar="RUN_ID,...",
+            help="Cross-play: each group this run learned against the other runs' policies in "
+            "the other groups, and theirs against this run's; stored with the runs for the "
+            "report.",
+        ),
+    ] = None,
     trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -742,6 +752,10 @@ def eval_(
     """
     _stop_on_sigterm()
     _trust(trust_factory)
+    if vs is not None:
+        _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
+                    device, as_json)  # fmt: skip
+        return
     with _exit_codes(as_json):
         from marlctl.evaluation import Render, check_render, evaluate_runs
 
@@ -780,6 +794,40 @@ def eval_(
             _say(out, f"weights: {r.checkpoint}")
         if r.video:
             _say(out, f"wrote {r.video}")
+
+
+def _cross_play(
+    run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes, device, as_json
+) -> None:
+    with _exit_codes(as_json):
+        from marlctl.errors import SpecError
+
+        given = {"--backend": backend, "--seed": seed, "--checkpoint": checkpoint,
+                 "--render": render}  # fmt: skip
+        for option, value in given.items():
+            if value is not None:
+                raise SpecError.at(
+                    option,
+                    "cross-play plays each run's final policy on its own backend and "
+                    "eval episodes; leave it out with --vs",
+                )
+        others = [part.strip() for part in vs.split(",") if part.strip()]
+        if not others:
+            raise SpecError.at("--vs", "name one or more run ids, separated by commas")
+        from marlctl.crossplay import cross_play
+
+        result = cross_play(run_id, others, tracking_uri, episodes, device)
+    if as_json:
+        _emit_json(result.to_dict())
+        return
+    table = Table("seat", "run", "seed", "against", "seed", "seat return", "win rate")
+    for m in result.matches:
+        win = "—" if m.win_rate is None else f"{m.win_rate:.2f}"
+        table.add_row(
+            m.seat, m.run_id[:8], str(m.seed), m.opponent[:8], str(m.opponent_seed),
+            f"{m.score:.2f}", win,
+        )  # fmt: skip
+    _print_table(table)
 
 
 @app.command()

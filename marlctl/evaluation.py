@@ -12,13 +12,12 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from marlctl import tracking
 from marlctl.atomic import replacing
-from marlctl.errors import SpecError, one_line
+from marlctl.errors import SpecError
+from marlctl.stored import load_into, policy_weights, seed_runs
 
-LATEST = "latest"
 VIDEO_SUFFIXES = (".gif", ".mp4")
 MAX_FRAMES = 20_000  # an env that never ends an episode must not fill the memory
 
@@ -36,6 +35,7 @@ class EvalResult:
     checkpoint: str
     logged_return: float | None = None  # the run's own final eval, for comparison
     video: str | None = None
+    win_rate: float | None = None  # where the env says who won
 
 
 @dataclass
@@ -102,7 +102,7 @@ def evaluate_runs(
         raise SpecError.at(
             "RUN_ID", f"no run '{run_id}' in {tracking.resolve_uri(tracking_uri)}"
         ) from None
-    targets = _seed_runs(client, run)
+    targets = seed_runs(client, run)
     if not targets:
         raise SpecError.at("RUN_ID", f"run '{run_id}' has no finished seed runs to evaluate")
     results = []
@@ -116,37 +116,6 @@ def evaluate_runs(
             _evaluate_one(client, target, backend, episodes, seed, device, checkpoint, video)
         )
     return EvalSummary(results)
-
-
-def _seed_runs(client, run) -> list:
-    """The seed runs under `run` (experiment → seeds, study → trials → seeds), or `run`
-    itself when it is one; those that finished training (not pruned), by seed."""
-    role = run.data.tags.get("marlctl.role")
-    if role == "seed" or (role is None and tracking.PARENT_TAG in run.data.tags):
-        return [run]
-    found, frontier = [], [run.info.run_id]
-    while frontier:
-        children = [
-            child
-            for parent in frontier
-            for child in client.search_runs(
-                [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent}'"
-            )
-        ]
-        frontier = []
-        for child in children:
-            if child.data.tags.get("marlctl.role") in (None, "seed"):
-                found.append(child)
-            else:
-                frontier.append(child.info.run_id)
-    return sorted(
-        (
-            c
-            for c in found
-            if c.info.status == "FINISHED" and "marlctl.pruned_at_step" not in c.data.tags
-        ),
-        key=lambda c: (int(c.data.tags.get("marlctl.seed", 0)), c.info.start_time or 0),
-    )
 
 
 def _device(run, device: str | None) -> str:
@@ -165,55 +134,6 @@ def _device(run, device: str | None) -> str:
     return "cpu"
 
 
-def _policies(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[dict, str]:
-    """The policy weights to evaluate and where they came from."""
-    import torch
-
-    from marlctl.train.runner import CHECKPOINT, POLICY
-
-    files = {
-        f.path
-        for folder in ("policy", "checkpoints")
-        for f in client.list_artifacts(run_id, folder)
-    }
-    if checkpoint is None:
-        artifact = POLICY if POLICY in files else CHECKPOINT if CHECKPOINT in files else None
-        if artifact is None:
-            raise SpecError.at("RUN_ID", f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
-        source = client.download_artifacts(run_id, artifact, tmp)
-    elif checkpoint == LATEST or checkpoint in files:
-        artifact = CHECKPOINT if checkpoint == LATEST else checkpoint
-        if artifact not in files:
-            raise SpecError.at("--checkpoint", f"run '{run_id}' has no {artifact}")
-        source = client.download_artifacts(run_id, artifact, tmp)
-    elif Path(checkpoint).is_file():
-        artifact = source = checkpoint
-    else:
-        known = ", ".join(sorted(files)) or "none"
-        raise SpecError.at(
-            "--checkpoint",
-            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
-        )
-    try:
-        state = torch.load(source, weights_only=True, map_location="cpu")
-    except Exception as err:
-        raise SpecError.at("--checkpoint", f"cannot load '{artifact}': {err}") from None
-    if isinstance(state, dict) and "policies" in state:
-        return state["policies"], artifact
-    if isinstance(state, dict) and isinstance(state.get("trainer"), dict):
-        return state["trainer"]["policies"], artifact
-    raise SpecError.at("--checkpoint", f"'{artifact}' holds no marlctl policy weights")
-
-
-def _load_policies(trainer, policies: Any, artifact: str) -> None:
-    """Weights into the run's networks, or exit 2 naming what does not fit."""
-    try:
-        trainer.policies.load_state_dict(policies)
-    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
-        message = f"'{artifact}' does not fit this run's networks: {one_line(str(err))}"
-        raise SpecError.at("--checkpoint", message) from None
-
-
 def _evaluate_one(
     client,
     run,
@@ -223,12 +143,15 @@ def _evaluate_one(
     device: str | None,
     checkpoint: str | None,
     render: Render | None,
+    against: dict[str, str] | None = None,
 ) -> EvalResult:
+    """`against`: groups played by another run's policy instead (group -> its seed run)."""
     import torch
 
-    from marlctl.launch import SPEC_ARTIFACT
-    from marlctl.plan import compile_plan
+    from marlctl.plan import compile_plan, learner_info
     from marlctl.spec import load_spec
+    from marlctl.stored import SPEC_ARTIFACT
+    from marlctl.train.opponents import with_opponents
     from marlctl.train.runner import EVAL_ENVS, build_trainer, eval_seed, evaluate, make_env
 
     run_id = run.info.run_id
@@ -246,7 +169,7 @@ def _evaluate_one(
             overrides.append("hardware.env_workers=0")
         loaded = load_spec(spec_path, overrides, stored=f"run {run_id}")
         plan = compile_plan(loaded)
-        policies, artifact = _policies(client, run_id, checkpoint, tmp)
+        policies, artifact = policy_weights(client, run_id, checkpoint, tmp)
     spec = loaded.spec
     run_seed = int(run.data.tags.get("marlctl.seed", loaded.spec.seeds[0]))
     episodes = episodes or spec.train.eval_episodes
@@ -254,16 +177,24 @@ def _evaluate_one(
     torch_device = torch.device(plan.runs[0].device)
     # The layout of training's evaluation env: the same episodes land on the same copies.
     num_envs = min(episodes, EVAL_ENVS)
-    trainer = build_trainer(spec, plan.env, num_envs, torch_device, total_iterations=1)
-    _load_policies(trainer, policies, artifact)
+    learners = learner_info(plan.env, spec)
+    trainer = build_trainer(spec, learners, num_envs, torch_device, total_iterations=1)
+    load_into(trainer, policies, artifact)
     env = make_env(spec, plan.env, num_envs, torch_device)
+    try:
+        env = with_opponents(
+            env, spec, plan.env, client, [chosen_seed], deterministic=True, against=against
+        )
+    except ValueError as err:
+        env.close()
+        raise SpecError.at("RUN_ID", f"run '{run_id}': its opponents: {err}") from None
     try:
         (result,) = evaluate(trainer, env, episodes, [chosen_seed])
     finally:
         env.close()
     video = None
     if render is not None:
-        video = str(_render(spec, plan, policies, torch_device, render, chosen_seed))
+        video = str(_render(client, spec, plan, policies, torch_device, render, chosen_seed))
     returns = {k.removeprefix("return/"): v for k, v in result.items() if k.startswith("return/")}
     return EvalResult(
         run_id,
@@ -277,10 +208,11 @@ def _evaluate_one(
         artifact,
         run.data.metrics.get("eval/return_mean"),
         video,
+        result.get("win_rate"),
     )
 
 
-def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Path:
+def _render(client, spec, plan, policies: dict, device, render: Render, seed: int) -> Path:
     """Play `render.episodes` episodes in one PettingZoo env in `rgb_array` mode and write
     its frames; a native-backend run renders through its PettingZoo original, a VMAS run
     through VMAS's own renderer."""
@@ -289,14 +221,16 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
 
     from marlctl.envs.native import NATIVE_ONLY
     from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.plan import learner_info
+    from marlctl.train.opponents import with_opponents
     from marlctl.train.runner import build_trainer
 
     if spec.env.id in NATIVE_ONLY:
         raise SpecError.at(
             "--render", f"{spec.env.id} exists only natively and has no renderer to draw frames"
         )
-    trainer = build_trainer(spec, plan.env, 1, device, total_iterations=1)
-    _load_policies(trainer, policies, "the checkpoint")
+    trainer = build_trainer(spec, learner_info(plan.env, spec), 1, device, total_iterations=1)
+    load_into(trainer, policies, "the checkpoint")
     try:
         if spec.env.backend == "vmas":  # VMAS draws its own batch's first env
             from marlctl.envs.registry import lookup
@@ -319,6 +253,11 @@ def _render(spec, plan, policies: dict, device, render: Render, seed: int) -> Pa
         raise SpecError.at(
             "--render", f"{spec.env.id} cannot render rgb_array frames: {err}"
         ) from None
+    try:
+        env = with_opponents(env, spec, plan.env, client, [seed], deterministic=True)
+    except ValueError as err:
+        env.close()
+        raise SpecError.at("RUN_ID", f"its opponents: {err}") from None
     try:
         ob, first, done = env.reset(seed), None, 0
         with torch.no_grad():

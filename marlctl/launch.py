@@ -19,9 +19,9 @@ from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
+from marlctl.stored import SPEC_ARTIFACT
 from marlctl.train.runner import LOGGED_EVERY_ITERATION, RunRequest, RunResult, execute_batch
 
-SPEC_ARTIFACT = "spec.yaml"
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -80,6 +80,10 @@ def run_plan(
     uri = spec.tracking.uri
     tracking.check_reachable(uri)
     client = tracking.client_for(uri)
+    if spec.opponents:
+        from marlctl.train.opponents import check_players
+
+        check_players(loaded, plan, client)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
     common = run_tags(loaded, plan)
     params = tracking.flatten(loaded.resolved)

@@ -5,9 +5,10 @@ Pure: probes the environment through PettingZoo (numpy only) and never imports t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ class Plan:
     cores: int
     steps_per_iteration: int
     batch_seeds: bool = False
+    # Who plays each group: `algo: NAME`, `scripted: random`, `frozen: RUN_ID`.
+    players: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class Plan:
                         "actions": ("discrete" if g.discrete else "continuous"),
                         "n_actions": g.n_actions,
                         "action_mask": g.mask_source is not None,
+                        "played_by": self.players.get(g.name, f"algo: {self.algo}"),
                     }
                     for g in self.env.groups
                 ],
@@ -139,16 +143,26 @@ def compile_plan(
                     "env in one batch on the run's device (set env_workers: 0)",
                 )
             )
-    for group in env_info.groups:
-        kind = "discrete" if group.discrete else "continuous"
-        if kind not in algo.action_kinds:
+    names = [g.name for g in env_info.groups]
+    for key in spec.groups:
+        if key not in names:
             problems.append(
                 prov.problem(
-                    "algo.name",
-                    f"algorithm '{algo.name}' does not support {kind} actions, which env "
-                    f"'{spec.env.id}' group '{group.name}' has (env.id)",
+                    f"groups.{key}",
+                    f"no agent group '{key}' in env '{spec.env.id}'; groups: {', '.join(names)}",
                 )
             )
+    opponents = spec.opponents
+    if names and set(names) <= set(opponents):
+        problems.append(
+            prov.problem(
+                "groups",
+                f"every agent group of env '{spec.env.id}' is scripted or frozen: leave at "
+                "least one to learn",
+            )
+        )
+    for _, keys, algo_cfg, model, groups in learning_teams(spec, env_info):
+        problems += _algo_problems(prov, spec.env.id, env_info, keys, algo_cfg, model, groups)
     weights, k = spec.env.reward_weights, env_info.objectives
     if weights is not None and not k:
         problems.append(
@@ -168,19 +182,8 @@ def compile_plan(
         problems.append(
             prov.problem("env.backend", "multi-objective envs run on backend pettingzoo")
         )
-    if env_info.turn_based and not algo.turn_based:
-        able = ", ".join(name for name, a in registered_algos().items() if a.turn_based)
-        problems.append(
-            prov.problem(
-                "algo.name",
-                f"algorithm '{algo.name}' does not train on turn-based envs like "
-                f"'{spec.env.id}' (one player moves per step): its transitions are single "
-                f"steps; use one of {able}",
-            )
-        )
     sharing = spec.model.sharing
     if isinstance(sharing, dict):
-        names = {g.name for g in env_info.groups}
         for key in sharing:
             if key not in names:
                 problems.append(
@@ -190,38 +193,21 @@ def compile_plan(
                         f"groups: {', '.join(sorted(names))}",
                     )
                 )
-    dist = spec.model.action_dist
-    if dist is not None and dist not in algo.action_dists:
-        able = ", ".join(name for name, a in registered_algos().items() if dist in a.action_dists)
-        problems.append(
-            prov.problem(
-                "model.action_dist",
-                f"algorithm '{algo.name}' has no '{dist}' policy"
-                + (
-                    f" (its continuous policies: {', '.join(algo.action_dists)})"
-                    if algo.action_dists
-                    else " (its continuous actions are deterministic or it has none)"
+    rounds = [
+        (keys[0], getattr(algo_cfg, "rollout_steps", 1))
+        for _, keys, algo_cfg, _, _ in learning_teams(spec, env_info)
+    ]
+    longest = max((steps for _, steps in rounds), default=1)
+    for key, steps in rounds:
+        if longest % steps:
+            problems.append(
+                prov.problem(
+                    f"{key}.rollout_steps",
+                    f"{steps} rollout steps do not divide the longest team's {longest}: the "
+                    "teams step one env together, so each team's rollout_steps must divide "
+                    "every longer one's",
                 )
-                + f"; set model.action_dist: null or use one of {able}",
             )
-        )
-    if spec.model.recurrent is not None and not algo.recurrent:
-        able = ", ".join(name for name, a in registered_algos().items() if a.recurrent)
-        problems.append(
-            prov.problem(
-                "model.recurrent",
-                f"algorithm '{algo.name}' has no recurrent agents (env '{spec.env.id}'): it "
-                f"trains on single transitions; set model.recurrent: null or use one of {able}",
-            )
-        )
-    elif spec.model.recurrent is not None and getattr(spec.algo, "n_step", 1) > 1:
-        problems.append(
-            prov.problem(
-                "algo.n_step",
-                f"n-step returns ({spec.algo.n_step}) need feed-forward agents: recurrent ones "
-                "train on sequences; set algo.n_step: 1 or model.recurrent: null",
-            )
-        )
 
     hw, train = spec.hardware, spec.train
     gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices
@@ -301,7 +287,7 @@ def compile_plan(
     if threads == "auto":
         seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
         threads = auto_threads(spec, env_info, cores // concurrent, seeds_per_process)
-    rollout = getattr(spec.algo, "rollout_steps", 1)
+    rollout = longest  # a round of every team's iterations
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)
     memory = _estimate_memory_mb(loaded, env_info, rollout)
@@ -318,9 +304,113 @@ def compile_plan(
         )
         for i, seed in enumerate(spec.seeds)
     )
+    players = {
+        g.name: f"algo: {cfg.name}"
+        for _, _, cfg, _, groups in learning_teams(spec, env_info)
+        for g in groups
+    }
+    for name, g in opponents.items():
+        players[name] = f"scripted: {g.scripted}" if g.scripted else f"frozen: {g.frozen}"
     return Plan(
-        loaded.experiment, algo.name, env_info, runs, concurrent, cores, per_iter, hw.batch_seeds
+        loaded.experiment,
+        algo.name,
+        env_info,
+        runs,
+        concurrent,
+        cores,
+        per_iter,
+        hw.batch_seeds,
+        players,
     )
+
+
+def learning_teams(spec, info: EnvInfo):
+    """(team name, (spec key of its algorithm, of its model), algorithm config, model,
+    groups) of every team that learns: each group with an algorithm or model of its own is a
+    team named after it; the other learning groups are the default team, named "", with the
+    top-level `algo` and `model`."""
+    own, others = spec.teams, spec.opponents
+    rest = [g for g in info.groups if g.name not in own and g.name not in others]
+    if rest or not own:
+        yield "", ("algo", "model"), spec.algo, spec.model, rest
+    for g in info.groups:
+        if g.name in own:
+            group = own[g.name]
+            key = f"groups.{g.name}.algo" if group.algo is not None else "algo"
+            keys = (key, f"groups.{g.name}.model")
+            yield g.name, keys, group.algo or spec.algo, group.model, [g]
+
+
+def _algo_problems(prov, env_id: str, info: EnvInfo, keys, cfg, model, groups) -> list:
+    """What keeps algorithm `cfg` with `model` (at spec `keys`) from training `groups`."""
+    algo = registered_algos()[cfg.name]
+    key, model_key = keys
+    problems = []
+    for group in groups:
+        kind = "discrete" if group.discrete else "continuous"
+        if kind not in algo.action_kinds:
+            problems.append(
+                prov.problem(
+                    f"{key}.name",
+                    f"algorithm '{algo.name}' does not support {kind} actions, which env "
+                    f"'{env_id}' group '{group.name}' has (env.id)",
+                )
+            )
+    if info.turn_based and not algo.turn_based:
+        able = ", ".join(name for name, a in registered_algos().items() if a.turn_based)
+        problems.append(
+            prov.problem(
+                f"{key}.name",
+                f"algorithm '{algo.name}' does not train on turn-based envs like "
+                f"'{env_id}' (one player moves per step): its transitions are single "
+                f"steps; use one of {able}",
+            )
+        )
+    dist = model.action_dist
+    if dist is not None and dist not in algo.action_dists:
+        able = ", ".join(name for name, a in registered_algos().items() if dist in a.action_dists)
+        problems.append(
+            prov.problem(
+                f"{model_key}.action_dist",
+                f"algorithm '{algo.name}' has no '{dist}' policy"
+                + (
+                    f" (its continuous policies: {', '.join(algo.action_dists)})"
+                    if algo.action_dists
+                    else " (its continuous actions are deterministic or it has none)"
+                )
+                + f"; set {model_key}.action_dist: null or use one of {able}",
+            )
+        )
+    if model.recurrent is not None and not algo.recurrent:
+        able = ", ".join(name for name, a in registered_algos().items() if a.recurrent)
+        problems.append(
+            prov.problem(
+                f"{model_key}.recurrent",
+                f"algorithm '{algo.name}' has no recurrent agents (env '{env_id}'): it "
+                f"trains on single transitions; set {model_key}.recurrent: null or use one "
+                f"of {able}",
+            )
+        )
+    elif model.recurrent is not None and getattr(cfg, "n_step", 1) > 1:
+        problems.append(
+            prov.problem(
+                f"{key}.n_step",
+                f"n-step returns ({cfg.n_step}) need feed-forward agents: recurrent ones "
+                f"train on sequences; set {key}.n_step: 1 or {model_key}.recurrent: null",
+            )
+        )
+    return problems
+
+
+def learner_info(info: EnvInfo, spec) -> EnvInfo:
+    """The env as its learners see it: the groups that learn, with every agent's state (the
+    spec's `groups` play the others)."""
+    others = spec.opponents
+    if not others:
+        return info
+    groups = tuple(g for g in info.groups if g.name not in others)
+    agents = tuple(a for g in groups for a in g.agents)
+    return dataclasses.replace(info, groups=groups, agents=agents)
 
 
 def vmas_problem(env_id: str, backend: str, workers: int) -> tuple[str, str] | None:

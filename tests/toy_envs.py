@@ -324,3 +324,19 @@ class SignalGame:
 
 def signal_game(**params):
     return SignalGame(**params)
+
+
+def still(obs, mask, group):
+    """A scripted policy (`groups.NAME.scripted: toy_envs:still`): every agent takes action 0
+    (MPE's no-op), or the zero vector of a continuous group."""
+    import torch
+
+    shape = obs.shape[:2] if group.discrete else (*obs.shape[:2], group.n_actions)
+    return torch.zeros(shape, dtype=torch.long if group.discrete else torch.float32)
+
+
+def wrong_shape(obs, mask, group):
+    """A scripted policy that returns one action per env instead of one per agent."""
+    import torch
+
+    return torch.zeros(obs.shape[0], dtype=torch.long)

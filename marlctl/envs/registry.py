@@ -304,18 +304,25 @@ def untrusted_factory(env_id: Any) -> str | None:
     return None if entry.factory in trusted else entry.factory
 
 
-def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
-    module_name, _, attr = entry.factory.partition(":")
+def import_callable(path: str, purpose: str = "") -> Callable[..., Any]:
+    """The callable `package.module:name` names (an env factory, a scripted policy); an
+    EnvLookupError says why not. `purpose` ends the import failure's message ("for env X")."""
+    module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise EnvLookupError(f"cannot import '{module_name}' for env '{entry.id}': {err}") from None
+        raise EnvLookupError(f"cannot import '{module_name}'{purpose}: {err}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise EnvLookupError(f"'{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise EnvLookupError(f"'{entry.factory}' is not callable")
+        raise EnvLookupError(f"'{path}' is not callable")
+    return obj
+
+
+def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
+    obj = import_callable(entry.factory, f" for env '{entry.id}'")
     return _Bound(obj, dict(entry.kwargs)) if entry.kwargs else obj
 
 

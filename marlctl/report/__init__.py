@@ -4,7 +4,8 @@ Seeds are grouped (by `algo.name,env.id` unless told otherwise); each group gets
 score as mean and IQM with stratified-bootstrap 95% CIs (`stats`), its cost (env steps,
 wall-clock, throughput) and a sample-efficiency curve. A sweep gets its best trials, its
 optimisation history and the parameters' importances. An appendix (`appendix`) lists the
-hyperparameters that differ between groups and how the runs were evaluated.
+hyperparameters that differ between groups and how the runs were evaluated. Runs that played
+each other (`marlctl eval RUN --vs ...`) get a cross-play matrix per seat and ratings.
 """
 
 from __future__ import annotations
@@ -109,6 +110,19 @@ class Sweep:
 
 
 @dataclass
+class CrossPlayTable:
+    """The matches stored among the report's seed runs, and the runs' ratings from them."""
+
+    labels: dict[str, str]  # run id -> how the report names it
+    matches: list  # marlctl.crossplay.Match
+    ratings: list  # marlctl.crossplay.Rating, best first
+
+    @property
+    def seats(self) -> list[str]:
+        return sorted({m.seat for m in self.matches})
+
+
+@dataclass
 class Report:
     uri: str  # the store, password removed: for error messages here, never for a report
     metric: str
@@ -117,6 +131,7 @@ class Report:
     groups: list[Group]
     sweeps: list[Sweep]
     left_out: dict[str, int]
+    crossplay: CrossPlayTable | None = None
 
     @property
     def store(self) -> str:
@@ -169,6 +184,7 @@ def build(
         client = tracking.client_for(uri)
         selection = select(client, uri, experiments, run_ids, parsed)
         load_curves(client, selection.seeds, metric)
+        crossplay = _cross_play(client, selection.seeds)
     except MlflowException as err:
         shown = shown_url(tracking.resolve_uri(uri))
         raise SpecError.at("--tracking-uri", f"{shown}: {err}") from None
@@ -184,7 +200,25 @@ def build(
         groups,
         sweeps,
         dict(selection.left_out),
+        crossplay,
     )
+
+
+def _cross_play(client, seeds: list[RunRecord]) -> CrossPlayTable | None:
+    """The matches the report's seed runs played against each other, or None."""
+    from marlctl.crossplay import ratings, stored_matches
+
+    chosen = {r.run_id: r for r in seeds}
+    matches = [m for r in seeds for m in stored_matches(client, r.run_id) if m.opponent in chosen]
+    if not matches:
+        return None
+    named = {
+        run_id: labels.public(
+            f"{r.experiment} · seed {r.tags.get('marlctl.seed', '?')} · {run_id[:8]}"
+        )
+        for run_id, r in chosen.items()
+    }
+    return CrossPlayTable(named, matches, ratings(matches))
 
 
 # ---------------------------------------------------------------- groups

@@ -181,6 +181,58 @@ def sweep_summary(sweep: Sweep) -> str:
 # ---------------------------------------------------------------- terminal
 
 
+def crossplay_tables(report: Report) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows): per seat, the seat's return (win rate where the env has one)
+    of each run that played it (rows) against each other run (columns); then the ratings."""
+    table = report.crossplay
+    if table is None:
+        return []
+    out = []
+    name = table.labels
+    for seat in table.seats:
+        found = [m for m in table.matches if m.seat == seat]
+        players = sorted({m.run_id for m in found}, key=lambda r: name[r])
+        opponents = sorted({m.opponent for m in found}, key=lambda r: name[r])
+        cell = {(m.run_id, m.opponent): m for m in found}
+
+        def shown(m) -> str:
+            if m is None:
+                return "—"
+            return _num(m.score) + ("" if m.win_rate is None else f" ({m.win_rate:.0%} won)")
+
+        body = [
+            [name[run], *(shown(cell.get((run, other))) for other in opponents)] for run in players
+        ]
+        title = f"cross-play, seat {seat}: its return against the other groups' policies"
+        head = [f"{seat}: played by ↓, against →", *(name[o] for o in opponents)]
+        out.append((title, head, body))
+    if table.ratings:
+        body = [
+            [name[r.run_id], _num(r.mu), _num(r.sigma), _num(r.ordinal),
+             f"{r.wins}–{r.draws}–{r.losses}"]
+            for r in table.ratings
+        ]  # fmt: skip
+        out.append(
+            (
+                "ratings from cross-play (Thurstone-Mosteller, openskill)",
+                ["run", "mu", "sigma", "mu − 3 sigma", "won–drawn–lost"],
+                body,
+            )
+        )
+    return out
+
+
+CROSSPLAY_EXPLAINED = (
+    "Cross-play: each run plays a seat (an agent group it learned) with its final policy "
+    "while the other run plays every other group it learned, deterministically, over the "
+    "seat's run's evaluation episodes (`marlctl eval RUN --vs OTHER` reproduces any cell). "
+    "Two runs that both played a seat against each other meet in a game on it; the higher "
+    "seat score (win rate where the env says who won, else return) wins, equal scores draw. "
+    "Ratings: openskill's Thurstone-Mosteller model (TrueSkill's) over those games in a fixed "
+    "order, without dynamics; mu − 3 sigma ranks conservatively."
+)
+
+
 def rich_tables(report: Report) -> list:
     from rich.markup import escape
     from rich.table import Table
@@ -211,6 +263,11 @@ def rich_tables(report: Report) -> list:
             for name, value in sweep.importances.items():
                 imp.add_row(escape(name), f"{value:.3f}")
             tables.append(imp)
+    for title, head, cells in crossplay_tables(report):
+        found = Table(*map(escape, head), title=escape(title))
+        for row in cells:
+            found.add_row(*map(escape, row))
+        tables.append(found)
     return tables
 
 
@@ -287,8 +344,48 @@ def to_dict(report: Report) -> dict[str, Any]:
         "notes": notes(report),
         "warnings": warnings(report),
         "appendix": appendix.to_dict(report),
+        "crossplay": _crossplay_dict(report),
     }
     return labels.public_all(document)
+
+
+def _crossplay_dict(report: Report) -> dict | None:
+    from dataclasses import asdict
+
+    table = report.crossplay
+    if table is None:
+        return None
+    return {
+        "labels": table.labels,
+        "matches": [asdict(m) for m in table.matches],
+        "ratings": [{**asdict(r), "ordinal": r.ordinal, "games": r.games} for r in table.ratings],
+        "explained": CROSSPLAY_EXPLAINED,
+    }
+
+
+def crossplay_csv(report: Report) -> str | None:
+    """The cross-play matches and ratings as one CSV (a row per match, then per rating)."""
+    table = report.crossplay
+    if table is None:
+        return None
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(
+        ["kind", "seat", "run_id", "run", "opponent_id", "opponent", "score", "win_rate"]
+        + ["episodes", "mu", "sigma", "ordinal", "wins", "draws", "losses"]
+    )
+    for m in table.matches:
+        writer.writerow(
+            ["match", m.seat, m.run_id, table.labels[m.run_id], m.opponent,
+             table.labels[m.opponent], m.score, m.win_rate, m.episodes]
+            + [None] * 6
+        )  # fmt: skip
+    for r in table.ratings:
+        writer.writerow(
+            ["rating", None, r.run_id, table.labels[r.run_id], None, None, None, None, None,
+             r.mu, r.sigma, r.ordinal, r.wins, r.draws, r.losses]
+        )  # fmt: skip
+    return buffer.getvalue()
 
 
 def to_csv(report: Report) -> str:
@@ -409,6 +506,12 @@ def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
         parts += figure(f"sweep{i}_importances", "parameter importances")
         if sweep.note:
             parts.append(f"_{sweep.note}_")
+    found = crossplay_tables(report)
+    if found:
+        parts.append("## Cross-play")
+        for title, head, cells in found:
+            parts += [f"### {title[0].upper()}{title[1:]}", _md_table(head, cells)]
+        parts.append(CROSSPLAY_EXPLAINED)
     if report.groups:
         parts += ["## Appendix", *_markdown_appendix(report)]
     return parts
@@ -532,6 +635,13 @@ def html_document(report: Report, links: dict[str, str] | None = None) -> str:
             first = False
         if sweep.note:
             parts.append(f'<p class="note">{html.escape(sweep.note)}</p>')
+    found = crossplay_tables(report)
+    if found:
+        parts.append("<h2>Cross-play</h2>")
+        for title, head, cells in found:
+            parts += [f"<h3>{html.escape(title[0].upper() + title[1:])}</h3>"]
+            parts.append(_html_table(head, cells))
+        parts.append(f'<p class="note">{html.escape(CROSSPLAY_EXPLAINED)}</p>')
     if report.groups:
         parts += ["<h2>Appendix</h2>", *_html_appendix(report)]
     return (
@@ -587,6 +697,11 @@ def write(report: Report, fmt: str, out: Path, figure_files: str | None = None) 
         return html_page(report, out, figure_files)
     if fmt == "csv":
         write_atomic(out, to_csv(report))
+        crossplay = crossplay_csv(report)
+        if crossplay is not None:
+            beside = out.with_name(f"{out.stem}_crossplay.csv")
+            write_atomic(beside, crossplay)
+            return [out, beside]
     else:
         write_atomic(out, json.dumps(to_dict(report), indent=2, default=str) + "\n")
     return [out]

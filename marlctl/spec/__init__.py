@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +204,17 @@ def _refuse_untrusted_factory(source: SourceFile, stored: str) -> None:
             f"(or list it in {TRUSTED_FACTORIES_VAR})"
         )
         raise SpecError([Problem(stored, None, "env.id", message)])
+    trusted = {f.strip() for f in os.environ.get(TRUSTED_FACTORIES_VAR, "").split(",")}
+    groups = source.data.get("groups")
+    for name, group in (groups or {}).items() if isinstance(groups, dict) else ():
+        policy = group.get("scripted") if isinstance(group, dict) else None
+        if isinstance(policy, str) and ":" in policy and policy not in trusted:
+            message = (
+                f"the spec stored with {stored} names the scripted policy '{policy}': loading "
+                f"it would run that code here. If you trust it, pass --trust-factory {policy} "
+                f"(or list it in {TRUSTED_FACTORIES_VAR})"
+            )
+            raise SpecError([Problem(stored, None, f"groups.{name}.scripted", message)])
 
 
 _store_counter = itertools.count()
@@ -515,8 +527,15 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
     algos = registered_algos()
     for item in err.errors(include_url=False):
         loc = [str(p) for p in item["loc"]]
-        # A discriminated union puts its tag in the path: algo.mappo.lr -> algo.lr
-        tag = loc.pop(1) if len(loc) >= 2 and loc[0] == "algo" and loc[1] in algos else None
+        # A discriminated union puts its tag in the path: algo.mappo.lr -> algo.lr (also a
+        # group's own: groups.adversary.algo.maddpg.lr -> groups.adversary.algo.lr)
+        at = _algo_at(loc)
+        tag = (
+            loc.pop(at + 1)
+            if at is not None and len(loc) > at + 1 and loc[at + 1] in algos
+            else None
+        )
+        algo_data = _algo_data(data, loc[:at] if at is not None else [])
         if loc[:2] == ["sweep", "space"]:
             loc = [p for p in loc if not _PYDANTIC_LOC.match(p)]
         loc = [p for p in loc if not _UNION_MEMBER.match(p)]
@@ -534,8 +553,8 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
                 else ""
             )
         elif kind in ("union_tag_invalid", "union_tag_not_found"):
-            given = data["algo"].get("name") if isinstance(data.get("algo"), dict) else None
-            dotted = "algo.name"
+            given = algo_data.get("name") if isinstance(algo_data, dict) else None
+            dotted = ".".join([*loc[: (at or 0) + 1], "name"]) if at is not None else "algo.name"
             close = difflib.get_close_matches(str(given), list(algos), n=1, cutoff=0.5)
             message = (f"unknown algorithm '{given}'" if given is not None else "required") + (
                 f"; did you mean '{close[0]}'?" if close else f"; choose from {', '.join(algos)}"
@@ -558,6 +577,22 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
         seen.add(dotted)
         problems.append(provenance.problem(dotted, message))
     return problems
+
+
+def _algo_at(loc: list[str]) -> int | None:
+    """Where an algorithm config sits in an error's path: `algo`, or a group's own."""
+    if loc[:1] == ["algo"]:
+        return 0
+    if len(loc) >= 3 and loc[0] == "groups" and loc[2] == "algo":
+        return 2
+    return None
+
+
+def _algo_data(data: dict[str, Any], parents: list[str]) -> Any:
+    node: Any = data
+    for part in [*parents, "algo"]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]:

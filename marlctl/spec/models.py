@@ -18,6 +18,9 @@ from marlctl.algos import AlgoConfig, registered_algos
 from marlctl.strict import Strict
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+# `package.module:callable`, the form of an env factory.
+CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+RANDOM_PLAYER = "random"
 # MLflow's SQLAlchemy dialects (`postgresql+psycopg2://` counts as postgresql) and servers.
 _TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
 
@@ -306,6 +309,74 @@ def _algo_union() -> Any:
 AlgoUnion = _algo_union()
 
 
+class GroupSpec(Strict):
+    """Who plays an agent group. Neither field set: the group learns with `algo` and `model`."""
+
+    scripted: str | None = Field(
+        None,
+        description="random = uniformly random allowed actions (uniform over the action box "
+        "for continuous actions); package.module:callable = a policy you name, imported like "
+        "an env factory and called as fn(obs, mask, group) with the group's observations "
+        "[envs, agents, ...], action mask (or None) and GroupInfo; it returns the actions "
+        "[envs, agents] (discrete) or [envs, agents, dim] (continuous, in the env's bounds).",
+    )
+    algo: AlgoUnion | None = Field(  # type: ignore[valid-type]
+        None,
+        description="This group learns with its own algorithm (any registered one, its "
+        "fields as under the top-level `algo`), in a team of its own beside the other "
+        "learning groups; null = the top-level `algo`.",
+    )
+    model: ModelSpec | None = Field(
+        None,
+        description="This group's networks (fields as under the top-level `model`; those "
+        "left null take its algorithm's reference values); null = the top-level `model`.",
+    )
+    frozen: str | None = Field(
+        None,
+        description="RUN_ID[:CHECKPOINT]: this group's trained policy from a finished seed run "
+        "of the tracking store, never updated; CHECKPOINT = latest (the last checkpoint), an "
+        "artifact path of the run, or none for its final policy. It acts as in its own run: "
+        "sampling while this run trains, deterministically in evaluations.",
+    )
+
+    @model_validator(mode="after")
+    def _one_player(self) -> GroupSpec:
+        if self.scripted is not None and self.frozen is not None:
+            raise ValueError("a group is scripted or frozen, not both")
+        if not self.learns and (self.algo is not None or self.model is not None):
+            raise ValueError("a scripted or frozen group does not learn: it takes no algo or model")
+        if self.scripted is not None and self.scripted != RANDOM_PLAYER:
+            if not CALLABLE.match(self.scripted):
+                raise ValueError(
+                    f"scripted: '{self.scripted}' must be random or package.module:callable"
+                )
+        if self.frozen is not None:
+            run_id, _, checkpoint = self.frozen.partition(":")
+            if not re.fullmatch(r"[0-9a-f]{4,32}", run_id):
+                raise ValueError(
+                    f"frozen: '{self.frozen}' must be RUN_ID[:CHECKPOINT], RUN_ID being a run "
+                    "id or the start of one (4 to 32 hexadecimal digits)"
+                )
+            if ":" in self.frozen and not checkpoint.strip():
+                raise ValueError(f"frozen: '{self.frozen}' names no checkpoint after ':'")
+        return self
+
+    @property
+    def learns(self) -> bool:
+        return self.scripted is None and self.frozen is None
+
+    @property
+    def own_team(self) -> bool:
+        """Learns with an algorithm or model of its own."""
+        return self.learns and (self.algo is not None or self.model is not None)
+
+    @property
+    def frozen_run(self) -> tuple[str, str | None]:
+        """(run id or prefix, checkpoint or None) of a frozen group."""
+        run_id, _, checkpoint = (self.frozen or "").partition(":")
+        return run_id, checkpoint or None
+
+
 class Spec(Strict):
     name: str | None = Field(None, description="MLflow experiment name; default: the file stem.")
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
@@ -321,12 +392,32 @@ class Spec(Strict):
     hardware: HardwareSpec = Field(default_factory=HardwareSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     sweep: SweepSpec | None = None
+    groups: dict[str, GroupSpec] = Field(
+        default_factory=dict,
+        description="Agent groups played by something other than the learners, by group name "
+        "(`marlctl list envs` names them): scripted or frozen. Groups not listed learn.",
+    )
+
+    @property
+    def opponents(self) -> dict[str, GroupSpec]:
+        """The groups that do not learn, by name."""
+        return {name: g for name, g in self.groups.items() if not g.learns}
+
+    @property
+    def teams(self) -> dict[str, GroupSpec]:
+        """The groups that learn with an algorithm or model of their own, by name."""
+        return {name: g for name, g in self.groups.items() if g.own_team}
 
     @model_validator(mode="after")
     def _algorithm_model_defaults(self) -> Spec:
-        """Model fields left null take the algorithm's reference values."""
-        model = self.model.for_algo(self.algo)
-        if model is not self.model:  # frozen: the filled copy replaces the field in place
+        """Model fields left null take the algorithm's reference values: a group with its
+        own algorithm or model takes its algorithm's, from its model or the top-level one."""
+        raw = self.model
+        for group in self.teams.values():
+            filled = (group.model or raw).for_algo(group.algo or self.algo)
+            object.__setattr__(group, "model", filled)  # frozen: filled in place
+        model = raw.for_algo(self.algo)
+        if model is not self.model:
             object.__setattr__(self, "model", model)
         return self
 
@@ -341,7 +432,11 @@ class Spec(Strict):
 def model_fields_at(path: list[str]) -> list[str]:
     """Field names valid at a dotted location (for did-you-mean); [] if unknown."""
     model: Any = Spec
+    keyed = False  # the part is a key of a mapping field (a group's name)
     for part in path:
+        if keyed:
+            keyed = False
+            continue
         fields = getattr(model, "model_fields", None)
         if fields is None or part not in fields:
             if part in registered_algos():
@@ -349,6 +444,7 @@ def model_fields_at(path: list[str]) -> list[str]:
                 continue
             return []
         annotation = fields[part].annotation
+        keyed = getattr(annotation, "__origin__", None) is dict
         model = _model_in(annotation)
         if model is None:
             return []
@@ -374,5 +470,6 @@ __all__ = [
     "HardwareSpec",
     "TrackingSpec",
     "SweepSpec",
+    "GroupSpec",
     "model_fields_at",
 ]

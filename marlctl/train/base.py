@@ -179,6 +179,8 @@ class Trainer:
         """Why iterations of this trainer on `env` cannot be captured, or None."""
         if self.device.type != "cuda":
             return "CUDA graphs need a CUDA device"
+        if getattr(env, "graph_blocker", None):
+            return env.graph_blocker
         if not hasattr(env, "make_graph_safe"):
             return "only native envs step without the host"
         if any(

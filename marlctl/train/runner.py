@@ -27,12 +27,12 @@ from marlctl.algos import registered_algos
 from marlctl.atomic import staging
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
-from marlctl.plan import RunPlan
+from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
+from marlctl.stored import CHECKPOINT, POLICY
 from marlctl.train.core import EpisodeStats, per_seed_outcomes
+from marlctl.train.opponents import with_opponents
 
-CHECKPOINT = "checkpoints/latest.pt"
-POLICY = "policy/final.pt"
 EVAL_ENVS = 32
 LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
 PRUNED_TAG = "marlctl.pruned_at_step"
@@ -85,13 +85,24 @@ def build_trainer(
     total_iterations: int,
     seeds: tuple[int, ...] = (0,),
 ):
-    """The spec's algorithm for `seeds` (one, or several trained as one batch)."""
-    algo = registered_algos()[spec.algo.name]
+    """The spec's algorithm for `seeds` (one, or several trained as one batch); where groups
+    learn with algorithms or models of their own, every team's trainer as one."""
+    if spec.teams:
+        trainer = _teams(spec, info, num_envs, device, total_iterations, tuple(seeds))
+    else:
+        trainer = _trainer(spec.algo, spec.model, info, num_envs, device, total_iterations, seeds)
+    if spec.hardware.compile is True:
+        trainer.compile()
+    return trainer
+
+
+def _trainer(algo_config, model, info: EnvInfo, num_envs, device, total_iterations, seeds):
+    algo = registered_algos()[algo_config.name]
     module, _, name = algo.trainer.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    trainer = cls(
-        spec.algo,
-        spec.model,
+    return cls(
+        algo_config,
+        model,
         info,
         num_envs,
         device,
@@ -99,9 +110,26 @@ def build_trainer(
         centralised=algo.centralised_critic,
         seeds=tuple(seeds),
     )
-    if spec.hardware.compile is True:
-        trainer.compile()
-    return trainer
+
+
+def _teams(spec: Spec, info: EnvInfo, num_envs, device, total_iterations, seeds):
+    """A trainer per team (`marlctl.train.teams`); `total_iterations` counts rounds."""
+    import dataclasses
+
+    from marlctl.plan import learning_teams
+    from marlctl.train.teams import Team, TeamsTrainer
+
+    found = list(learning_teams(spec, info))
+    longest = max(getattr(cfg, "rollout_steps", 1) for _, _, cfg, _, _ in found)
+    teams = []
+    for name, _, cfg, model, groups in found:
+        sub = dataclasses.replace(
+            info, groups=tuple(groups), agents=tuple(a for g in groups for a in g.agents)
+        )
+        per_round = longest // getattr(cfg, "rollout_steps", 1)
+        trainer = _trainer(cfg, model, sub, num_envs, device, total_iterations * per_round, seeds)
+        teams.append(Team(name, [g.name for g in groups], trainer))
+    return TeamsTrainer(teams, info, num_envs, device, seeds)
 
 
 def prepare_iterations(spec: Spec, trainer, env: BatchedEnv, capture: bool = True) -> str:
@@ -284,7 +312,8 @@ def _train(
     seeds = [p.seed for p in plans]
     hw, train = spec.hardware, spec.train
     plan = plans[0]
-    trainer = build_trainer(spec, info, hw.num_envs, device, plan.iterations, tuple(seeds))
+    learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
+    trainer = build_trainer(spec, learners, hw.num_envs, device, plan.iterations, tuple(seeds))
     per_iter = trainer.steps_per_iteration  # per seed
     agents = info.n_agents
 
@@ -312,6 +341,13 @@ def _train(
     S = len(seeds)
     env = make_env(spec, info, hw.num_envs, device, hw.env_workers, S)
     eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device, 0, S)
+    try:
+        env = with_opponents(env, spec, info, client, seeds, deterministic=False)
+        eval_env = with_opponents(eval_env, spec, info, client, seeds, deterministic=True)
+    except Exception:
+        env.close()
+        eval_env.close()
+        raise
     # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]

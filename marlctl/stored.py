@@ -1,0 +1,94 @@
+"""What a run keeps in the tracking store, read back: its seed runs, its spec's artifact
+name, its policy weights. A leaf: evaluation, resuming, frozen opponents and cross-play read
+runs through it, and it imports none of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from marlctl import tracking
+from marlctl.errors import SpecError, one_line
+
+SPEC_ARTIFACT = "spec.yaml"
+CHECKPOINT = "checkpoints/latest.pt"
+POLICY = "policy/final.pt"
+LATEST = "latest"
+
+
+def seed_runs(client, run) -> list:
+    """The seed runs under `run` (experiment → seeds, study → trials → seeds), or `run`
+    itself when it is one; those that finished training (not pruned), by seed."""
+    role = run.data.tags.get("marlctl.role")
+    if role == "seed" or (role is None and tracking.PARENT_TAG in run.data.tags):
+        return [run]
+    found, frontier = [], [run.info.run_id]
+    while frontier:
+        children = [
+            child
+            for parent in frontier
+            for child in client.search_runs(
+                [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent}'"
+            )
+        ]
+        frontier = []
+        for child in children:
+            if child.data.tags.get("marlctl.role") in (None, "seed"):
+                found.append(child)
+            else:
+                frontier.append(child.info.run_id)
+    return sorted(
+        (
+            c
+            for c in found
+            if c.info.status == "FINISHED" and "marlctl.pruned_at_step" not in c.data.tags
+        ),
+        key=lambda c: (int(c.data.tags.get("marlctl.seed", 0)), c.info.start_time or 0),
+    )
+
+
+def policy_weights(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[dict, str]:
+    """The policy weights to evaluate and where they came from."""
+    import torch
+
+    files = {
+        f.path
+        for folder in ("policy", "checkpoints")
+        for f in client.list_artifacts(run_id, folder)
+    }
+    if checkpoint is None:
+        artifact = POLICY if POLICY in files else CHECKPOINT if CHECKPOINT in files else None
+        if artifact is None:
+            raise SpecError.at("RUN_ID", f"run '{run_id}' has neither {POLICY} nor {CHECKPOINT}")
+        source = client.download_artifacts(run_id, artifact, tmp)
+    elif checkpoint == LATEST or checkpoint in files:
+        artifact = CHECKPOINT if checkpoint == LATEST else checkpoint
+        if artifact not in files:
+            raise SpecError.at("--checkpoint", f"run '{run_id}' has no {artifact}")
+        source = client.download_artifacts(run_id, artifact, tmp)
+    elif Path(checkpoint).is_file():
+        artifact = source = checkpoint
+    else:
+        known = ", ".join(sorted(files)) or "none"
+        raise SpecError.at(
+            "--checkpoint",
+            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
+        )
+    try:
+        state = torch.load(source, weights_only=True, map_location="cpu")
+    except Exception as err:
+        raise SpecError.at("--checkpoint", f"cannot load '{artifact}': {err}") from None
+    if isinstance(state, dict) and "policies" in state:
+        return state["policies"], artifact
+    if isinstance(state, dict) and isinstance(state.get("trainer"), dict):
+        return state["trainer"]["policies"], artifact
+    raise SpecError.at("--checkpoint", f"'{artifact}' holds no marlctl policy weights")
+
+
+def load_into(trainer, policies: Any, artifact: str) -> None:
+    """Weights into the run's networks, or exit 2 naming what does not fit."""
+    try:
+        trainer.policies.load_state_dict(policies)
+    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
+        message = f"'{artifact}' does not fit this run's networks: {one_line(str(err))}"
+        raise SpecError.at("--checkpoint", message) from None

@@ -1,0 +1,305 @@
+"""Agent groups played by something other than the learners (the spec's `groups`).
+
+A group is scripted (uniformly random actions, or a policy function the spec names) or
+frozen (a trained policy from a finished run, never updated). `WithOpponents` wraps a
+batched env so that the trainer sees only the groups that learn: each step it asks every
+other group's player for that group's actions, from the observation the env gave last, and
+hands the learners their own observations and rewards, with every agent's global state.
+
+A player acts as its group would in its own run: sampling while the learners train,
+deterministically in evaluations.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import yaml
+
+from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.registry import EnvInfo, GroupInfo
+from marlctl.errors import SpecError, one_line
+from marlctl.plan import learner_info
+from marlctl.spec.models import RANDOM_PLAYER, GroupSpec, Spec
+from marlctl.train.actions import ActionBounds, uniform_probs
+from marlctl.train.core import inclusive_cumsum
+
+
+class Player(Protocol):
+    def act(
+        self, ob: Observation, first: torch.Tensor | None, deterministic: bool
+    ) -> torch.Tensor: ...
+
+
+# ---------------------------------------------------------------- players
+
+
+class RandomPlayer:
+    """Uniformly random allowed actions, or uniform over the action box; env rows are
+    seed-major and each seed's rows draw from that seed's own generator."""
+
+    def __init__(self, group: GroupInfo, seeds: list[int], device: torch.device):
+        self.group, self.device = group, device
+        self.generators = [torch.Generator(device=device).manual_seed(seed + 2) for seed in seeds]
+        self.bounds = None if group.discrete else ActionBounds(group, device)
+
+    def _uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
+        chunks = torch.Size((shape[0] // len(self.generators), *shape[1:]))
+        return torch.cat(
+            [torch.rand(chunks, generator=g, device=self.device) for g in self.generators]
+        )
+
+    def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
+        g = self.group
+        rows = ob.obs[g.name].shape[0]
+        if g.discrete:
+            probs = uniform_probs(ob.masks[g.name], (rows, g.n_agents, g.n_actions), self.device)
+            u = self._uniform((rows, g.n_agents)).unsqueeze(-1)
+            return (inclusive_cumsum(probs) < u).sum(-1).clamp_max(g.n_actions - 1)
+        return self.bounds.to_env(2.0 * self._uniform((rows, g.n_agents, g.n_actions)) - 1.0)
+
+
+class ScriptedPlayer:
+    """A policy function the spec names: fn(obs, mask, group) -> actions."""
+
+    def __init__(self, group: GroupInfo, fn: Callable[..., Any], name: str):
+        self.group, self.fn, self.name = group, fn, name
+
+    def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
+        g = self.group
+        obs = ob.obs[g.name]
+        actions = torch.as_tensor(self.fn(obs, ob.masks[g.name], g), device=obs.device)
+        rows = obs.shape[0]
+        want = (rows, g.n_agents) if g.discrete else (rows, g.n_agents, g.n_actions)
+        if tuple(actions.shape) != want:
+            raise RuntimeError(
+                f"scripted policy '{self.name}' of group '{g.name}' returned actions of shape "
+                f"{tuple(actions.shape)}; expected {want}"
+            )
+        return actions.long() if g.discrete else actions.float()
+
+
+class FrozenPlayer:
+    """Group `name`'s policy in another run's trainer, loaded once and never updated."""
+
+    def __init__(self, trainer, name: str):
+        self.trainer, self.name = trainer, name
+        self.groups = [g.name for g in trainer.info.groups]
+
+    def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
+        mine = Observation(
+            {k: ob.obs[k] for k in self.groups},
+            ob.state,
+            {k: ob.masks[k] for k in self.groups},
+            {k: ob.active[k] for k in self.groups},
+        )
+        return self.trainer.act(mine, deterministic, first)[self.name]
+
+
+# ---------------------------------------------------------------- the env the learners see
+
+
+class WithOpponents:
+    """`env` with the groups in `players` played by them: the learners' observations,
+    rewards and masks only, every agent's global state, the env's episode ends."""
+
+    def __init__(self, env, learners: EnvInfo, players: dict[str, Player], deterministic: bool):
+        self.env, self.info, self.players = env, learners, players
+        self.num_envs, self.device = env.num_envs, env.device
+        self.deterministic = deterministic
+        self._names = [g.name for g in learners.groups]
+        self._ob: Observation | None = None
+        self._first: torch.Tensor | None = None
+
+    # A player may act on the host (a scripted function, another run's trainer).
+    graph_blocker = "groups played by scripted or frozen policies act on the host"
+
+    @property
+    def frames(self):
+        return getattr(self.env, "frames", None)
+
+    def compile(self) -> None:
+        if hasattr(self.env, "compile"):
+            self.env.compile()
+
+    def _mine(self, ob: Observation) -> Observation:
+        return Observation(
+            {k: ob.obs[k] for k in self._names},
+            ob.state,
+            {k: ob.masks[k] for k in self._names},
+            {k: ob.active[k] for k in self._names},
+        )
+
+    def reset(self, seed) -> Observation:
+        self._ob, self._first = self.env.reset(seed), None  # every episode starts now
+        return self._mine(self._ob)
+
+    def step(self, actions: dict[str, torch.Tensor]) -> Transition:
+        joint = dict(actions)
+        for name, player in self.players.items():
+            joint[name] = player.act(self._ob, self._first, self.deterministic)
+        tr = self.env.step(joint)
+        self._ob, self._first = tr.next, tr.terminated | tr.truncated
+        nxt = self._mine(tr.next)
+        final = nxt if tr.final is tr.next else self._mine(tr.final)
+        rewards = {k: tr.rewards[k] for k in self._names}
+        return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# ---------------------------------------------------------------- building the players
+
+
+def import_policy(path: str) -> Callable[..., Any]:
+    """The callable `package.module:name` names, or ValueError saying why not."""
+    from marlctl.envs.registry import EnvLookupError, import_callable
+
+    try:
+        return import_callable(path)
+    except EnvLookupError as err:
+        raise ValueError(one_line(str(err))) from None
+
+
+def frozen_source(client, spec: Spec, info: EnvInfo, name: str, group: GroupSpec):
+    """(seed run id, its spec, its learners' EnvInfo, policy weights, artifact) of a frozen
+    group; ValueError saying what does not fit."""
+    from marlctl import tracking
+    from marlctl.spec import load_spec
+    from marlctl.stored import SPEC_ARTIFACT, policy_weights, seed_runs
+
+    given, checkpoint = group.frozen_run
+    try:
+        run_id = tracking.resolve_run_id(client, given, "frozen")
+        run = client.get_run(run_id)
+    except SpecError as err:
+        raise ValueError(err.problems[0].message) from None
+    except Exception:
+        raise ValueError(f"no run '{given}' in the tracking store") from None
+    seeds = seed_runs(client, run)
+    if len(seeds) != 1:
+        listed = ", ".join(
+            f"{r.info.run_id} (seed {r.data.tags.get('marlctl.seed')})" for r in seeds
+        )
+        raise ValueError(
+            f"run '{run_id}' has {len(seeds)} finished seed runs; name one of them"
+            + (f": {listed}" if listed else "")
+        )
+    seed_run = seeds[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(seed_run.info.run_id, SPEC_ARTIFACT, tmp)
+        except Exception:
+            raise ValueError(f"run '{seed_run.info.run_id}' has no {SPEC_ARTIFACT}") from None
+        stored = yaml.safe_load(open(path)) or {}
+        stored_env = (stored.get("env") or {}).get("id")
+        if stored_env != spec.env.id:
+            raise ValueError(
+                f"run '{seed_run.info.run_id}' trained on env '{stored_env}', not '{spec.env.id}'"
+            )
+        # The env is the one this spec names, so its factory is trusted here; the frozen
+        # run's own players are never called.
+        try:
+            theirs = load_spec(path, ["hardware.device=cpu", "hardware.devices=null"]).spec
+        except SpecError as err:
+            raise ValueError(f"its stored spec does not load: {err.problems[0]}") from None
+        try:
+            weights, artifact = policy_weights(client, seed_run.info.run_id, checkpoint, tmp)
+        except SpecError as err:
+            raise ValueError(err.problems[0].message) from None
+    if name in theirs.opponents:
+        raise ValueError(f"group '{name}' did not learn in run '{seed_run.info.run_id}'")
+    from marlctl.envs.registry import probe
+
+    their_info = learner_info(probe(theirs.env.id, dict(theirs.env.params)), theirs)
+    mine = next(g for g in info.groups if g.name == name)
+    found = next((g for g in their_info.groups if g.name == name), None)
+    if found is None or _spaces(found) != _spaces(mine):
+        raise ValueError(
+            f"group '{name}' of run '{seed_run.info.run_id}' has other agents or spaces than "
+            f"this env's ({_describe(found)} against {_describe(mine)})"
+        )
+    return seed_run.info.run_id, theirs, their_info, weights, artifact
+
+
+def _spaces(g: GroupInfo) -> tuple:
+    return g.agents, g.obs_shape, g.discrete, g.n_actions, g.action_low, g.action_high
+
+
+def _describe(g: GroupInfo | None) -> str:
+    if g is None:
+        return "no such group"
+    kind = "discrete" if g.discrete else "continuous"
+    return f"{g.n_agents} agents, observations {list(g.obs_shape)}, {g.n_actions} {kind} actions"
+
+
+def check_players(loaded, plan, client) -> None:
+    """Before any run starts: every scripted policy imports and every frozen run fits its
+    group; SpecError with the spec's FILE:LINE otherwise."""
+    spec, prov = loaded.spec, loaded.provenance
+    problems = []
+    for name, group in spec.opponents.items():
+        try:
+            if group.scripted not in (None, RANDOM_PLAYER):
+                import_policy(group.scripted)
+            elif group.frozen is not None:
+                frozen_source(client, spec, plan.env, name, group)
+        except ValueError as err:
+            key = "scripted" if group.scripted is not None else "frozen"
+            problems.append(prov.problem(f"groups.{name}.{key}", str(err)))
+    if problems:
+        raise SpecError(problems)
+
+
+def build_players(
+    spec: Spec, info: EnvInfo, client, device: torch.device, seeds: list[int], rows: int
+) -> dict[str, Player]:
+    """A player for every group that does not learn; `rows` env rows (all seeds)."""
+    players: dict[str, Player] = {}
+    for name, group in spec.opponents.items():
+        g = next(x for x in info.groups if x.name == name)
+        if group.scripted == RANDOM_PLAYER:
+            players[name] = RandomPlayer(g, seeds, device)
+        elif group.scripted is not None:
+            players[name] = ScriptedPlayer(g, import_policy(group.scripted), group.scripted)
+        else:
+            players[name] = frozen_player(client, spec, info, name, group.frozen, device, rows)
+    return players
+
+
+def frozen_player(
+    client, spec: Spec, info: EnvInfo, name: str, ref: str, device: torch.device, rows: int
+) -> FrozenPlayer:
+    """Group `name` played by the policy of run `ref` (RUN_ID[:CHECKPOINT])."""
+    from marlctl.stored import load_into
+    from marlctl.train.runner import build_trainer
+
+    group = GroupSpec(frozen=ref)
+    _, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, group)
+    trainer = build_trainer(theirs, their_info, rows, device, total_iterations=1)
+    load_into(trainer, weights, artifact)
+    return FrozenPlayer(trainer, name)
+
+
+def with_opponents(
+    env,
+    spec: Spec,
+    info: EnvInfo,
+    client,
+    seeds: list[int],
+    deterministic: bool,
+    against: dict[str, str] | None = None,
+):
+    """`env` as the learners see it, or `env` itself when every group learns. `against`
+    (group -> a seed run) puts other runs' policies in groups of the learners' own, whose
+    actions they then replace (cross-play)."""
+    if not spec.opponents and not against:
+        return env
+    players = build_players(spec, info, client, env.device, seeds, env.num_envs)
+    for name, run_id in (against or {}).items():
+        players[name] = frozen_player(client, spec, info, name, run_id, env.device, env.num_envs)
+    return WithOpponents(env, learner_info(info, spec), players, deterministic)

@@ -1,0 +1,303 @@
+"""Agent groups played by scripted and frozen policies (the spec's `groups`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from games import client, invoke, line_of, runner, tag_spec, write
+
+from marlctl.cli import app
+from marlctl.envs.batch import Observation
+from marlctl.envs.registry import GroupInfo
+
+
+@pytest.fixture(autouse=True)
+def _untrusted(monkeypatch):
+    """`--trust-factory` extends the process's trusted list: each test starts with none."""
+    monkeypatch.setenv("MARLCTL_TRUSTED_FACTORIES", "")
+
+
+def metric_keys(run_id: str) -> set[str]:
+    return set(client().get_run(run_id).data.metrics)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_a_group_the_env_lacks_and_a_spec_with_no_learner_are_errors_with_their_lines():
+    path = write(tag_spec({"prey": {"scripted": "random"}}))
+    code, out = invoke("validate", str(path))
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, 'prey:')}: groups.prey: no agent group 'prey' in env "
+        "'mpe/simple_tag'; groups: adversary, agent"
+    ]
+    everyone = {"adversary": {"scripted": "random"}, "agent": {"scripted": "random"}}
+    path = write(tag_spec(everyone))
+    code, out = invoke("validate", str(path))
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, 'groups:')}: groups: every agent group of env 'mpe/simple_tag' "
+        "is scripted or frozen: leave at least one to learn"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        ({"scripted": "random", "frozen": "abcd1234"}, "a group is scripted or frozen, not both"),
+        ({"scripted": "greedy"}, "scripted: 'greedy' must be random or package.module:callable"),
+        ({"frozen": "not-a-run"}, "frozen: 'not-a-run' must be RUN_ID[:CHECKPOINT]"),
+        ({"frozen": "abcd1234:"}, "frozen: 'abcd1234:' names no checkpoint after ':'"),
+    ],
+)
+def test_a_player_must_be_one_of_the_known_forms(group, message):
+    path = write(tag_spec({"adversary": group}))
+    code, out = invoke("validate", str(path))
+    assert code == 2
+    (error,) = out["errors"]
+    assert error.startswith(f"{path}:{line_of(path, 'adversary:')}: groups.adversary")
+    assert message in error
+
+
+def test_the_algorithm_needs_to_fit_only_the_groups_that_learn():
+    # QMIX takes discrete actions only; the continuous group is played by a script.
+    body = tag_spec({"adversary": {"scripted": "random"}})
+    body["env"]["params"]["continuous_actions"] = True
+    body["algo"] = {"name": "qmix"}
+    code, out = invoke("validate", str(write(body)))
+    assert code == 2 and "does not support continuous actions" in " ".join(out["errors"])
+    assert "group 'agent'" in " ".join(out["errors"])
+    assert "group 'adversary'" not in " ".join(out["errors"])
+
+
+def test_the_dry_run_says_who_plays_each_group():
+    code, out = invoke("run", str(write(tag_spec({"agent": {"scripted": "random"}}))), "--dry-run")
+    assert code == 0
+    played = {g["name"]: g["played_by"] for g in out["plan"]["env"]["groups"]}
+    assert played == {"adversary": "algo: mappo", "agent": "scripted: random"}
+
+
+# ---------------------------------------------------------------- players
+
+
+def group(discrete: bool = True, n: int = 2, actions: int = 3) -> GroupInfo:
+    low, high = ((), ()) if discrete else ((-1.0,) * actions, (2.0,) * actions)
+    return GroupInfo("g", ("a", "b")[:n], (4,), "float32", discrete, actions, low, high)
+
+
+def observation(rows: int, g: GroupInfo, mask: torch.Tensor | None = None) -> Observation:
+    return Observation(
+        {g.name: torch.zeros(rows, g.n_agents, 4)},
+        torch.zeros(rows, 8),
+        {g.name: mask},
+        {g.name: torch.ones(rows, g.n_agents, dtype=torch.bool)},
+    )
+
+
+def test_a_random_player_never_takes_a_masked_action_and_covers_the_allowed_ones():
+    from marlctl.train.opponents import RandomPlayer
+
+    g = group(actions=4)
+    mask = torch.tensor([True, False, True, False]).expand(500, 2, 4)
+    actions = RandomPlayer(g, [0], torch.device("cpu")).act(observation(500, g, mask), None, False)
+    assert actions.shape == (500, 2)
+    assert set(actions.unique().tolist()) == {0, 2}
+
+
+def test_a_random_player_stays_in_the_action_box_and_draws_each_seed_as_alone():
+    from marlctl.train.opponents import RandomPlayer
+
+    g = group(discrete=False, actions=2)
+    cpu = torch.device("cpu")
+    batched = RandomPlayer(g, [3, 5], cpu).act(observation(20, g), None, False)
+    assert batched.shape == (20, 2, 2)
+    assert bool((batched >= -1.0).all()) and bool((batched <= 2.0).all())
+    alone = RandomPlayer(g, [5], cpu).act(observation(10, g), None, False)
+    torch.testing.assert_close(batched[10:], alone)
+    assert not torch.equal(batched[:10], alone)
+
+
+def test_a_scripted_policy_with_the_wrong_shape_is_a_clear_error():
+    from toy_envs import wrong_shape
+
+    from marlctl.train.opponents import ScriptedPlayer
+
+    player = ScriptedPlayer(group(), wrong_shape, "toy_envs:wrong_shape")
+    with pytest.raises(RuntimeError, match=r"returned actions of shape \(6,\); expected \(6, 2\)"):
+        player.act(observation(6, group()), None, False)
+
+
+# ---------------------------------------------------------------- training against players
+
+
+def seed_run_ids(summary: dict) -> list[str]:
+    return [r["run_id"] for r in summary["runs"]]
+
+
+def test_learners_train_against_a_scripted_group_and_log_only_their_own_returns():
+    code, out = invoke("run", str(write(tag_spec({"agent": {"scripted": "toy_envs:still"}}))))
+    assert code == 0, out
+    (run_id,) = seed_run_ids(out)
+    keys = metric_keys(run_id)
+    assert "eval/return/adversary" in keys and "eval/return/agent" not in keys
+    assert "loss/policy" in keys
+    # The policy holds the adversaries' networks only.
+    code, evaluated = invoke("eval", run_id, "--trust-factory", "toy_envs:still")
+    assert code == 0, evaluated
+    assert set(evaluated["runs"][0]["returns"]) == {"adversary"}
+
+
+def test_a_scripted_policy_that_does_not_import_stops_the_run_before_it_starts():
+    path = write(tag_spec({"agent": {"scripted": "toy_envs:no_such_policy"}}))
+    code, out = invoke("run", str(path))
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, 'scripted:')}: groups.agent.scripted: 'toy_envs' has no "
+        "attribute 'no_such_policy'"
+    ]
+    assert not client().search_experiments(filter_string="name = 'tag'")
+
+
+def test_a_frozen_group_plays_the_policy_of_an_earlier_run_and_evaluates_with_it():
+    code, first = invoke("run", str(write(tag_spec(), "first.yaml")))
+    assert code == 0, first
+    (trained,) = seed_run_ids(first)
+    body = tag_spec({"agent": {"frozen": trained[:8]}}, name="against-frozen")
+    code, second = invoke("run", str(write(body)))
+    assert code == 0, second
+    (run_id,) = seed_run_ids(second)
+    assert "eval/return/agent" not in metric_keys(run_id)
+    # The frozen prey is the first run's: evaluating the second run against it repeats its
+    # final evaluation exactly.
+    code, evaluated = invoke("eval", run_id)
+    assert code == 0, evaluated
+    result = evaluated["runs"][0]
+    assert result["return_mean"] == pytest.approx(result["logged_return"], abs=1e-5)
+
+
+def test_a_frozen_run_must_name_one_seed_on_the_same_env_with_the_same_group():
+    code, first = invoke("run", str(write(tag_spec(seeds=[0, 1]), "first.yaml")))
+    assert code == 0, first
+    parent = first["parent_run_id"]
+    path = write(tag_spec({"agent": {"frozen": parent}}, name="b"))
+    code, out = invoke("run", str(path))
+    assert code == 2
+    (error,) = out["errors"]
+    assert error.startswith(f"{path}:{line_of(path, 'frozen:')}: groups.agent.frozen: run")
+    assert "has 2 finished seed runs; name one of them" in error
+    for seed_run in seed_run_ids(first):
+        assert seed_run in error
+
+    seed_run = seed_run_ids(first)[0]
+    other = tag_spec({"agent": {"frozen": seed_run}}, name="c")
+    other["env"]["params"]["num_obstacles"] = 1  # the prey sees an obstacle more
+    path = write(other)
+    code, out = invoke("run", str(path))
+    assert code == 2
+    (error,) = out["errors"]
+    assert "groups.agent.frozen" in error and "has other agents or spaces" in error
+
+    spread = tag_spec({"agent": {"frozen": seed_run}}, name="d")
+    spread["env"] = {"id": "mpe/simple_adversary", "backend": "native"}
+    code, out = invoke("run", str(write(spread)))
+    assert code == 2
+    assert "trained on env 'mpe/simple_tag', not 'mpe/simple_adversary'" in out["errors"][0]
+
+
+def test_a_stored_spec_naming_a_scripted_policy_runs_it_only_where_it_is_trusted():
+    code, out = invoke("run", str(write(tag_spec({"agent": {"scripted": "toy_envs:still"}}))))
+    assert code == 0, out
+    (run_id,) = seed_run_ids(out)
+    code, refused = invoke("eval", run_id)
+    assert code == 2
+    (message,) = refused["errors"]
+    assert "groups.agent.scripted" in message
+    assert "--trust-factory toy_envs:still" in message
+    code, trusted = invoke("eval", run_id, "--trust-factory", "toy_envs:still")
+    assert code == 0, trusted
+
+
+# ---------------------------------------------------------------- cross-play
+
+
+def test_cross_play_plays_each_seat_against_the_other_run_both_ways_and_stores_it():
+    from marlctl.crossplay import stored_matches
+
+    code, first = invoke("run", str(write(tag_spec(), "a.yaml")))
+    assert code == 0, first
+    code, second = invoke("run", str(write(tag_spec(name="tag-b", seeds=[1]), "b.yaml")))
+    assert code == 0, second
+    (a,), (b,) = seed_run_ids(first), seed_run_ids(second)
+    code, out = invoke("eval", a, "--vs", b[:8])
+    assert code == 0, out
+    played = {(m["run_id"], m["seat"], m["opponent"]) for m in out["matches"]}
+    assert played == {
+        (a, "adversary", b), (a, "agent", b), (b, "adversary", a), (b, "agent", a)
+    }  # fmt: skip
+    for m in out["matches"]:
+        assert m["opponent_groups"] == ["agent" if m["seat"] == "adversary" else "adversary"]
+        assert m["score"] == m["returns"][m["seat"]]
+    # Stored with the seat's run; playing the pair again reproduces every figure.
+    stored = stored_matches(client(), a)
+    assert {(m.seat, m.opponent) for m in stored} == {("adversary", b), ("agent", b)}
+    again = {(m["run_id"], m["seat"]): m["score"] for m in out["matches"]}
+    code, out = invoke("eval", a, "--vs", b)
+    assert code == 0
+    assert {(m["run_id"], m["seat"]): m["score"] for m in out["matches"]} == again
+
+
+def test_cross_play_refuses_options_it_does_not_use_and_runs_it_cannot_play():
+    code, first = invoke("run", str(write(tag_spec(), "a.yaml")))
+    assert code == 0, first
+    (a,) = seed_run_ids(first)
+    code, out = invoke("eval", a, "--vs", a)
+    assert code == 2
+    assert out["errors"] == ["--vs: name at least one run other than RUN_ID's own seeds"]
+    code, out = invoke("eval", a, "--vs", "ffff0000", "--seed", "3")
+    assert code == 2 and out["errors"][0].startswith("--seed: cross-play plays")
+    code, out = invoke("eval", a, "--vs", "ffff0000")
+    assert code == 2 and out["errors"] == ["--vs: no run id starts with 'ffff0000'"]
+
+
+def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
+    code, first = invoke("run", str(write(tag_spec(), "a.yaml")))
+    assert code == 0, first
+    code, second = invoke("run", str(write(tag_spec(name="tag-b", seeds=[1]), "b.yaml")))
+    assert code == 0, second
+    (a,), (b,) = seed_run_ids(first), seed_run_ids(second)
+    code, played = invoke("eval", a, "--vs", b)
+    assert code == 0, played
+    code, report = invoke("report")
+    assert code == 0, report
+    crossplay = report["crossplay"]
+    assert len(crossplay["matches"]) == 4
+    ratings = {r["run_id"]: r for r in crossplay["ratings"]}
+    assert set(ratings) == {a, b}
+    # Two seats, one game on each: every game is won, drawn or lost by both sides.
+    for rating in ratings.values():
+        assert rating["games"] == 2
+    assert ratings[a]["wins"] == ratings[b]["losses"]
+    assert ratings[a]["draws"] == ratings[b]["draws"]
+    scores = {(m["run_id"], m["seat"]): m["score"] for m in crossplay["matches"]}
+    a_wins = sum(scores[(a, seat)] > scores[(b, seat)] for seat in ("adversary", "agent"))
+    assert ratings[a]["wins"] == a_wins
+    best = crossplay["ratings"][0]
+    assert best["ordinal"] >= crossplay["ratings"][1]["ordinal"]
+
+    result = runner.invoke(app, ["report", "--out", "report.md"])
+    assert result.exit_code == 0, result.output
+    text = Path("report.md").read_text()
+    assert "## Cross-play" in text and "Thurstone-Mosteller" in text
+    assert f"tag · seed 0 · {a[:8]}" in text
+    result = runner.invoke(app, ["report", "--out", "report.html"])
+    assert result.exit_code == 0, result.output
+    assert "<h2>Cross-play</h2>" in Path("report.html").read_text()
+    result = runner.invoke(app, ["report", "--out", "report.csv"])
+    assert result.exit_code == 0, result.output
+    rows = Path("report_crossplay.csv").read_text().splitlines()
+    assert rows[0].startswith("kind,seat,run_id")
+    assert sum(r.startswith("match,") for r in rows) == 4
+    assert sum(r.startswith("rating,") for r in rows) == 2
