@@ -35,6 +35,25 @@ class Transition(NamedTuple):
     won: torch.Tensor | None = None
 
 
+def only(ob: Observation, groups: list[str]) -> Observation:
+    """`ob` for `groups` only, every agent's global state kept (what a team or the learners
+    beside scripted groups see)."""
+    return Observation(
+        {k: ob.obs[k] for k in groups},
+        ob.state,
+        {k: ob.masks[k] for k in groups},
+        {k: ob.active[k] for k in groups},
+    )
+
+
+def transition_for(tr: Transition, groups: list[str]) -> Transition:
+    """`tr` for `groups` only: their observations and rewards, the env's episode ends."""
+    nxt = only(tr.next, groups)
+    final = nxt if tr.final is tr.next else only(tr.final, groups)
+    rewards = {k: tr.rewards[k] for k in groups}
+    return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
+
+
 class BatchedEnv(Protocol):
     info: EnvInfo
     num_envs: int

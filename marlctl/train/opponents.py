@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 import yaml
 
-from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.batch import Observation, Transition, only, transition_for
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.errors import SpecError, one_line
 from marlctl.plan import learner_info
@@ -90,13 +90,7 @@ class FrozenPlayer:
         self.groups = [g.name for g in trainer.info.groups]
 
     def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
-        mine = Observation(
-            {k: ob.obs[k] for k in self.groups},
-            ob.state,
-            {k: ob.masks[k] for k in self.groups},
-            {k: ob.active[k] for k in self.groups},
-        )
-        return self.trainer.act(mine, deterministic, first)[self.name]
+        return self.trainer.act(only(ob, self.groups), deterministic, first)[self.name]
 
 
 # ---------------------------------------------------------------- the env the learners see
@@ -125,17 +119,9 @@ class WithOpponents:
         if hasattr(self.env, "compile"):
             self.env.compile()
 
-    def _mine(self, ob: Observation) -> Observation:
-        return Observation(
-            {k: ob.obs[k] for k in self._names},
-            ob.state,
-            {k: ob.masks[k] for k in self._names},
-            {k: ob.active[k] for k in self._names},
-        )
-
     def reset(self, seed) -> Observation:
         self._ob, self._first = self.env.reset(seed), None  # every episode starts now
-        return self._mine(self._ob)
+        return only(self._ob, self._names)
 
     def step(self, actions: dict[str, torch.Tensor]) -> Transition:
         joint = dict(actions)
@@ -143,10 +129,7 @@ class WithOpponents:
             joint[name] = player.act(self._ob, self._first, self.deterministic)
         tr = self.env.step(joint)
         self._ob, self._first = tr.next, tr.terminated | tr.truncated
-        nxt = self._mine(tr.next)
-        final = nxt if tr.final is tr.next else self._mine(tr.final)
-        rewards = {k: tr.rewards[k] for k in self._names}
-        return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
+        return transition_for(tr, self._names)
 
     def close(self) -> None:
         self.env.close()

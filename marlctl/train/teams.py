@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.batch import Observation, Transition, only, transition_for
 from marlctl.envs.registry import EnvInfo
 from marlctl.train.core import EpisodeStats, per_seed_outcomes
 
@@ -35,16 +35,6 @@ class Team:
     name: str
     groups: list[str]
     trainer: object  # a Trainer over `groups`
-
-
-def subset(ob: Observation, groups: list[str]) -> Observation:
-    """`ob` for `groups` only, every agent's global state kept."""
-    return Observation(
-        {k: ob.obs[k] for k in groups},
-        ob.state,
-        {k: ob.masks[k] for k in groups},
-        {k: ob.active[k] for k in groups},
-    )
 
 
 class Failed(RuntimeError):
@@ -129,12 +119,7 @@ class TeamView:
         self.num_envs, self.device = lockstep.env.num_envs, lockstep.env.device
 
     def step(self, actions: dict[str, torch.Tensor]) -> Transition:
-        tr = self.lockstep.submit(self.team.name, actions)
-        groups = self.team.groups
-        nxt = subset(tr.next, groups)
-        final = nxt if tr.final is tr.next else subset(tr.final, groups)
-        rewards = {k: tr.rewards[k] for k in groups}
-        return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
+        return transition_for(self.lockstep.submit(self.team.name, actions), self.team.groups)
 
     def reset(self, seed):
         raise RuntimeError("the teams' env is reset by the run, not by a team")
@@ -165,7 +150,7 @@ class TeamsTrainer:
     def act(self, ob: Observation, deterministic: bool = True, first=None):
         actions = {}
         for t in self.teams:
-            actions.update(t.trainer.act(subset(ob, t.groups), deterministic, first))
+            actions.update(t.trainer.act(only(ob, t.groups), deterministic, first))
         return actions
 
     def restart_episodes(self) -> None:
@@ -186,7 +171,7 @@ class TeamsTrainer:
     def train_iteration(self, env, ob: Observation):
         """One round: `steps_per_iteration` env steps, each team's iterations over them."""
         if self._obs is None:
-            self._obs = {t.name: subset(ob, t.groups) for t in self.teams}
+            self._obs = {t.name: only(ob, t.groups) for t in self.teams}
         lockstep = Lockstep(env, self.teams, self.stats, len(self.seeds))
         losses: dict[str, dict[str, torch.Tensor]] = {}
         errors: list[BaseException] = []
@@ -229,12 +214,7 @@ class TeamsTrainer:
         for t in self.teams:
             for key, value in losses[t.name].items():
                 merged[key if t.name == DEFAULT else f"{key}/{t.name}"] = value
-        tr = lockstep.transition
-        return self._joined(tr), merged
-
-    def _joined(self, tr: Transition) -> Observation:
-        """The next observation of every team's groups, as the run passes it back in."""
-        return tr.next
+        return lockstep.transition.next, merged
 
     # ------------------------------------------------------------ checkpoints
 
