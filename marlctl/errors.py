@@ -17,7 +17,17 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        path, message = printable(self.path), printable(self.message)
+        return f"{where}: {path}: {message}" if path else f"{where}: {message}"
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would not show as itself (a newline, a carriage
+    return, C1 controls, private-use code points) written as its escape, so that a message
+    quoting hostile input stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def one_line(text: str, limit: int = 300) -> str:

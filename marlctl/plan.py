@@ -161,6 +161,7 @@ def compile_plan(
                 "least one to learn",
             )
         )
+    problems += _pool_problems(prov, spec, env_info)
     for _, keys, algo_cfg, model, groups in learning_teams(spec, env_info):
         problems += _algo_problems(prov, spec.env.id, env_info, keys, algo_cfg, model, groups)
     weights, k = spec.env.reward_weights, env_info.objectives
@@ -311,6 +312,13 @@ def compile_plan(
     }
     for name, g in opponents.items():
         players[name] = f"scripted: {g.scripted}" if g.scripted else f"frozen: {g.frozen}"
+    for name, pool in spec.pools.items():
+        if name in players:
+            seats = "" if pool.seats == "all" else ", one seat"
+            players[name] += (
+                f"; {pool.share:.0%} of episodes by a snapshot ({pool.sample}, {pool.size} "
+                f"kept, one per {pool.every} steps{seats})"
+            )
     return Plan(
         loaded.experiment,
         algo.name,
@@ -322,6 +330,44 @@ def compile_plan(
         hw.batch_seeds,
         players,
     )
+
+
+def _pool_problems(prov, spec, info: EnvInfo) -> list:
+    """What keeps a group's pool of snapshots from leaving anyone to learn."""
+    problems = []
+    sizes = {g.name: g.n_agents for g in info.groups}
+    learning = [name for name in sizes if name not in spec.opponents]
+    for name, pool in spec.pools.items():
+        if name not in sizes:
+            continue  # reported as an unknown group
+        where = f"groups.{name}.pool"
+        if pool.seats == "one":
+            if sizes[name] < 2:
+                problems.append(
+                    prov.problem(
+                        f"{where}.seats",
+                        f"seats: one leaves the learner the other agents of group '{name}', "
+                        f"which has only one; use seats: all",
+                    )
+                )
+            continue
+        if pool.share >= 1.0:
+            problems.append(
+                prov.problem(
+                    f"{where}.share",
+                    f"share: 1 with seats: all has snapshots play group '{name}' in every "
+                    "episode: it would never learn; lower share or use seats: one",
+                )
+            )
+        elif learning == [name]:
+            problems.append(
+                prov.problem(
+                    where,
+                    f"group '{name}' is the only one that learns: with seats: all a snapshot "
+                    "plays every learner in its episodes; use seats: one for self-play",
+                )
+            )
+    return problems
 
 
 def learning_teams(spec, info: EnvInfo):

@@ -791,3 +791,18 @@ def test_bad_sweep_range_is_one_readable_problem(tmp_path: Path) -> None:
     find_problem(result.output, "spec.yaml:10: sweep.space.algo.lr:", "low must be below high")
     assert "function-after" not in result.output and "Choices" not in result.output
     assert "1 problem;" in result.output
+
+
+def test_a_preset_name_with_a_newline_and_control_characters_is_reported_on_one_line(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    body = {"defaults": ["bad\nname\x8e", {"algos": "mappo"}, "_self_"], "env": {"id": "x"}}
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(body, allow_unicode=True), encoding="utf-8")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2
+    first, summary = result.output.strip().splitlines()
+    assert first == f"{path}:1: Could not load 'bad\\nname\\x8e'."
+    assert summary == "1 problem; nothing was run."

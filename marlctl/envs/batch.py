@@ -54,6 +54,26 @@ def transition_for(tr: Transition, groups: list[str]) -> Transition:
     return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
 
 
+class Wrapper:
+    """A batched env with something changed on its way to the trainer; the rest (frames to
+    render, compiling its step, closing it) passes through."""
+
+    def __init__(self, env):
+        self.env = env
+        self.num_envs, self.device = env.num_envs, env.device
+
+    @property
+    def frames(self):
+        return getattr(self.env, "frames", None)
+
+    def compile(self) -> None:
+        if hasattr(self.env, "compile"):
+            self.env.compile()
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class BatchedEnv(Protocol):
     info: EnvInfo
     num_envs: int

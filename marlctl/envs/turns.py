@@ -12,7 +12,9 @@ observation's `action_mask`, as the classic games give them.
 With `opponent: random` one seat plays uniformly random legal moves inside the env, a
 different seat each episode, drawn from the env's seed: the env is then a one-agent env
 (`player`), whose steps are the learner's own moves and whose reward is its seat's, so any
-algorithm trains on it and its return is the learner's score against that opponent.
+algorithm trains on it and its return is the learner's score against that opponent. In
+tic-tac-toe, `opponent: minimax` plays perfectly instead (a solved game: the best a learner
+can do against it is a draw), picking among its best moves at random.
 
 Pure: imports numpy and PettingZoo.
 """
@@ -20,6 +22,8 @@ Pure: imports numpy and PettingZoo.
 from __future__ import annotations
 
 import importlib
+import re
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -27,7 +31,8 @@ from pettingzoo import ParallelEnv
 
 from marlctl.envs.signature import FactoryParams, factory_params
 
-OPPONENTS = ("random",)
+OPPONENTS = ("random", "minimax")
+SOLVED = {"minimax": ("tictactoe",)}  # the games a perfect opponent is written for
 LEARNER = "player"  # the one agent of an env with a scripted opponent
 
 
@@ -96,10 +101,15 @@ class AgainstOpponent(ParallelEnv):
 
     turn_based = False  # the learner acts on every step
 
-    def __init__(self, aec: Any, opponent: str):
+    def __init__(self, aec: Any, opponent: str, game: str = ""):
         if opponent not in OPPONENTS:
             raise ValueError(
                 f"opponent must be one of {', '.join(OPPONENTS)} or null, not {opponent!r}"
+            )
+        name = re.sub(r"_v\d+$", "", game)
+        if opponent in SOLVED and name not in SOLVED[opponent]:
+            raise ValueError(
+                f"opponent {opponent} plays {', '.join(SOLVED[opponent])} only, not {name}"
             )
         self.aec, self.opponent = aec, opponent
         self.seats = list(aec.possible_agents)
@@ -151,8 +161,12 @@ class AgainstOpponent(ParallelEnv):
             if aec.terminations[agent] or aec.truncations[agent]:
                 aec.step(None)
                 continue
-            mask = np.asarray(aec.observe(agent)["action_mask"], bool)
-            aec.step(int(self.rng.choice(np.flatnonzero(mask))))
+            seen = aec.observe(agent)
+            if self.opponent == "minimax":
+                moves = best_moves(*tictactoe_board(seen["observation"]))
+            else:
+                moves = np.flatnonzero(np.asarray(seen["action_mask"], bool))
+            aec.step(int(self.rng.choice(moves)))
             reward += float(aec.rewards.get(self.seat, 0.0))
         return reward
 
@@ -173,7 +187,47 @@ def classic(game: str, opponent: str | None = None, **kwargs: Any) -> ParallelEn
     """`pettingzoo.classic.GAME`'s AEC env: turn-based, every seat an agent; or, with
     `opponent`, one learner against that scripted player."""
     aec = _module(game).env(**kwargs)
-    return TurnBasedEnv(aec) if opponent is None else AgainstOpponent(aec, opponent)
+    return TurnBasedEnv(aec) if opponent is None else AgainstOpponent(aec, opponent, game)
+
+
+# ---------------------------------------------------------------- tic-tac-toe, solved
+
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def tictactoe_board(observation: Any) -> tuple[int, int]:
+    """The mover's and the other player's squares as 9-bit masks, from tic-tac-toe's
+    observation `[3, 3, 2]` (square k at row k // 3, column k % 3; action k marks it)."""
+    planes = np.asarray(observation).reshape(9, 2)
+    mine = sum(1 << k for k in range(9) if planes[k, 0])
+    theirs = sum(1 << k for k in range(9) if planes[k, 1])
+    return mine, theirs
+
+
+def _won(squares: int) -> bool:
+    return any(all(squares >> k & 1 for k in line) for line in LINES)
+
+
+@cache
+def solve(mine: int, theirs: int) -> int:
+    """The game's value for the player to move: 1 win, 0 draw, -1 loss, with best play."""
+    if _won(theirs):
+        return -1
+    free = [k for k in range(9) if not (mine | theirs) >> k & 1]
+    if not free:
+        return 0
+    return max(-solve(theirs, mine | 1 << k) for k in free)
+
+
+def best_moves(mine: int, theirs: int) -> list[int]:
+    """Every move that keeps the mover's best value; the winning ones where it can win now."""
+    free = [k for k in range(9) if not (mine | theirs) >> k & 1]
+    now = [k for k in free if _won(mine | 1 << k)]
+    if now:
+        return now
+    values = {k: -solve(theirs, mine | 1 << k) for k in free}
+    best = max(values.values())
+    return [k for k, v in values.items() if v == best]
 
 
 def _parameters(game: str) -> FactoryParams:

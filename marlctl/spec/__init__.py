@@ -424,7 +424,18 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
 
 
 def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    """An error's first line, with a quoted value that runs over lines (a name holding a
+    newline) kept whole, and runs of spaces as one (Hydra pads some messages)."""
+    lines = str(err).strip().splitlines()
+    if not lines:
+        return type(err).__name__
+    line, rest = lines[0], iter(lines[1:])
+    while line.count("'") % 2:
+        following = next(rest, None)
+        if following is None:
+            break
+        line += "\n" + following
+    return re.sub(r" {2,}", " ", line)
 
 
 MAX_RETRIES = 10  # compositions repeated to find overrides that do not apply, beyond unknown keys

@@ -309,6 +309,48 @@ def _algo_union() -> Any:
 AlgoUnion = _algo_union()
 
 
+class PoolSpec(Strict):
+    """Past snapshots of a learning group's policy that play the group in a share of the
+    episodes: self-play (a symmetric game's one group against its own past) and population
+    training (the other groups learn against a pool, not one co-learner)."""
+
+    size: int = Field(
+        8, ge=1, le=64, description="Snapshots kept; the oldest leaves when a new one comes."
+    )
+    every: int = Field(
+        100_000,
+        ge=1,
+        description="Env steps (per seed) between snapshots of the group's policy; the first "
+        "is taken when training starts (the untrained policy).",
+    )
+    share: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="The share of episodes a snapshot plays, drawn in each env as its episode "
+        "starts; the learner plays the rest.",
+    )
+    sample: Literal["latest", "uniform", "prioritised"] = Field(
+        "uniform",
+        description="Which snapshot plays an episode: latest = the newest; uniform = any kept "
+        "one; prioritised = weight (1 - x)^power, x being the learners' win rate against it "
+        "(prioritised fictitious self-play, AlphaStar's PFSP).",
+    )
+    power: float = Field(
+        2.0,
+        ge=0.0,
+        le=16.0,
+        description="prioritised: the exponent of (1 - x); 0 = uniform, larger = the "
+        "snapshots the learners beat least are drawn more.",
+    )
+    seats: Literal["all", "one"] = Field(
+        "all",
+        description="all = a snapshot plays every agent of the group; one = it plays one of "
+        "them, drawn per episode, and the learner the others (self-play in a symmetric game, "
+        "whose one group holds every seat).",
+    )
+
+
 class GroupSpec(Strict):
     """Who plays an agent group. Neither field set: the group learns with `algo` and `model`."""
 
@@ -338,6 +380,12 @@ class GroupSpec(Strict):
         "artifact path of the run, or none for its final policy. It acts as in its own run: "
         "sampling while this run trains, deterministically in evaluations.",
     )
+    pool: PoolSpec | None = Field(
+        None,
+        description="Past snapshots of this learning group's policy play it in a share of "
+        "the episodes (self-play, population training); its agents learn only from the "
+        "episodes they play themselves. Evaluations play the learners against each other.",
+    )
 
     @model_validator(mode="after")
     def _one_player(self) -> GroupSpec:
@@ -359,6 +407,8 @@ class GroupSpec(Strict):
                 )
             if ":" in self.frozen and not checkpoint.strip():
                 raise ValueError(f"frozen: '{self.frozen}' names no checkpoint after ':'")
+        if not self.learns and self.pool is not None:
+            raise ValueError("a scripted or frozen group does not learn: it keeps no pool")
         return self
 
     @property
@@ -394,14 +444,20 @@ class Spec(Strict):
     sweep: SweepSpec | None = None
     groups: dict[str, GroupSpec] = Field(
         default_factory=dict,
-        description="Agent groups played by something other than the learners, by group name "
-        "(`marlctl list envs` names them): scripted or frozen. Groups not listed learn.",
+        description="What plays each agent group, by group name (`marlctl list envs` names "
+        "them): a scripted or frozen policy, an algorithm or model of its own, a pool of its "
+        "past snapshots in some episodes. Groups not listed learn with `algo` and `model`.",
     )
 
     @property
     def opponents(self) -> dict[str, GroupSpec]:
         """The groups that do not learn, by name."""
         return {name: g for name, g in self.groups.items() if not g.learns}
+
+    @property
+    def pools(self) -> dict[str, PoolSpec]:
+        """The learning groups whose past snapshots play them in some episodes, by name."""
+        return {name: g.pool for name, g in self.groups.items() if g.pool is not None}
 
     @property
     def teams(self) -> dict[str, GroupSpec]:

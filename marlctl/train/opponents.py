@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 import yaml
 
-from marlctl.envs.batch import Observation, Transition, only, transition_for
+from marlctl.envs.batch import Observation, Transition, Wrapper, only, transition_for
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.errors import SpecError, one_line
 from marlctl.plan import learner_info
@@ -96,13 +96,13 @@ class FrozenPlayer:
 # ---------------------------------------------------------------- the env the learners see
 
 
-class WithOpponents:
+class WithOpponents(Wrapper):
     """`env` with the groups in `players` played by them: the learners' observations,
     rewards and masks only, every agent's global state, the env's episode ends."""
 
     def __init__(self, env, learners: EnvInfo, players: dict[str, Player], deterministic: bool):
-        self.env, self.info, self.players = env, learners, players
-        self.num_envs, self.device = env.num_envs, env.device
+        super().__init__(env)
+        self.info, self.players = learners, players
         self.deterministic = deterministic
         self._names = [g.name for g in learners.groups]
         self._ob: Observation | None = None
@@ -110,14 +110,6 @@ class WithOpponents:
 
     # A player may act on the host (a scripted function, another run's trainer).
     graph_blocker = "groups played by scripted or frozen policies act on the host"
-
-    @property
-    def frames(self):
-        return getattr(self.env, "frames", None)
-
-    def compile(self) -> None:
-        if hasattr(self.env, "compile"):
-            self.env.compile()
 
     def reset(self, seed) -> Observation:
         self._ob, self._first = self.env.reset(seed), None  # every episode starts now
@@ -130,9 +122,6 @@ class WithOpponents:
         tr = self.env.step(joint)
         self._ob, self._first = tr.next, tr.terminated | tr.truncated
         return transition_for(tr, self._names)
-
-    def close(self) -> None:
-        self.env.close()
 
 
 # ---------------------------------------------------------------- building the players

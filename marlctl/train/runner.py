@@ -32,6 +32,7 @@ from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, POLICY
 from marlctl.train.core import EpisodeStats, per_seed_outcomes
 from marlctl.train.opponents import with_opponents
+from marlctl.train.pool import WithPool, with_pool
 
 EVAL_ENVS = 32
 LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
@@ -318,6 +319,7 @@ def _train(
     agents = info.n_agents
 
     env_steps, next_eval, next_ckpt, next_log = 0, train.eval_every, train.checkpoint_every, 0
+    pool_states = None
     if requests[0].resume:
         states = [_load_checkpoint(client, r.run_id) for r in requests]
         if any(state is not None for state in states):
@@ -329,6 +331,8 @@ def _train(
                 )
             state = states[0]
             trainer.load_seed_states([st["trainer"] for st in states])
+            if spec.pools and all("pool" in st for st in states):
+                pool_states = [st["pool"] for st in states]
             env_steps = int(state["env_steps"])
             next_eval, next_ckpt = int(state["next_eval"]), int(state["next_checkpoint"])
             torch.set_rng_state(state["torch_rng"])
@@ -344,10 +348,14 @@ def _train(
     try:
         env = with_opponents(env, spec, info, client, seeds, deterministic=False)
         eval_env = with_opponents(eval_env, spec, info, client, seeds, deterministic=True)
+        env = with_pool(env, spec, learners, seeds, device)
     except Exception:
         env.close()
         eval_env.close()
         raise
+    pool = env if isinstance(env, WithPool) else None
+    if pool is not None and pool_states is not None:
+        pool.load_seed_states(pool_states)
     # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]
@@ -359,7 +367,7 @@ def _train(
     def save() -> None:
         for index, request in enumerate(requests):
             _save_checkpoint(
-                client, request.run_id, trainer, index, env_steps, next_eval, next_ckpt
+                client, request.run_id, trainer, index, env_steps, next_eval, next_ckpt, pool
             )
 
     try:
@@ -369,6 +377,8 @@ def _train(
             untrained = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
             for index in range(S):
                 sinks[index].log(untrained[index], 0)
+        if pool is not None:
+            pool.snapshot_due(trainer.policies, env_steps)  # the first: the policy as it starts
         ob = env.reset(_reset_seed([_derive_seed(seed, 0, env_steps) for seed in seeds]))
         trainer.restart_episodes()
         started, start_steps = time.perf_counter(), env_steps
@@ -381,6 +391,8 @@ def _train(
             while env_steps < plan.total_env_steps:
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
+                if pool is not None:
+                    pool.snapshot_due(trainer.policies, env_steps)
                 if trainer.graph is not None and trainer.graph.calls == 2:
                     _report_capture(client, requests, sinks, trainer.graph, env_steps)
                 stacked = torch.stack([v.float() for v in losses.values()])
@@ -405,12 +417,14 @@ def _train(
                     rate = (env_steps - log_steps) / max(now - log_tick, 1e-9)
                     log_tick, log_steps = now, env_steps
                     episodes = trainer.stats.take()
+                    pooled = pool.metrics() if pool is not None else [{}] * S
                     for index in range(S):
                         if episodes[index] is not None:
                             last_return[index] = episodes[index]["return_mean"]
                         metrics = {k: v[index] for k, v in zip(losses, values, strict=True)}
                         metrics["perf/env_steps_per_s"] = rate
                         metrics["perf/agent_steps_per_s"] = rate * agents
+                        metrics.update(pooled[index])
                         if episodes[index] is not None:
                             metrics.update(
                                 {
@@ -501,7 +515,14 @@ def _eval_metrics(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> 
 
 
 def _save_checkpoint(
-    client, run_id: str, trainer, index: int, env_steps: int, next_eval: int, next_ckpt: int
+    client,
+    run_id: str,
+    trainer,
+    index: int,
+    env_steps: int,
+    next_eval: int,
+    next_ckpt: int,
+    pool=None,
 ) -> None:
     state = {
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
@@ -511,6 +532,8 @@ def _save_checkpoint(
         "next_checkpoint": next_ckpt,
         "torch_rng": torch.get_rng_state(),
     }
+    if pool is not None:
+        state["pool"] = pool.seed_state(index)  # the snapshots, their win rates, the schedule
     _log_torch(client, run_id, state, CHECKPOINT)
 
 

@@ -1,0 +1,336 @@
+"""Benchmark: self-play and population training (the spec's `groups.NAME.pool`).
+
+tictactoe: MAPPO self-play on tic-tac-toe (`specs/tictactoe_selfplay.yaml`): one policy in
+both seats, and in a share of the games one seat played by a past snapshot (prioritised
+fictitious self-play). Each seed's final policy then plays GAMES games against a player of
+uniformly random legal moves and GAMES against a perfect (minimax) player, half of them
+moving first, acting deterministically: its non-loss rate against random and its draw rate
+against minimax, per seed, with their mean and 95% interval.
+
+tag: simple_tag (native; 3 predators `adversary`, 1 prey `agent`, 2 obstacles) with MAPPO.
+Predators trained against a population of prey snapshots (`specs/tag_population.yaml`) and
+predators trained against one co-learning prey (the same spec without the pool), 3 seeds
+each; a third experiment, with seeds of its own, trains prey that neither saw.
+`marlctl eval RUN --vs HELD_OUT` plays every predator team against every held-out prey
+(cross-play, stored with the runs); the table gives the predators' return against them.
+
+Each experiment runs in its own MLflow store under `bench/runs/selfplay/`; the raw results
+go to `bench/results/selfplay.jsonl` and the tables to `bench/results/selfplay.md`.
+
+    .venv/bin/python bench/selfplay.py tictactoe
+    .venv/bin/python bench/selfplay.py tag
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import yaml
+from algorithms import t_interval
+from pettingzoo_mappo import machine, marlctl_json
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKDIR = ROOT / "bench" / "runs" / "selfplay"
+DONE = ROOT / "bench" / "results" / "selfplay.jsonl"
+OUT = ROOT / "bench" / "results" / "selfplay.md"
+GAMES = 1000
+
+
+def train(name: str, body: dict) -> tuple[Path, dict, float]:
+    """`marlctl run` of `body` in a store of its own: (folder, JSON summary, wall-clock s)."""
+    folder = WORKDIR / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    summary, wall = marlctl_json(["run", str(path)], folder, name)
+    if not summary.get("ok"):
+        raise SystemExit(f"{name} failed: {json.dumps(summary)[:3000]}")
+    return folder, summary, wall
+
+
+def composed(name: str, overrides: list[str]) -> dict:
+    """The spec file as `marlctl run` reads it, defaults composed, as plain data."""
+    from marlctl.spec import load_spec
+
+    loaded = load_spec(ROOT / "specs" / name, overrides)
+    return loaded.spec.model_dump(mode="json", exclude_none=True)
+
+
+# ---------------------------------------------------------------- tic-tac-toe
+
+
+class Learner:
+    """A seed run's final policy, moving in tic-tac-toe from either seat."""
+
+    def __init__(self, folder: Path, run_id: str):
+        import torch
+        from mlflow.tracking import MlflowClient
+
+        from marlctl.envs.registry import probe
+        from marlctl.plan import learner_info
+        from marlctl.spec import load_spec
+        from marlctl.stored import SPEC_ARTIFACT, load_into, policy_weights
+        from marlctl.train.runner import build_trainer
+
+        client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = load_spec(client.download_artifacts(run_id, SPEC_ARTIFACT, tmp)).spec
+            weights, artifact = policy_weights(client, run_id, None, tmp)
+        self.info = learner_info(probe(spec.env.id, dict(spec.env.params)), spec)
+        self.trainer = build_trainer(spec, self.info, 1, torch.device("cpu"), 1, (spec.seeds[0],))
+        load_into(self.trainer, weights, artifact)
+
+    def move(self, observation, seat: int) -> int:
+        """The move of the player in `seat` (0 moves first), shown `observation`."""
+        import torch
+
+        from marlctl.envs.batch import Observation
+
+        (g,) = self.info.groups
+        obs = torch.as_tensor(np.asarray(observation["observation"]), dtype=torch.float32)
+        obs = obs.expand(1, g.n_agents, *obs.shape).clone()
+        mask = torch.as_tensor(np.asarray(observation["action_mask"], bool))
+        mask = mask.expand(1, g.n_agents, -1).clone()
+        active = torch.zeros(1, g.n_agents, dtype=torch.bool)
+        active[0, seat] = True
+        state = obs.reshape(1, -1)
+        ob = Observation({g.name: obs}, state, {g.name: mask}, {g.name: active})
+        return int(self.trainer.act(ob, True)[g.name][0, seat])
+
+
+def play(learner: Learner, opponent: str, games: int, seed: int) -> dict[str, int]:
+    """Games against `opponent` (random or minimax), the learner first in half of them."""
+    from pettingzoo.classic import tictactoe_v3
+
+    from marlctl.envs.turns import best_moves, tictactoe_board
+
+    rng = np.random.default_rng(seed)
+    tally = {"win": 0, "draw": 0, "loss": 0}
+    env = tictactoe_v3.env()
+    for game in range(games):
+        env.reset(seed=seed + game)
+        seat = game % 2
+        mine = env.possible_agents[seat]
+        score = 0.0
+        for agent in env.agent_iter():
+            observation, reward, term, trunc, _ = env.last()
+            if agent == mine:
+                score += reward
+            if term or trunc:
+                env.step(None)
+                continue
+            if agent == mine:
+                action = learner.move(observation, seat)
+            elif opponent == "minimax":
+                action = int(rng.choice(best_moves(*tictactoe_board(observation["observation"]))))
+            else:
+                action = int(rng.choice(np.flatnonzero(observation["action_mask"])))
+            env.step(action)
+        tally["win" if score > 0 else "loss" if score < 0 else "draw"] += 1
+    return tally
+
+
+def tictactoe(args) -> dict:
+    body = composed("tictactoe_selfplay.yaml", args.override)
+    folder, summary, wall = train("tictactoe-selfplay", body)
+    seeds = []
+    for run in summary["runs"]:
+        learner = Learner(folder, run["run_id"])
+        seeds.append(
+            {
+                "seed": run["seed"],
+                "run_id": run["run_id"],
+                "random": play(learner, "random", args.games, 10_000),
+                "minimax": play(learner, "minimax", args.games, 20_000),
+            }
+        )
+    return {
+        "part": "tictactoe",
+        "date": date.today().isoformat(),
+        "machine": machine("cpu"),
+        "spec": body,
+        "env_steps": body["train"]["total_env_steps"],
+        "wall_s": wall,
+        "games": args.games,
+        "seeds": seeds,
+    }
+
+
+def tictactoe_table(cell: dict) -> list[str]:
+    def rate(tally: dict, keys: tuple[str, ...]) -> float:
+        return sum(tally[k] for k in keys) / sum(tally.values())
+
+    rows = []
+    non_loss = [rate(s["random"], ("win", "draw")) for s in cell["seeds"]]
+    draws = [rate(s["minimax"], ("draw",)) for s in cell["seeds"]]
+    for s, a, b in zip(cell["seeds"], non_loss, draws, strict=True):
+        r, m = s["random"], s["minimax"]
+        rows.append(
+            f"| {s['seed']} | {a:.1%} | {r['win']} / {r['draw']} / {r['loss']} | {b:.1%} | "
+            f"{m['win']} / {m['draw']} / {m['loss']} |"
+        )
+    (mean_a, ci_a), (mean_b, ci_b) = t_interval(non_loss), t_interval(draws)
+    pool = cell["spec"]["groups"]["player"]["pool"]
+    algo = cell["spec"]["algo"]
+    return [
+        "## Tic-tac-toe self-play",
+        "",
+        f"`.venv/bin/python bench/selfplay.py tictactoe`, {cell['date']}, on {cell['machine']}.",
+        "",
+        f"MAPPO self-play (`specs/tictactoe_selfplay.yaml`): one policy plays both seats; in "
+        f"{pool['share']:.0%} of the games a snapshot plays one seat ({pool['sample']}, "
+        f"{pool['size']} kept, one per {pool['every']:,} steps). Budget: "
+        f"{cell['env_steps']:,} env steps (moves) per seed, {algo['rollout_steps']}-step "
+        f"rollouts of {cell['spec']['hardware']['num_envs']} envs; {cell['wall_s'] / 60:.1f} "
+        f"min for {len(cell['seeds'])} seeds. Each final policy then played {cell['games']} "
+        "games against each player, first to move in half of them, acting deterministically.",
+        "",
+        "| seed | non-loss vs random | win / draw / loss | draws vs minimax | win / draw / loss |",
+        "|---|---|---|---|---|",
+        *rows,
+        f"| mean (95% CI) | {mean_a:.1%} ± {ci_a:.1%} | | {mean_b:.1%} ± {ci_b:.1%} | |",
+        "",
+        "Targets: ≥ 95% non-loss against random, ≥ 50% draws against minimax "
+        f"(worst seed: {min(non_loss):.1%} and {min(draws):.1%}).",
+        "",
+    ]
+
+
+# ---------------------------------------------------------------- simple_tag
+
+
+def tag(args) -> dict:
+    """Population-trained and co-learning predators against held-out prey: the three
+    experiments share one store, so that cross-play can name runs of each."""
+    base = composed("tag_population.yaml", args.override)
+    co = {**base, "groups": {}, "name": "tag-co-learning"}
+    held = {**co, "name": "tag-held-out", "seeds": [100 + s for s in base["seeds"]]}
+    folder = WORKDIR / "tag"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    cells = {}
+    for key, body in (("population", base), ("co_learning", co), ("held_out", held)):
+        path = folder / f"{key}.yaml"
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        summary, wall = marlctl_json(["run", str(path)], folder, key)
+        if not summary.get("ok"):
+            raise SystemExit(f"{key} failed: {json.dumps(summary)[:3000]}")
+        cells[key] = {"summary": summary, "wall_s": wall}
+    held_parent = cells["held_out"]["summary"]["parent_run_id"]
+    for key in ("population", "co_learning"):
+        ours = cells[key]["summary"]
+        out, wall = marlctl_json(
+            ["eval", ours["parent_run_id"], "--vs", held_parent], folder, f"cross-play {key}"
+        )
+        mine = {r["run_id"] for r in ours["runs"]}
+        cells[key]["matches"] = [
+            m for m in out["matches"] if m["seat"] == "adversary" and m["run_id"] in mine
+        ]
+        cells[key]["eval_s"] = wall
+    return {
+        "part": "tag",
+        "date": date.today().isoformat(),
+        "machine": machine("cpu"),
+        "spec": base,
+        "env_steps": base["train"]["total_env_steps"],
+        "cells": {
+            key: {
+                "wall_s": c["wall_s"],
+                "finals": [r["final_return"] for r in c["summary"]["runs"]],
+                "run_ids": [r["run_id"] for r in c["summary"]["runs"]],
+                "parent": c["summary"]["parent_run_id"],
+                "matches": c.get("matches", []),
+            }
+            for key, c in cells.items()
+        },
+    }
+
+
+def tag_table(cell: dict) -> list[str]:
+    pool = cell["spec"]["groups"]["agent"]["pool"]
+    held = cell["cells"]["held_out"]
+    rows, means = [], {}
+    for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
+        c = cell["cells"][key]
+        per_seed = []
+        for run_id in c["run_ids"]:
+            scores = [m["score"] for m in c["matches"] if m["run_id"] == run_id]
+            per_seed.append(sum(scores) / len(scores))
+        means[key] = per_seed
+        mean, ci = t_interval(per_seed)
+        seeds = ", ".join(f"{v:.2f}" for v in per_seed)
+        rows.append(
+            f"| {label} | {mean:.2f} ± {ci:.2f} | {seeds} | {c['wall_s'] / 60:.1f} min | "
+            f"`{c['parent'][:8]}` |"
+        )
+    better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
+    return [
+        "## simple_tag: predators trained against a prey population",
+        "",
+        f"`.venv/bin/python bench/selfplay.py tag`, {cell['date']}, on {cell['machine']}.",
+        "",
+        f"MAPPO on native simple_tag (3 predators, 1 prey, 2 obstacles), "
+        f"{cell['env_steps']:,} env steps per seed, seeds {cell['spec']['seeds']} "
+        f"(`specs/tag_population.yaml`). Population: in {pool['share']:.0%} of the episodes a "
+        f"snapshot of the prey plays it ({pool['sample']}, {pool['size']} kept, one per "
+        f"{pool['every']:,} steps), so the predators learn against past prey as well as the "
+        "current one. Co-learning: the same spec without the pool. Held out: a third "
+        f"experiment with other seeds ({held['parent'][:8]}), whose prey neither saw. The "
+        "return is the predators' mean per-agent return against each held-out prey, "
+        f"{len(held['run_ids'])} prey per predator team, from `marlctl eval RUN --vs "
+        f"{held['parent'][:8]}` (cross-play, stored with the runs), then averaged per seed.",
+        "",
+        "| predators trained against | return vs held-out prey (95% CI) | per seed | "
+        "training | run |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Target: the population-trained predators beat the co-learning ones against held-out "
+        f"prey (seed by seed: {better} of {len(means['population'])}).",
+        "",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("part", choices=["tictactoe", "tag"])
+    parser.add_argument("--games", type=int, default=GAMES)
+    parser.add_argument("--override", action="append", default=[], help="spec override")
+    parser.add_argument("--table", action="store_true", help="rewrite the table only")
+    args = parser.parse_args()
+    if not args.table:
+        cell = tictactoe(args) if args.part == "tictactoe" else tag(args)
+        DONE.parent.mkdir(parents=True, exist_ok=True)
+        with DONE.open("a") as f:
+            f.write(json.dumps(cell) + "\n")
+    write_table()
+
+
+def write_table() -> None:
+    latest = {}
+    if DONE.exists():
+        for line in DONE.read_text().splitlines():
+            cell = json.loads(line)
+            latest[cell["part"]] = cell
+    lines = ["# Self-play and population training", ""]
+    if "tictactoe" in latest:
+        lines += tictactoe_table(latest["tictactoe"])
+    if "tag" in latest:
+        lines += tag_table(latest["tag"])
+    OUT.write_text("\n".join(lines))
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()
