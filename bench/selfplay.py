@@ -155,6 +155,7 @@ def tictactoe(args) -> dict:
         )
     return {
         "part": "tictactoe",
+        "overrides": args.override,
         "date": date.today().isoformat(),
         "machine": machine("cpu"),
         "spec": body,
@@ -163,6 +164,11 @@ def tictactoe(args) -> dict:
         "games": args.games,
         "seeds": seeds,
     }
+
+
+def command(part: str, cell: dict) -> str:
+    given = "".join(f" --override {o}" for o in cell.get("overrides", []))
+    return f".venv/bin/python bench/selfplay.py {part}{given}"
 
 
 def tictactoe_table(cell: dict) -> list[str]:
@@ -184,7 +190,7 @@ def tictactoe_table(cell: dict) -> list[str]:
     return [
         "## Tic-tac-toe self-play",
         "",
-        f"`.venv/bin/python bench/selfplay.py tictactoe`, {cell['date']}, on {cell['machine']}.",
+        f"`{command('tictactoe', cell)}`, {cell['date']}, on {cell['machine']}.",
         "",
         f"MAPPO self-play (`specs/tictactoe_selfplay.yaml`): one policy plays both seats; in "
         f"{pool['share']:.0%} of the games a snapshot plays one seat ({pool['sample']}, "
@@ -239,6 +245,7 @@ def tag(args) -> dict:
         cells[key]["eval_s"] = wall
     return {
         "part": "tag",
+        "overrides": args.override,
         "date": date.today().isoformat(),
         "machine": machine("cpu"),
         "spec": base,
@@ -277,7 +284,7 @@ def tag_table(cell: dict) -> list[str]:
     return [
         "## simple_tag: predators trained against a prey population",
         "",
-        f"`.venv/bin/python bench/selfplay.py tag`, {cell['date']}, on {cell['machine']}.",
+        f"`{command('tag', cell)}`, {cell['date']}, on {cell['machine']}.",
         "",
         f"MAPPO on native simple_tag (3 predators, 1 prey, 2 obstacles), "
         f"{cell['env_steps']:,} env steps per seed, seeds {cell['spec']['seeds']} "
