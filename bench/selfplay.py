@@ -276,10 +276,7 @@ def tag_table(cell: dict) -> list[str]:
         means[key] = per_seed
         mean, ci = t_interval(per_seed)
         seeds = ", ".join(f"{v:.2f}" for v in per_seed)
-        rows.append(
-            f"| {label} | {mean:.2f} ± {ci:.2f} | {seeds} | {c['wall_s'] / 60:.1f} min | "
-            f"`{c['parent'][:8]}` |"
-        )
+        rows.append(f"| {label} | {mean:.2f} ± {ci:.2f} | {seeds} | `{c['parent'][:8]}` |")
     better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
     return [
         "## simple_tag: predators trained against a prey population",
@@ -297,9 +294,8 @@ def tag_table(cell: dict) -> list[str]:
         f"{len(held['run_ids'])} prey per predator team, from `marlctl eval RUN --vs "
         f"{held['parent'][:8]}` (cross-play, stored with the runs), then averaged per seed.",
         "",
-        "| predators trained against | return vs held-out prey (95% CI) | per seed | "
-        "training | run |",
-        "|---|---|---|---|---|",
+        "| predators trained against | return vs held-out prey (95% CI) | per seed | run |",
+        "|---|---|---|---|",
         *rows,
         "",
         f"Target: the population-trained predators beat the co-learning ones against held-out "
