@@ -43,18 +43,23 @@ OUT = ROOT / "bench" / "results" / "selfplay.md"
 GAMES = 1000
 
 
-def train(name: str, body: dict) -> tuple[Path, dict, float]:
-    """`marlctl run` of `body` in a store of its own: (folder, JSON summary, wall-clock s)."""
+def fresh(name: str) -> Path:
+    """An empty folder for one part's MLflow store."""
     folder = WORKDIR / name
     if folder.exists():
         shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "spec.yaml"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def run_in(folder: Path, name: str, body: dict) -> tuple[dict, float]:
+    """`marlctl run` of `body` (as `name`.yaml) in `folder`: its JSON summary, wall-clock s."""
+    path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     summary, wall = marlctl_json(["run", str(path)], folder, name)
     if not summary.get("ok"):
         raise SystemExit(f"{name} failed: {json.dumps(summary)[:3000]}")
-    return folder, summary, wall
+    return summary, wall
 
 
 def composed(name: str, overrides: list[str]) -> dict:
@@ -141,7 +146,8 @@ def play(learner: Learner, opponent: str, games: int, seed: int) -> dict[str, in
 
 def tictactoe(args) -> dict:
     body = composed("tictactoe_selfplay.yaml", args.override)
-    folder, summary, wall = train("tictactoe-selfplay", body)
+    folder = fresh("tictactoe-selfplay")
+    summary, wall = run_in(folder, "spec", body)
     seeds = []
     for run in summary["runs"]:
         learner = Learner(folder, run["run_id"])
@@ -220,17 +226,10 @@ def tag(args) -> dict:
     base = composed("tag_population.yaml", args.override)
     co = {**base, "groups": {}, "name": "tag-co-learning"}
     held = {**co, "name": "tag-held-out", "seeds": [100 + s for s in base["seeds"]]}
-    folder = WORKDIR / "tag"
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder = fresh("tag")
     cells = {}
     for key, body in (("population", base), ("co_learning", co), ("held_out", held)):
-        path = folder / f"{key}.yaml"
-        path.write_text(yaml.safe_dump(body, sort_keys=False))
-        summary, wall = marlctl_json(["run", str(path)], folder, key)
-        if not summary.get("ok"):
-            raise SystemExit(f"{key} failed: {json.dumps(summary)[:3000]}")
+        summary, wall = run_in(folder, key, body)
         cells[key] = {"summary": summary, "wall_s": wall}
     held_parent = cells["held_out"]["summary"]["parent_run_id"]
     for key in ("population", "co_learning"):
