@@ -202,8 +202,11 @@ def tictactoe_table(cell: dict) -> list[str]:
         f"{pool['share']:.0%} of the games a snapshot plays one seat ({pool['sample']}, "
         f"{pool['size']} kept, one per {pool['every']:,} steps). Budget: "
         f"{cell['env_steps']:,} env steps (moves) per seed, {algo['rollout_steps']}-step "
-        f"rollouts of {cell['spec']['hardware']['num_envs']} envs; {cell['wall_s'] / 60:.1f} "
-        f"min for {len(cell['seeds'])} seeds. Each final policy then played {cell['games']} "
+        f"rollouts of {cell['spec']['hardware']['num_envs']} envs"
+        f"{', the learning rate annealed to zero' if algo.get('anneal_lr') else ''}; "
+        f"{cell['wall_s'] / 60:.1f} min for {len(cell['seeds'])} seeds "
+        f"({cell['spec']['hardware']['parallel_runs']} at once). Each final policy then "
+        f"played {cell['games']} "
         "games against each player, first to move in half of them, acting deterministically.",
         "",
         "| seed | non-loss vs random | win / draw / loss | draws vs minimax | win / draw / loss |",
@@ -277,6 +280,8 @@ def tag_table(cell: dict) -> list[str]:
         seeds = ", ".join(f"{v:.2f}" for v in per_seed)
         rows.append(f"| {label} | {mean:.2f} ± {ci:.2f} | {seeds} | `{c['parent'][:8]}` |")
     better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
+    (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
+    gap, apart = pop - co, pop - pop_ci > co + co_ci
     return [
         "## simple_tag: predators trained against a prey population",
         "",
@@ -298,7 +303,8 @@ def tag_table(cell: dict) -> list[str]:
         *rows,
         "",
         f"Target: the population-trained predators beat the co-learning ones against held-out "
-        f"prey (seed by seed: {better} of {len(means['population'])}).",
+        f"prey (seed by seed: {better} of {len(means['population'])}; the means differ by "
+        f"{gap:+.2f}, {'beyond' if apart else 'inside'} their 95% intervals).",
         "",
     ]
 

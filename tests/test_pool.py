@@ -173,8 +173,29 @@ def test_the_agents_a_snapshot_plays_are_inactive_for_the_learners_and_redrawn_p
     tr = env.step({"g": torch.full((4, 2), 9)})
     assert torch.equal(env.env.actions == 3, played)
     assert torch.equal(tr.final.active["g"], ~played)  # the ended episode as it was played
+    assert torch.equal(tr.played["g"], ~played)  # whose returns are the learners'
     assert torch.equal(tr.next.active["g"], ~pool.played())  # the next as it is drawn
     assert torch.equal(pool.played()[1:], played[1:])  # episodes that go on keep their player
+
+
+def test_a_groups_return_counts_only_the_agents_and_episodes_its_learners_played():
+    from marlctl.train.core import EpisodeStats
+
+    stats = EpisodeStats({"g": 2, "h": 1}, num_envs=3, device=torch.device("cpu"))
+    rewards = {"g": torch.tensor([[[1.0, 5.0], [2.0, 4.0], [7.0, 7.0]]]), "h": torch.ones(1, 3, 1)}
+    # Row 0: a snapshot plays agent 1; row 1: the learners play both; row 2: the snapshot both.
+    played = {"g": torch.tensor([[[True, False], [True, True], [False, False]]])}
+    stats.record(rewards, torch.ones(1, 3, dtype=bool), played=played)
+    (result,) = stats.take()
+    assert result["return/g"] == pytest.approx((1.0 + 3.0) / 2)  # rows 0 and 1
+    assert result["return/h"] == pytest.approx(1.0)  # every row: h has no pool
+    # Over the learners' agents: row 0 (1 + 1) / 2, row 1 (2 + 4 + 1) / 3, row 2 1 / 1.
+    assert result["return_mean"] == pytest.approx((1.0 + 7.0 / 3.0 + 1.0) / 3)
+    assert result["episodes"] == 3
+    stats.record(rewards, torch.ones(1, 3, dtype=bool), played={"g": played["g"] & False})
+    (result,) = stats.take()
+    assert "return/g" not in result  # no episode of its learners ended
+    assert result["return_mean"] == pytest.approx(1.0)
 
 
 def test_sampling_schemes_draw_the_latest_any_kept_or_the_hardest_snapshot():

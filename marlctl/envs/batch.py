@@ -33,6 +33,10 @@ class Transition(NamedTuple):
     # [E] bool, read where an episode ended: the learners won it (SMAX's battles); None for
     # an env without a notion of winning.
     won: torch.Tensor | None = None
+    # group -> [E, n] bool, for the groups that a pool of snapshots plays in some episodes:
+    # the agents the learners play in the episode of this step. None, or a group not named:
+    # the learners play every agent.
+    played: dict[str, torch.Tensor] | None = None
 
 
 def only(ob: Observation, groups: list[str]) -> Observation:
@@ -51,7 +55,8 @@ def transition_for(tr: Transition, groups: list[str]) -> Transition:
     nxt = only(tr.next, groups)
     final = nxt if tr.final is tr.next else only(tr.final, groups)
     rewards = {k: tr.rewards[k] for k in groups}
-    return Transition(nxt, rewards, tr.terminated, tr.truncated, final, tr.objectives, tr.won)
+    played = None if tr.played is None else {k: v for k, v in tr.played.items() if k in groups}
+    return tr._replace(next=nxt, rewards=rewards, final=final, played=played)
 
 
 class Wrapper:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -280,19 +281,31 @@ def one_hot_ids(n: int, device: torch.device) -> torch.Tensor:
     return torch.eye(n, device=device)
 
 
-def per_seed_outcomes(transition, seeds: int) -> dict[str, torch.Tensor | None]:
+def per_seed_outcomes(transition, seeds: int) -> dict[str, Any]:
     """What a transition tells of its episodes besides rewards, laid out seed first: a
-    multi-objective env's reward vectors `[S, E/S, k]` (`objectives`) and the ended episodes
-    the learners won `[S, E/S]` (`won`); None where the env has no such thing."""
-    objectives, won = transition.objectives, transition.won
+    multi-objective env's reward vectors `[S, E/S, k]` (`objectives`), the ended episodes
+    the learners won `[S, E/S]` (`won`) and the agents the learners play where a pool of
+    snapshots plays some (`played`: group -> `[S, E/S, n]`); None where the env or the run
+    has no such thing."""
+    objectives, won, played = transition.objectives, transition.won, transition.played
     if objectives is not None:
         objectives = objectives.view(seeds, -1, objectives.shape[-1])
-    return {"objectives": objectives, "won": None if won is None else won.view(seeds, -1)}
+    if played is not None:
+        played = {k: v.view(seeds, -1, v.shape[-1]) for k, v in played.items()}
+    return {
+        "objectives": objectives,
+        "won": None if won is None else won.view(seeds, -1),
+        "played": played,
+    }
 
 
 class EpisodeStats:
     """Per-agent episode returns of each seed, accumulated on the device; read once per
-    iteration. Rewards `[S, E, n]` per group, done `[S, E]`."""
+    iteration. Rewards `[S, E, n]` per group, done `[S, E]`.
+
+    Where a pool of snapshots plays some of a group's agents in an episode (`played`), the
+    group's return is its learners' mean return over the episodes they played, and the
+    snapshots' returns count nowhere."""
 
     def __init__(
         self, group_sizes: dict[str, int], num_envs: int, device: torch.device, seeds: int = 1
@@ -301,8 +314,11 @@ class EpisodeStats:
         self.running = {
             g: torch.zeros(seeds, num_envs, n, device=device) for g, n in group_sizes.items()
         }
-        self.sums = torch.zeros(seeds, len(group_sizes) + 1, device=device)  # groups, all
-        self.count = torch.zeros(seeds, device=device)
+        # Per seed, per group and for all agents (last): the sum of episode returns (mean
+        # over the learners' agents) and the episodes in it.
+        self.sums = torch.zeros(seeds, len(group_sizes) + 1, device=device)
+        self.counts = torch.zeros(seeds, len(group_sizes) + 1, device=device)
+        self.count = torch.zeros(seeds, device=device)  # ended episodes
         self.seeds, self.num_envs, self.device = seeds, num_envs, device
         self.objectives: tuple[torch.Tensor, torch.Tensor] | None = None  # running, sums
         self.wins: torch.Tensor | None = None  # [S]: won episodes, for envs that report wins
@@ -313,10 +329,12 @@ class EpisodeStats:
         done: torch.Tensor,
         objectives: torch.Tensor | None = None,
         won: torch.Tensor | None = None,
+        played: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """objectives: a multi-objective env's reward vectors, the mean over all agents,
         `[S, E, k]`: each objective's episode return is kept too. won `[S, E]`: the episodes
-        the learners won, of those that ended (`win_rate`)."""
+        the learners won, of those that ended (`win_rate`). played: group -> `[S, E, n]`,
+        the agents the learners play in this step's episode (a group not named: all)."""
         finished = done.to(torch.float32)
         if won is not None:
             if self.wins is None:
@@ -333,15 +351,27 @@ class EpisodeStats:
             running += objectives
             sums += (running * finished.unsqueeze(-1)).sum(1)
             running.mul_(1.0 - finished.unsqueeze(-1))
-        total_agents = sum(self.groups.values())
-        all_agents = torch.zeros_like(finished)
+        total = torch.zeros_like(finished)  # the learners' returns, summed over agents
+        agents = torch.zeros_like(finished)  # and their number
         for index, (group, running) in enumerate(self.running.items()):
             running += rewards[group]
-            per_env = running.sum(-1)
-            self.sums[:, index] += (per_env / running.shape[-1] * finished).sum(-1)
-            all_agents += per_env
+            mine = None if played is None else played.get(group)
+            if mine is None:
+                per_env, n = running.sum(-1), float(running.shape[-1])
+                self.sums[:, index] += (per_env / n * finished).sum(-1)
+                self.counts[:, index] += finished.sum(-1)
+            else:
+                weight = mine.to(torch.float32)
+                per_env, n = (running * weight).sum(-1), weight.sum(-1)
+                counted = finished * (n > 0)
+                self.sums[:, index] += (per_env / n.clamp_min(1.0) * counted).sum(-1)
+                self.counts[:, index] += counted.sum(-1)
+            total += per_env
+            agents += n
             running.mul_(1.0 - finished.unsqueeze(-1))
-        self.sums[:, -1] += (all_agents / total_agents * finished).sum(-1)
+        counted = finished * (agents > 0)
+        self.sums[:, -1] += (total / agents.clamp_min(1.0) * counted).sum(-1)
+        self.counts[:, -1] += counted.sum(-1)
         self.count += finished.sum(-1)
 
     def reset_running(self) -> None:
@@ -360,17 +390,19 @@ class EpisodeStats:
         if self.wins is not None:
             wins = self.wins.tolist()
             self.wins.zero_()
-        values = torch.cat([self.sums, self.count.unsqueeze(-1)], dim=-1).tolist()
+        values = torch.cat([self.sums, self.counts, self.count.unsqueeze(-1)], -1).tolist()
         self.sums.zero_()
+        self.counts.zero_()
         self.count.zero_()
+        keys = [f"return/{g}" for g in self.groups] + ["return_mean"]
         out: list[dict[str, float] | None] = []
         for row in values:
             count = row[-1]
             if count == 0:
                 out.append(None)
                 continue
-            result = {f"return/{g}": row[i] / count for i, g in enumerate(self.groups)}
-            result["return_mean"] = row[len(self.groups)] / count
+            sums, seen = row[: len(keys)], row[len(keys) : 2 * len(keys)]
+            result = {k: v / n for k, v, n in zip(keys, sums, seen, strict=True) if n > 0}
             if objectives is not None:
                 for k, total in enumerate(objectives[len(out)]):
                     result[f"objective/{k}"] = total / count

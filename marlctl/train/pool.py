@@ -277,7 +277,8 @@ class WithPool(Wrapper):
         self._ob, self._first = tr.next, done
         nxt = self._hide(tr.next, {p.name: p.played() for p in self.pools})
         final = nxt if tr.final is tr.next else self._hide(tr.final, before)
-        return tr._replace(next=nxt, final=final)
+        mine = {name: ~mask for name, mask in before.items()}
+        return tr._replace(next=nxt, final=final, played=mine)
 
     def metrics(self) -> list[dict[str, float]]:
         out: list[dict[str, float]] = [{} for _ in range(self.pools[0].S)]
