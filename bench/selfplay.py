@@ -27,7 +27,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from datetime import date
 from pathlib import Path
 
@@ -62,12 +61,26 @@ def run_in(folder: Path, name: str, body: dict) -> tuple[dict, float]:
     return summary, wall
 
 
-def composed(name: str, overrides: list[str]) -> dict:
-    """The spec file as `marlctl run` reads it, defaults composed, as plain data."""
+def composed(name: str, overrides: list[str]):
+    """The spec file as `marlctl run` reads it, defaults composed: the Spec, and the same as
+    plain data."""
     from marlctl.spec import load_spec
 
-    loaded = load_spec(ROOT / "specs" / name, overrides)
-    return loaded.spec.model_dump(mode="json", exclude_none=True)
+    spec = load_spec(ROOT / "specs" / name, overrides).spec
+    return spec, spec.model_dump(mode="json", exclude_none=True)
+
+
+def cell(part: str, args, body: dict) -> dict:
+    """What every result of a part records: the invocation, the day, the machine, the spec
+    as run and its budget."""
+    return {
+        "part": part,
+        "overrides": args.override,
+        "date": date.today().isoformat(),
+        "machine": machine("cpu"),
+        "spec": body,
+        "env_steps": body["train"]["total_env_steps"],
+    }
 
 
 # ---------------------------------------------------------------- tic-tac-toe
@@ -76,23 +89,19 @@ def composed(name: str, overrides: list[str]) -> dict:
 class Learner:
     """A seed run's final policy, moving in tic-tac-toe from either seat."""
 
-    def __init__(self, folder: Path, run_id: str):
+    def __init__(self, folder: Path, run_id: str, spec):
         import torch
         from mlflow.tracking import MlflowClient
 
         from marlctl.envs.registry import probe
         from marlctl.plan import learner_info
-        from marlctl.spec import load_spec
-        from marlctl.stored import SPEC_ARTIFACT, load_into, policy_weights
-        from marlctl.train.runner import build_trainer
+        from marlctl.train.opponents import frozen_player
 
         client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-        with tempfile.TemporaryDirectory() as tmp:
-            spec = load_spec(client.download_artifacts(run_id, SPEC_ARTIFACT, tmp)).spec
-            weights, artifact = policy_weights(client, run_id, None, tmp)
-        self.info = learner_info(probe(spec.env.id, dict(spec.env.params)), spec)
-        self.trainer = build_trainer(spec, self.info, 1, torch.device("cpu"), 1, (spec.seeds[0],))
-        load_into(self.trainer, weights, artifact)
+        info = learner_info(probe(spec.env.id, dict(spec.env.params)), spec)
+        (self.group,) = info.groups
+        cpu = torch.device("cpu")
+        self.player = frozen_player(client, spec, info, self.group.name, run_id, cpu, 1)
 
     def move(self, observation, seat: int) -> int:
         """The move of the player in `seat` (0 moves first), shown `observation`."""
@@ -100,7 +109,7 @@ class Learner:
 
         from marlctl.envs.batch import Observation
 
-        (g,) = self.info.groups
+        g = self.group
         obs = torch.as_tensor(np.asarray(observation["observation"]), dtype=torch.float32)
         obs = obs.expand(1, g.n_agents, *obs.shape).clone()
         mask = torch.as_tensor(np.asarray(observation["action_mask"], bool))
@@ -109,7 +118,7 @@ class Learner:
         active[0, seat] = True
         state = obs.reshape(1, -1)
         ob = Observation({g.name: obs}, state, {g.name: mask}, {g.name: active})
-        return int(self.trainer.act(ob, True)[g.name][0, seat])
+        return int(self.player.act(ob, None, True)[0, seat])
 
 
 def play(learner: Learner, opponent: str, games: int, seed: int) -> dict[str, int]:
@@ -145,12 +154,12 @@ def play(learner: Learner, opponent: str, games: int, seed: int) -> dict[str, in
 
 
 def tictactoe(args) -> dict:
-    body = composed("tictactoe_selfplay.yaml", args.override)
+    spec, body = composed("tictactoe_selfplay.yaml", args.override)
     folder = fresh("tictactoe-selfplay")
     summary, wall = run_in(folder, "spec", body)
     seeds = []
     for run in summary["runs"]:
-        learner = Learner(folder, run["run_id"])
+        learner = Learner(folder, run["run_id"], spec)
         seeds.append(
             {
                 "seed": run["seed"],
@@ -160,12 +169,7 @@ def tictactoe(args) -> dict:
             }
         )
     return {
-        "part": "tictactoe",
-        "overrides": args.override,
-        "date": date.today().isoformat(),
-        "machine": machine("cpu"),
-        "spec": body,
-        "env_steps": body["train"]["total_env_steps"],
+        **cell("tictactoe", args, body),
         "wall_s": wall,
         "games": args.games,
         "seeds": seeds,
@@ -226,7 +230,7 @@ def tictactoe_table(cell: dict) -> list[str]:
 def tag(args) -> dict:
     """Population-trained and co-learning predators against held-out prey: the three
     experiments share one store, so that cross-play can name runs of each."""
-    base = composed("tag_population.yaml", args.override)
+    _, base = composed("tag_population.yaml", args.override)
     co = {**base, "groups": {}, "name": "tag-co-learning"}
     held = {**co, "name": "tag-held-out", "seeds": [100 + s for s in base["seeds"]]}
     folder = fresh("tag")
@@ -246,12 +250,7 @@ def tag(args) -> dict:
         ]
         cells[key]["eval_s"] = wall
     return {
-        "part": "tag",
-        "overrides": args.override,
-        "date": date.today().isoformat(),
-        "machine": machine("cpu"),
-        "spec": base,
-        "env_steps": base["train"]["total_env_steps"],
+        **cell("tag", args, base),
         "cells": {
             key: {
                 "wall_s": c["wall_s"],

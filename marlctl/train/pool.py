@@ -119,9 +119,9 @@ class Pool:
         kept = (torch.arange(self.K, device=self.device) < self.filled).float()
         kept = kept.expand(self.S, -1)
         if self.cfg.sample == "latest":
-            return torch.zeros_like(kept).index_fill_(
-                1, torch.tensor([self.newest], device=self.device), 1.0
-            )
+            latest = torch.zeros_like(kept)
+            latest[:, self.newest] = 1.0
+            return latest
         if self.cfg.sample == "uniform":
             return kept
         hardness = (1.0 - self.win).clamp_min(0.0).pow(self.cfg.power)

@@ -420,8 +420,7 @@ def _train(
                     pooled = pool.metrics() if pool is not None else [{}] * S
                     for index in range(S):
                         if episodes[index] is not None:
-                            mean = episodes[index].get("return_mean", last_return[index])
-                            last_return[index] = mean
+                            last_return[index] = episodes[index]["return_mean"]
                         metrics = {k: v[index] for k, v in zip(losses, values, strict=True)}
                         metrics["perf/env_steps_per_s"] = rate
                         metrics["perf/agent_steps_per_s"] = rate * agents
