@@ -112,12 +112,19 @@ MAPPING_OFF_POLICY = [
     (HORIZON, "algo.bootstrap_time_limit: false"),
     ("qmix.mixing_embed_dim: 32; next value from the target network's max (delay_value)",
      "algo.mixer_embed: 32, algo.double_q: false"),
+    ("qmix: TorchRL's QMixer, one linear layer per hypernetwork (w1, w2, b1), V(s) with one "
+     "hidden ReLU layer of the embedding's width", "algo.hypernet_layers: 1"),
     ("masac: 2 Q networks, alpha_init 1.0, target entropy auto",
      "two critics (marlctl's MASAC), algo.initial_alpha: 1.0, algo.autotune: true"),
     ("masac, maddpg: share_param_critic: true (one centralised critic for the group)",
      "MASAC: algo.share_critic: true; MADDPG: its critic follows model.sharing (shared). "
      "Without agent ids the shared critic's inputs, and so its values, are the same for "
      "every agent: BenchMARL's one Q"),
+    ("maddpg: TorchRL's DDPGLoss, actor loss -Q at every agent's action from the current "
+     "actors, no output penalty; no target actor (delay_actor false), a target critic "
+     "(delay_value); use_tanh_mapping: true (TanhDelta)",
+     "algo.actor_joint_action: current, algo.policy_regularization: 0, algo.target_actor: "
+     "false; the actor's output through tanh"),
     ("masac: TanhNormal actor, scale_mapping biased_softplus_1.0",
      "not matched: marlctl's MASAC actor is tanh-squashed too, with SAC's log-std clamped to "
      "[-5, 2]"),
@@ -317,6 +324,7 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
             "epsilon_end": experiment["exploration_eps_end"],
             "epsilon_anneal_steps": frames // 3,
             "mixer_embed": config["mixing_embed_dim"],
+            "hypernet_layers": 1,  # TorchRL's QMixer: one linear layer per hypernetwork
             "double_q": False,
         }
     elif algo == "masac":
@@ -326,6 +334,9 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
     else:  # maddpg: AdditiveGaussianModule, sigma annealed like QMIX's epsilon
         extra = {
             "critic_lr": lr,
+            "policy_regularization": 0.0,  # DDPGLoss: the actor loss is -Q alone
+            "actor_joint_action": "current",  # DDPGLoss: every agent's action from its actor
+            "target_actor": False,  # DDPGLoss(delay_actor=False): TD targets from the actor
             "exploration_noise": experiment["exploration_eps_init"],
             "exploration_noise_end": experiment["exploration_eps_end"],
             "noise_anneal_steps": frames // 3,
@@ -502,9 +513,10 @@ def table(cells: list[dict]) -> str:
         "",
         "Returns: the final evaluation (deterministic actions), mean over seeds ± the half-width "
         "of its 95% Student-t interval. BenchMARL's seeds run one after the other; marlctl "
-        "trains its seeds in one command. Measured: the day each tool's half of the row ran; "
-        "BenchMARL's half is rerun only when its budget changes (its settings are its pinned "
-        "defaults) and on another machine, marlctl's whenever its translated spec changes. "
+        "trains its seeds in one command, one after another. Measured: the day each "
+        "tool's half of the row ran; BenchMARL's half is rerun only when its budget changes "
+        "(its settings are its pinned defaults) and on another machine, marlctl's whenever its "
+        "translated spec changes. "
         "Both halves run with `--threads` torch threads on the machine their row names, "
         "nothing else running. Where each tool's time goes, and the least ratio the same "
         "work allows on the machine: [peer_cost.md](peer_cost.md) (`bench/peer_cost.py`).",

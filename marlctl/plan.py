@@ -232,18 +232,12 @@ def compile_plan(
                 "set device: auto or list it in hardware.devices",
             )
         )
-    if hw.batch_seeds and spec.env.backend != "native":
+    if hw.batch_seeds and spec.env.backend not in ("native", "vmas"):
         problems.append(
             prov.problem(
                 "hardware.batch_seeds",
-                "seeds are batched on env.backend: native only ("
-                + (
-                    "VMAS draws from one random state per process, so a batched seed could "
-                    "not compute what it computes alone"
-                    if spec.env.backend == "vmas"
-                    else "PettingZoo envs step one at a time in Python"
-                )
-                + ")",
+                "seeds are batched on env.backend: native or vmas only (PettingZoo envs step "
+                "one at a time in Python)",
             )
         )
     if hw.env_workers > hw.num_envs:

@@ -378,6 +378,53 @@ def test_the_vmas_env_is_batched_on_its_device_with_groups_and_resets_ended_envs
     assert not torch.equal(tr.final.obs["listener"], tr.next.obs["listener"])
 
 
+@needs(NAVIGATION)
+def test_each_vmas_env_draws_from_its_own_random_state():
+    """VMAS shares one random state per process: an env stepped between another's steps
+    must not change what that one draws (resets of ended envs are random)."""
+    import torch
+
+    from marlctl.envs.vmas import VmasEnv
+
+    def episode(interleaved: bool) -> list[torch.Tensor]:
+        args = ("vmas/navigation", "navigation", {"max_steps": 2, "n_agents": 2}, 3, "cpu")
+        env, other = VmasEnv(*args), VmasEnv(*args)
+        out = [env.reset(7).state]
+        if interleaved:
+            other.reset(9)
+        actions = {g.name: torch.zeros(3, g.n_agents, dtype=torch.long) for g in env.info.groups}
+        for _ in range(5):  # the time limit resets every env twice
+            out.append(env.step(actions).next.state)
+            if interleaved:
+                other.step(actions)
+                torch.rand(4)  # the process's own stream moves too
+        return out
+
+    alone, beside = episode(False), episode(True)
+    assert len({tuple(s.flatten().tolist()) for s in alone}) > 2  # episodes start afresh
+    assert all(torch.equal(a, b) for a, b in zip(alone, beside, strict=True))
+
+
+@needs(NAVIGATION)
+def test_batched_vmas_seeds_compute_what_each_seed_computes_alone(tmp_path):
+    from test_training import history
+
+    body = vmas_quick("mappo", True, n_agents=2)
+    body["seeds"] = [0, 1]
+    body["train"] = {"total_env_steps": 200, "eval_every": 100, "eval_episodes": 4}
+    body["hardware"] = {"num_envs": 4, "batch_seeds": True, "threads_per_run": 1}
+    batched = run_json("run", str(write_spec(tmp_path, body, "batched.yaml")))
+    assert batched["exit_code"] == 0, batched
+    body.update(seeds=[1], hardware={**body["hardware"], "batch_seeds": False})
+    alone = run_json("run", str(write_spec(tmp_path, body, "alone.yaml")))
+    assert alone["exit_code"] == 0, alone
+    ours, theirs = batched["runs"][1], alone["runs"][0]
+    assert ours["final_return"] == theirs["final_return"]
+    for key in ("loss/value", "loss/policy", "eval/return_mean", "train/return_mean"):
+        assert history(ours["run_id"], key) == history(theirs["run_id"], key), key
+    assert batched["runs"][0]["final_return"] != ours["final_return"]  # seeds differ
+
+
 SMOKE_VMAS = [
     pytest.param(algo, kind, id=f"vmas-{algo}-{kind}", marks=needs(NAVIGATION))
     for algo, info in registered_algos().items()

@@ -264,7 +264,7 @@ def test_batched_seeds_compute_what_each_seed_computes_alone(tmp_path):
     assert result["exit_code"] == 0 and len(result["runs"]) == 3, result
 
 
-def test_batched_seeds_need_the_native_backend(tmp_path):
+def test_batched_seeds_need_a_batched_backend(tmp_path):
     body = native_spec(tmp_path, hardware={"batch_seeds": True})
     body["env"]["backend"] = "pettingzoo"
     result = run_cli("validate", str(write_spec(tmp_path, body)))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 from test_algorithms import _trainer as any_trainer
 
 
@@ -84,6 +87,62 @@ def test_discrete_target_actions_are_the_target_actors_argmax(algo):
     assert torch.equal(action.sum(-1), torch.ones_like(action.sum(-1)))  # one-hot
 
 
+def test_a_shared_critic_without_agent_ids_runs_once_per_sample_with_every_agents_value():
+    trainer, env, ob = any_trainer("maddpg", (0,), model={"agent_ids": False})
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.buffer.sample(32)
+    state = batch["state"].flatten(1, 2)
+    joint = torch.randn(*state.shape[:2], trainer.joint.width)
+    q = trainer._q(trainer.critics, "agent", state, joint)  # [S, X, n, K]
+    n = q.shape[-2]
+    inputs = torch.cat([state, joint], -1).unsqueeze(-2).expand(-1, -1, n, -1)
+    each = trainer.critics["agent"].every_member(inputs).squeeze(-1)  # once per agent
+    assert n == 2 and torch.allclose(q, each, atol=1e-6)
+
+
+def test_without_a_target_actor_the_next_action_is_the_current_actors():
+    trainer, env, ob = _trainer("maddpg", (0,), target_actor=False, tau=0.01)
+    ob = _fill(trainer, env, ob, 12)  # updates move the actors away from their targets
+    batch = trainer.buffer.sample(64)
+
+    def flat(x):
+        return x.flatten(1, 2)
+
+    action = trainer._target_action("agent", batch, flat)
+    online, _ = trainer.actors["agent"](flat(batch["next_obs/agent"]))
+    target, _ = trainer.target["actors"]["agent"](flat(batch["next_obs/agent"]))
+    assert torch.equal(action.argmax(-1), online.argmax(-1))
+    assert not torch.equal(online.argmax(-1), target.argmax(-1))
+
+
+@pytest.mark.parametrize("joint", ["sampled", "current"])
+def test_maddpg_actors_ascend_q_at_the_joint_action_they_are_told(joint):
+    """sampled: agent i's Q at its current action and the others' stored ones (the paper);
+    current: every agent's Q at the joint action of the current actors (TorchRL's DDPGLoss)."""
+    trainer, env, ob = any_trainer(
+        "maddpg", (0,), actor_joint_action=joint, policy_regularization=0.0, critic_lr=1e-12
+    )
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.prepare(trainer.buffer.sample(64))
+    actors = copy.deepcopy(trainer.actors)  # the actors the loss sees, before their step
+
+    def flat(x):
+        return x.flatten(1, 2)
+
+    state = flat(batch["state"])
+    stored = trainer.critic_action(trainer.groups["agent"], flat(batch["action/agent"]))
+    mine = torch.tanh(actors["agent"](flat(batch["obs/agent"]))[0])  # [1, B, n, 2]
+    reported = trainer.update(batch)["actor"]
+    n = mine.shape[-2]
+    with torch.no_grad():
+        current = trainer._q(trainer.critics, "agent", state, mine.flatten(-2))[..., 0]
+        own = trainer.joint.with_own(stored.flatten(-2), "agent", mine)
+        sampled = trainer._q(trainer.critics, "agent", state, own)[..., 0]
+    expected = {"current": -current.mean(), "sampled": -sampled.mean()}
+    assert n == 2 and not torch.allclose(expected["current"], expected["sampled"], atol=1e-4)
+    assert torch.allclose(reported[0], expected[joint], atol=1e-5), (reported, expected)
+
+
 def test_matd3_smooths_discrete_targets_by_sampling_at_temperature_target_noise():
     trainer, env, ob = _trainer("matd3", (0,), target_noise=1.0)
     ob = _fill(trainer, env, ob, 6)
@@ -109,6 +168,28 @@ def test_the_qmix_mixer_starts_with_a_gain_near_one():
     mixer(q, state).sum().backward()
     gain = q.grad.mean()
     assert 0.3 < float(gain) < 10.0, float(gain)
+
+
+def test_one_layer_hypernetworks_compute_the_papers_mixer():
+    """`hypernet_layers: 1`: w1, w2 and b1 are linear maps of the state, and Q_tot is
+    |W2 s|·elu(q·|W1 s| + B1 s) + V(s), as TorchRL's QMixer (BenchMARL's) computes it."""
+    trainer, env, _ = _trainer("qmix", (0,), hypernet_layers=1, mixer_embed=8)
+    mixer, n, D = trainer.mixer, env.info.n_agents, env.info.state_dim
+    for net in (mixer.hyper_w1, mixer.hyper_b1, mixer.hyper_w2):
+        assert len(net.weights) == 1  # one linear layer
+    assert len(mixer.value.weights) == 2  # V(s) keeps its hidden ReLU layer
+    state, q = torch.randn(64, D), torch.randn(64, n)
+
+    def linear(net, x, index=0):
+        return x @ net.weights[index][0, 0] + net.biases[index][0, 0]  # [in, out]
+
+    w1 = linear(mixer.hyper_w1, state).abs().view(64, n, 8)
+    hidden = F.elu(torch.einsum("xn,xne->xe", q, w1) + linear(mixer.hyper_b1, state))
+    value = linear(mixer.value, torch.relu(linear(mixer.value, state)), 1).squeeze(-1)
+    expected = (hidden * linear(mixer.hyper_w2, state).abs()).sum(-1) + value
+    assert torch.allclose(mixer(q[None], state[None])[0], expected, atol=1e-5)
+    two = _trainer("qmix", (0,), mixer_embed=8)[0].mixer
+    assert len(two.hyper_w1.weights) == 2  # the default keeps EPyMARL's hidden layer
 
 
 def test_time_limits_end_returns_only_when_told():

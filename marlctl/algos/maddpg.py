@@ -55,6 +55,19 @@ class DDPGFamilyConfig(OffPolicyConfig):
         description="Weight of the squared actor outputs in the actor loss (as in the MADDPG "
         "code): keeps logits and pre-tanh means from saturating.",
     )
+    actor_joint_action: Literal["sampled", "current"] = Field(
+        "sampled",
+        description="The other agents' actions in each actor's Q: sampled = as stored in the "
+        "replay batch, each actor's gradient through its own action only (the MADDPG paper, "
+        "eq. 5); current = every agent's action from its current actor, each actor's gradient "
+        "through all of them (TorchRL's DDPGLoss, as BenchMARL trains MADDPG).",
+    )
+    target_actor: bool = Field(
+        True,
+        description="The next action in the critics' TD target from a Polyak-averaged copy of "
+        "the actors (the MADDPG paper); false = from the current actors (TorchRL's DDPGLoss "
+        "with delay_actor false, as BenchMARL trains MADDPG).",
+    )
     ensemble: int = Field(
         1,
         ge=1,

@@ -89,8 +89,18 @@ _COMMON = dict(
 class QMIXConfig(QLearningConfig):
     name: Literal["qmix"] = "qmix"
     mixer_embed: int = Field(32, ge=1, le=4096, description="Width of the mixing network.")
+    hypernet_layers: Literal[1, 2] = Field(
+        2,
+        description="Layers of each hypernetwork that emits a mixing weight: 1 = one linear "
+        "map of the state (the QMIX paper, pymarl, TorchRL's QMixer); 2 = a ReLU hidden layer "
+        "of `hypernet_hidden` units first (EPyMARL's and pymarl2's `hypernet_layers: 2`).",
+    )
     hypernet_hidden: int = Field(
-        64, ge=1, le=4096, description="Hidden width of the hypernetworks that emit its weights."
+        64,
+        ge=1,
+        le=4096,
+        description="Hidden width of the hypernetworks that emit its weights "
+        "(`hypernet_layers: 2`).",
     )
 
 

@@ -7,8 +7,13 @@ Agents with the same observation and action spaces form a group, as on every bac
 heterogeneous scenarios (football's teams, MPE's speaker and listener) get one group each.
 Ended envs are reset in place (`reset_at`; all at once when every env ended, as under a
 common time limit). VMAS has no global state: a centralised critic reads every agent's
-observation, concatenated. Random draws come from VMAS's own random state, seeded by
-`reset(seed)`.
+observation, concatenated.
+
+VMAS draws from one random state per process, shared by every VMAS env in it (and from the
+device's CUDA generator on a GPU). Each `VmasEnv` keeps a state of its own, seeded by
+`reset(seed)`, and swaps it in around every call into VMAS: training and evaluation envs
+never draw from each other's stream, and `VmasSeeds` steps one env per seed
+(`hardware.batch_seeds`) with each seed's draws exactly those it makes alone.
 
 Scenario parameters are the keywords each scenario's `make_world` reads from its kwargs
 (`n_agents`, `shared_rew`, ...), found in its source; `continuous_actions`, `max_steps` and
@@ -18,6 +23,7 @@ the other keywords of `vmas.make_env` sit beside them in `env.params`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -156,15 +162,17 @@ class VmasEnv:
         self.device, self.num_envs = torch.device(device), num_envs
         self.render_mode = render_mode
         self.frames: list | None = [] if render_mode else None
-        self.env = vmas.make_env(
-            scenario,
-            num_envs=num_envs,
-            device=self.device,
-            dict_spaces=True,
-            terminated_truncated=True,
-            clamp_actions=True,
-            **kwargs,
-        )
+        self._random = _seeded_state(0, self.device)
+        with self._own_random():
+            self.env = vmas.make_env(
+                scenario,
+                num_envs=num_envs,
+                device=self.device,
+                dict_spaces=True,
+                terminated_truncated=True,
+                clamp_actions=True,
+                **kwargs,
+            )
         names = [a.name for a in self.env.agents]
         by_key: dict[tuple[str, str], list[str]] = {}
         for name in names:
@@ -197,6 +205,30 @@ class VmasEnv:
         self.info = EnvInfo(env_id, "marlctl.envs.vmas:make", tuple(groups), state_dim, False,
                             tuple(names))  # fmt: skip
 
+    @contextlib.contextmanager
+    def _own_random(self):
+        """VMAS's process-wide random state (and the device's CUDA generator) set to this
+        env's own for the duration, then put back."""
+        import torch
+        from vmas.simulator.environment.environment import Environment
+
+        shared = Environment.vmas_random_state
+        saved = list(shared)
+        cuda = self.device.type == "cuda"
+        saved_cuda = torch.cuda.get_rng_state(self.device) if cuda else None
+        shared[:] = self._random[:3]
+        if cuda:
+            torch.cuda.set_rng_state(self._random[3], self.device)
+        try:
+            yield
+        finally:
+            own = list(shared)
+            if cuda:
+                own.append(torch.cuda.get_rng_state(self.device))
+                torch.cuda.set_rng_state(saved_cuda, self.device)
+            self._random = own
+            shared[:] = saved
+
     # ------------------------------------------------------------ BatchedEnv
 
     def _observation(self, obs: dict):
@@ -217,21 +249,28 @@ class VmasEnv:
         return Observation(grouped, state, {g.name: None for g in self.info.groups}, active)
 
     def reset(self, seed: int):
-        self.env.seed(seed)
-        obs = self.env.reset()
-        self._frame()
+        with self._own_random():
+            self.env.seed(seed)
+            obs = self.env.reset()
+            self._frame()
         return self._observation(obs)
 
     def step(self, actions: dict):
         import torch
-
-        from marlctl.envs.batch import Transition
 
         joint = {}
         for g in self.info.groups:
             a = actions[g.name]
             for j, agent in enumerate(g.agents):
                 joint[agent] = a[:, j] if g.discrete else a[:, j].to(torch.float32)
+        with self._own_random():
+            return self._step(joint)
+
+    def _step(self, joint: dict):
+        import torch
+
+        from marlctl.envs.batch import Transition
+
         obs, rewards, terminated, truncated, _ = self.env.step(joint)
         E = self.num_envs
         self._frame()
@@ -264,3 +303,78 @@ class VmasEnv:
 
     def close(self) -> None:
         pass
+
+
+def _seeded_state(seed: int, device) -> list:
+    """A VMAS random state (torch, numpy, random) as `vmas.Environment.seed(seed)` leaves
+    it, and on a GPU the device generator's current one."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = [
+        torch.Generator().manual_seed(seed).get_state(),
+        np.random.RandomState(seed).get_state(),
+        random.Random(seed).getstate(),
+    ]
+    if device.type == "cuda":  # reseeded by the first `reset(seed)`
+        state.append(torch.cuda.get_rng_state(device))
+    return state
+
+
+class VmasSeeds:
+    """BatchedEnv over one `VmasEnv` per seed (`hardware.batch_seeds`), rows seed-major
+    `[S * E, ...]`. Each seed's env steps with its own random state, so a seed computes what
+    it computes alone; the trainer sees one batch."""
+
+    def __init__(
+        self, env_id: str, scenario: str, params: dict[str, Any], num_envs: int, device, seeds: int
+    ):
+        self.envs = [VmasEnv(env_id, scenario, params, num_envs, device) for _ in range(seeds)]
+        self.info, self.device = self.envs[0].info, self.envs[0].device
+        self.num_envs, self.frames = num_envs * seeds, None
+        self._per = num_envs
+
+    def reset(self, seeds):
+        return _joined([env.reset(s) for env, s in zip(self.envs, seeds, strict=True)])
+
+    def step(self, actions: dict):
+        import torch
+
+        E = self._per
+        parts = [
+            env.step({k: v[i * E : (i + 1) * E] for k, v in actions.items()})
+            for i, env in enumerate(self.envs)
+        ]
+        nxt = _joined([tr.next for tr in parts])
+        return parts[0]._replace(
+            next=nxt,
+            rewards={k: torch.cat([tr.rewards[k] for tr in parts]) for k in nxt.obs},
+            terminated=torch.cat([tr.terminated for tr in parts]),
+            truncated=torch.cat([tr.truncated for tr in parts]),
+            # `final is next` where no episode ended: the trainer then skips bootstrapping
+            final=nxt
+            if all(tr.final is tr.next for tr in parts)
+            else _joined([tr.final for tr in parts]),
+        )
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _joined(parts: list):
+    """The seeds' observations as one batch, seed-major."""
+    import torch
+
+    from marlctl.envs.batch import Observation
+
+    def cat(field: str) -> dict:
+        return {
+            k: None if v is None else torch.cat([getattr(p, field)[k] for p in parts])
+            for k, v in getattr(parts[0], field).items()
+        }
+
+    state = torch.cat([p.state for p in parts])
+    return Observation(cat("obs"), state, cat("masks"), cat("active"))

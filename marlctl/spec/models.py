@@ -151,8 +151,8 @@ class HardwareSpec(Strict):
     batch_seeds: bool = Field(
         False,
         description="Train the seeds together in one process as one batched model set per "
-        "device (native backend): far higher total throughput when one seed leaves the device "
-        "idle. Each seed keeps its own MLflow run and computes what it would alone.",
+        "device (native and vmas backends): far higher total throughput when one seed leaves "
+        "the device idle. Each seed keeps its own MLflow run and computes what it would alone.",
     )
     compile: bool | Literal["auto"] = Field(
         "auto",

@@ -2,7 +2,8 @@
 
 MADDPG (Lowe et al. 2017): each agent has a deterministic actor on its own observation and
 a centralised critic Q_i(s, a_1..a_N) on the global state and every agent's action, trained
-from replay; the actor follows dQ_i/da_i with the other agents' actions from the sample.
+from replay; the actor follows dQ_i/da_i with the other agents' actions from the sample (or,
+with `actor_joint_action: current`, every agent's action from its current actor).
 Discrete actions are relaxed with straight-through Gumbel-softmax (Jang et al. 2017).
 Policy ensembles keep K actors per agent, one drawn per episode.
 
@@ -209,13 +210,15 @@ class MADDPGTrainer(OffPolicyTrainer):
     @torch.no_grad()
     def _target_action(self, name: str, batch: dict, flat) -> torch.Tensor:
         """mu'(o'): the target actor's greedy action (EPyMARL's `target_actions`: the one-hot
-        argmax for discrete actions). MATD3 smooths it: continuous actions get clipped
-        Gaussian noise; discrete ones are sampled from softmax(logits / target_noise), the
-        argmax of the logits plus Gumbel noise scaled by `target_noise`."""
+        argmax for discrete actions), or the current actor's without `target_actor`. MATD3
+        smooths it: continuous actions get clipped Gaussian noise; discrete ones are sampled
+        from softmax(logits / target_noise), the argmax of the logits plus Gumbel noise scaled
+        by `target_noise`."""
         group, cfg = self.groups[name], self.cfg
         member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
         obs = flat(batch[f"next_obs/{name}"])
-        out, _ = self.target["actors"][name](flat_obs(obs, group), member=member)
+        actors = self.target["actors"] if cfg.target_actor else self.actors
+        out, _ = actors[name](flat_obs(obs, group), member=member)
         smooth = self.twin and cfg.target_noise > 0
         if group.discrete:
             mask = batch.get(f"next_mask/{name}")
@@ -233,11 +236,15 @@ class MADDPGTrainer(OffPolicyTrainer):
     def _q(self, critics: nn.ModuleDict, name: str, state: torch.Tensor, joint: torch.Tensor):
         """Q of group `name`'s agents from every critic of the ensemble `[S, X, n, K]`; joint
         `[S, X, J]`, or per agent `[S, X, n, J]`."""
-        n = self.groups[name].n_agents
+        n, critic = self.groups[name].n_agents, critics[name]
+        if joint.dim() == 3 and critic.sharing == "shared" and not critic.id_dim:
+            # Every agent's input is the same, and so its value: one per sample, broadcast.
+            q = critic.every_member(torch.cat([state, joint], -1).unsqueeze(-2)).squeeze(-1)
+            return q.expand(*q.shape[:2], n, q.shape[-1])
         if joint.dim() == 3:
             joint = joint.unsqueeze(-2).expand(*joint.shape[:2], n, joint.shape[-1])
         s = state.unsqueeze(-2).expand(*state.shape[:2], n, state.shape[-1])
-        return critics[name].every_member(torch.cat([s, joint], -1)).squeeze(-1)
+        return critic.every_member(torch.cat([s, joint], -1)).squeeze(-1)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, S = self.cfg, len(self.seeds)
@@ -281,18 +288,20 @@ class MADDPGTrainer(OffPolicyTrainer):
         pairs = [(self.target["critics"], self.critics)]
         if self.updates % delay == 0:
             freeze(self.critic_params, True)  # the actor loss trains the actors only
+            outs, owns = {}, {}
             for name, group in self.groups.items():
                 obs = flat(batch[f"obs/{name}"])
                 member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
-                out, _ = self.actors[name](flat_obs(obs, group), member=member)
+                outs[name], _ = self.actors[name](flat_obs(obs, group), member=member)
                 mask = batch.get(f"mask/{name}")
-                own = self._relaxed(name, out, None if mask is None else flat(mask))
-                joint_own = self.joint.with_own(joint, name, own)
-                q = self._q(self.critics, name, state, joint_own)[..., 0]  # TD3: the first
-                active = weights[name]
-                regular = (out**2).mean(-1)
+                owns[name] = self._relaxed(name, outs[name], None if mask is None else flat(mask))
+            current = self.joint.join(owns) if cfg.actor_joint_action == "current" else None
+            for name in self.groups:
+                acted = self.joint.with_own(joint, name, owns[name]) if current is None else current
+                q = self._q(self.critics, name, state, acted)[..., 0]  # TD3: the first
+                regular = (outs[name] ** 2).mean(-1)
                 actor_loss = actor_loss + masked_mean(
-                    -q + cfg.policy_regularization * regular, active
+                    -q + cfg.policy_regularization * regular, weights[name]
                 )
             actor_opt = self.optimizers["actor"]
             actor_opt.zero_grad(set_to_none=True)

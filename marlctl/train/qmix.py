@@ -32,10 +32,10 @@ from marlctl.train.offpolicy import OffPolicyTrainer
 class QMixer(nn.Module):
     """Q_tot(q, s) = w2(s)·elu(w1(s)·q + b1(s)) + V(s), with |w1|, |w2| (QMIX §4.2).
 
-    Two-layer hypernetworks for w1 and w2, `nn.Linear`'s default initialisation, as in
-    EPyMARL's `modules/mixers/qmix.py` (`hypernet_layers: 2`): the mixer's gain
+    Hypernetworks for w1 and w2 of `layers` layers, `nn.Linear`'s default initialisation, as
+    in EPyMARL's `modules/mixers/qmix.py` (`hypernet_layers`). With two, the mixer's gain
     d Q_tot / d Q_i starts near 1 to 3, in the range where the agents' own Q values sit
-    once rewards are standardised.
+    once rewards are standardised; one is the paper's and TorchRL's `QMixer`.
     """
 
     def __init__(
@@ -44,6 +44,7 @@ class QMixer(nn.Module):
         n_agents: int,
         state_dim: int,
         embed: int,
+        layers: int,
         hidden: int,
         generators: list[torch.Generator],
     ):
@@ -56,9 +57,10 @@ class QMixer(nn.Module):
             "out_gain": 1.0,
             "init": "torch",
         }
-        self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, [hidden], n_agents * embed, **common)
+        widths = [hidden] * (layers - 1)
+        self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, widths, n_agents * embed, **common)
         self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, **common)
-        self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, [hidden], embed, **common)
+        self.hyper_w2 = BatchedMLP(seeds, 1, state_dim, widths, embed, **common)
         self.value = BatchedMLP(seeds, 1, state_dim, [embed], 1, **common)
 
     def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -103,8 +105,8 @@ class QLearningTrainer(OffPolicyTrainer):
         self.mixer = None
         if config.name == "qmix":
             self.mixer = QMixer(
-                S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_hidden,
-                self.init_generators,
+                S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_layers,
+                config.hypernet_hidden, self.init_generators,
             )  # fmt: skip
             networks["mixer"] = self.mixer
         online = nn.ModuleDict(networks)

@@ -160,8 +160,9 @@ def make_env(
     workers: int = 0,
     seeds: int = 1,
 ) -> BatchedEnv:
-    """`num_envs` envs for each of `seeds` seeds, seed-major, on the spec's backend; a native
-    env must present the same spaces as its PettingZoo original (`info`)."""
+    """`num_envs` envs for each of `seeds` seeds, seed-major, on the spec's backend (native
+    or vmas for several); a native env must present the same spaces as its PettingZoo
+    original (`info`)."""
     params = dict(spec.env.params)
     if spec.env.backend == "native":
         from marlctl.envs.native import native_class
@@ -170,14 +171,16 @@ def make_env(
         if env.info.groups != info.groups or env.info.state_dim != info.state_dim:
             raise RuntimeError(f"native '{info.id}' does not match its PettingZoo original")
         return env
-    if seeds != 1:
-        raise ValueError("seeds are batched on the native backend only")
     if spec.env.backend == "vmas":
         from marlctl.envs.registry import lookup
-        from marlctl.envs.vmas import VmasEnv
+        from marlctl.envs.vmas import VmasEnv, VmasSeeds
 
         scenario = dict(lookup(spec.env.id).kwargs)["scenario"]
+        if seeds != 1:
+            return VmasSeeds(spec.env.id, scenario, params, num_envs, device, seeds)
         return VmasEnv(spec.env.id, scenario, params, num_envs, device)
+    if seeds != 1:
+        raise ValueError("seeds are batched on the native and vmas backends only")
     from marlctl.envs.pettingzoo import PettingZooEnv
 
     return PettingZooEnv(
