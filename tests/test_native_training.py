@@ -237,6 +237,23 @@ def test_list_envs_shows_the_native_backend():
     assert backends["sisl/pursuit"] == ["pettingzoo"]
 
 
+def batched_and_alone(tmp_path, body: dict) -> dict:
+    """Runs `body` (`batch_seeds: true`, seeds [0, 1, ...]) and its seed 1 alone; asserts that
+    seed 1 of the batch logged what it logged alone. The batched run's summary."""
+    from test_training import history
+
+    batched = run_json("run", str(write_spec(tmp_path, body, "batched.yaml")))
+    assert batched["exit_code"] == 0, batched
+    alone_body = {**body, "seeds": [1], "hardware": {**body["hardware"], "batch_seeds": False}}
+    alone = run_json("run", str(write_spec(tmp_path, alone_body, "alone.yaml")))
+    assert alone["exit_code"] == 0, alone
+    ours, theirs = batched["runs"][1], alone["runs"][0]
+    assert ours["final_return"] == theirs["final_return"]
+    for key in ("loss/value", "loss/policy", "eval/return_mean", "train/return_mean"):
+        assert history(ours["run_id"], key) == history(theirs["run_id"], key), key
+    return batched
+
+
 def test_batched_seeds_compute_what_each_seed_computes_alone(tmp_path):
     body = native_spec(tmp_path, seeds=[0, 1, 2], hardware={"batch_seeds": True, "num_envs": 32})
     body["train"] = {
@@ -245,19 +262,9 @@ def test_batched_seeds_compute_what_each_seed_computes_alone(tmp_path):
         "eval_episodes": 16,
         "checkpoint_every": 6_400,
     }
-    batched = run_json("run", str(write_spec(tmp_path, body, "batched.yaml")))
-    assert batched["exit_code"] == 0, batched
+    batched = batched_and_alone(tmp_path, body)
     assert [r["seed"] for r in batched["runs"]] == [0, 1, 2]
     assert len({r["run_id"] for r in batched["runs"]}) == 3
-    body.update(seeds=[1], hardware={**body["hardware"], "batch_seeds": False})
-    alone = run_json("run", str(write_spec(tmp_path, body, "alone.yaml")))
-    assert alone["exit_code"] == 0, alone
-    from test_training import history
-
-    ours, theirs = batched["runs"][1], alone["runs"][0]
-    assert ours["final_return"] == theirs["final_return"]
-    for key in ("loss/value", "loss/policy", "eval/return_mean", "train/return_mean"):
-        assert history(ours["run_id"], key) == history(theirs["run_id"], key), key
     # Seeds differ from one another, and each seed's policy evaluates on its own.
     assert len({r["final_return"] for r in batched["runs"]}) == 3
     result = run_json("eval", batched["parent_run_id"], "--episodes", "8")

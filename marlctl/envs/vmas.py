@@ -334,7 +334,6 @@ class VmasSeeds:
         self.envs = [VmasEnv(env_id, scenario, params, num_envs, device) for _ in range(seeds)]
         self.info, self.device = self.envs[0].info, self.envs[0].device
         self.num_envs, self.frames = num_envs * seeds, None
-        self._per = num_envs
 
     def reset(self, seeds):
         return _joined([env.reset(s) for env, s in zip(self.envs, seeds, strict=True)])
@@ -342,7 +341,7 @@ class VmasSeeds:
     def step(self, actions: dict):
         import torch
 
-        E = self._per
+        E = self.envs[0].num_envs
         parts = [
             env.step({k: v[i * E : (i + 1) * E] for k, v in actions.items()})
             for i, env in enumerate(self.envs)

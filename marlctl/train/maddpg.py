@@ -237,7 +237,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         """Q of group `name`'s agents from every critic of the ensemble `[S, X, n, K]`; joint
         `[S, X, J]`, or per agent `[S, X, n, J]`."""
         n, critic = self.groups[name].n_agents, critics[name]
-        if joint.dim() == 3 and critic.sharing == "shared" and not critic.id_dim:
+        if joint.dim() == 3 and critic.same_for_every_agent:
             # Every agent's input is the same, and so its value: one per sample, broadcast.
             q = critic.every_member(torch.cat([state, joint], -1).unsqueeze(-2)).squeeze(-1)
             return q.expand(*q.shape[:2], n, q.shape[-1])

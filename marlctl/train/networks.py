@@ -139,6 +139,12 @@ class AgentNet(nn.Module):
             )  # fmt: skip
             self.hidden_size = 0
 
+    @property
+    def same_for_every_agent(self) -> bool:
+        """One network, no agent ids, no memory: equal inputs give every agent the same
+        output, so a caller whose input is every agent's can run it once and broadcast."""
+        return self.sharing == "shared" and not self.id_dim and not self.recurrent
+
     def initial_state(self, seeds: int, *lead: int, device: torch.device) -> torch.Tensor:
         return torch.zeros(seeds, *lead, self.n, self.hidden_size, device=device)
 

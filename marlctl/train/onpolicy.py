@@ -62,12 +62,7 @@ class GroupPolicy(nn.Module):
         )
         # A centralised critic with one network, no agent ids and no memory gives every agent
         # the same value (BenchMARL's MAPPO critic): it runs once per state, not per agent.
-        self.state_critic = (
-            centralised
-            and self.critic.copies == 1
-            and not self.critic.id_dim
-            and not self.critic.recurrent
-        )
+        self.state_critic = centralised and self.critic.same_for_every_agent
         copies = self.actor.copies
         self.log_std = (
             None
