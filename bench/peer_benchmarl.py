@@ -125,6 +125,10 @@ MAPPING_OFF_POLICY = [
      "(delay_value); use_tanh_mapping: true (TanhDelta)",
      "algo.actor_joint_action: current, algo.policy_regularization: 0, algo.target_actor: "
      "false; the actor's output through tanh"),
+    ("masac: TorchRL's SACLoss on the group, the actor loss at every agent's reparameterised "
+     "sample from its current policy, the TD target at every agent's next sample",
+     "algo.actor_joint_action: current (the TD target always samples every agent's next "
+     "action)"),
     ("masac: TanhNormal actor, scale_mapping biased_softplus_1.0",
      "not matched: marlctl's MASAC actor is tanh-squashed too, with SAC's log-std clamped to "
      "[-5, 2]"),
@@ -328,9 +332,14 @@ def off_policy_spec(algo: str, task: str, seeds: int, frames: int, threads: int)
             "double_q": False,
         }
     elif algo == "masac":
-        extra = {"critic_lr": lr, "alpha_lr": lr, "initial_alpha": config["alpha_init"],
-                 "autotune": not config["fixed_alpha"],
-                 "share_critic": config["share_param_critic"]}  # fmt: skip
+        extra = {
+            "critic_lr": lr,
+            "alpha_lr": lr,
+            "initial_alpha": config["alpha_init"],
+            "autotune": not config["fixed_alpha"],
+            "share_critic": config["share_param_critic"],
+            "actor_joint_action": "current",  # SACLoss: every agent's fresh sample
+        }
     else:  # maddpg: AdditiveGaussianModule, sigma annealed like QMIX's epsilon
         extra = {
             "critic_lr": lr,

@@ -128,6 +128,18 @@ def test_hasac_steps_one_agent_network_per_seed_and_position():
         assert torch.equal(sum(m.int() for m in steps), torch.ones(2, 3, dtype=torch.int))
 
 
+def test_hasac_takes_the_current_joint_action_only():
+    """The sequential update defines the others' actions; MASAC's stored-action mode is
+    refused rather than ignored."""
+    from pydantic import ValidationError
+
+    from marlctl.algos.hetero import HASACConfig
+
+    assert HASACConfig().actor_joint_action == "current"
+    with pytest.raises(ValidationError, match="actor_joint_action"):
+        HASACConfig(actor_joint_action="sampled")
+
+
 def test_hasac_hands_each_agent_the_actions_of_those_updated_before_it():
     from marlctl.train.hasac import HASACTrainer
 

@@ -234,6 +234,64 @@ def test_masac_gives_each_agent_its_own_critic_unless_told_to_share():
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+@pytest.mark.parametrize("joint", ["sampled", "current"])
+def test_masac_actors_step_against_q_at_the_joint_action_they_are_told(joint):
+    """sampled: agent i's soft Q at its fresh sample and the others' stored actions;
+    current: at every agent's fresh sample (TorchRL's SACLoss on a group, BenchMARL's)."""
+    trainer, env, ob = any_trainer(
+        "masac", (0,), actor_joint_action=joint, share_critic=True, model={"agent_ids": False}
+    )
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.prepare(trainer.buffer.sample(64))
+    alpha = trainer.log_alpha.detach().exp()[0, 0]
+    draws = []
+    sample = trainer.sample
+
+    def recorded(name, dist):
+        draws.append(sample(name, dist))
+        return draws[-1]
+
+    trainer.sample = recorded
+    reported = trainer.update(batch)["actor"]
+    action, log_prob = (x.detach() for x in draws[-1])  # the actors' draw: the last one
+    state = batch["state"].flatten(1, 2)
+    group = trainer.groups["agent"]
+    stored = trainer.critic_action(group, batch["action/agent"].flatten(1, 2))  # in [-1, 1]
+    n = action.shape[-2]
+    with torch.no_grad():
+        rows = []
+        for i in range(n):  # agent i's critic input, built by hand
+            mine = stored.clone() if joint == "sampled" else action.clone()
+            mine[..., i, :] = action[..., i, :]
+            x = torch.cat([state, mine.flatten(-2)], -1).unsqueeze(-2)
+            rows.append(trainer.critics["agent"].every_member(x).amin(-2)[..., 0, 0])
+        q = torch.stack(rows, -1)  # [1, B, n]
+    expected = (alpha * log_prob - q).mean()
+    assert n == 2 and torch.allclose(reported[0], expected, atol=1e-5), (reported, expected)
+
+
+def test_masac_runs_a_shared_critic_without_agent_ids_once_per_sample():
+    trainer, env, ob = any_trainer("masac", (0,), share_critic=True, model={"agent_ids": False})
+    ob = _fill(trainer, env, ob, 6)
+    batch = trainer.buffer.sample(32)
+    state = batch["state"].flatten(1, 2)
+    group = trainer.groups["agent"]
+    joint = {"agent": torch.rand(*state.shape[:2], group.n_agents, group.n_actions) * 2 - 1}
+    critic = trainer.critics["agent"]
+    once = trainer.q_values(critic, "agent", state, joint)  # [S, X, n, 2, 1]
+    each = critic.every_member(trainer.critic_input("agent", state, joint, joint["agent"]))
+    assert critic.same_for_every_agent and once.shape == each.shape
+    assert torch.allclose(once, each, atol=1e-6)
+
+
+def test_masac_with_discrete_actions_trains_on_the_current_policies_joint_action():
+    trainer, env, ob = _trainer("masac", (0, 1), actor_joint_action="current")
+    ob = _fill(trainer, env, ob, 12)
+    assert trainer.updates > 0
+    for p in trainer.policies.parameters():
+        assert torch.isfinite(p).all()
+
+
 def test_maddpg_exploration_noise_anneals_linearly_and_is_logged():
     trainer, env, ob = any_trainer(
         "maddpg", (0,), exploration_noise=0.8, exploration_noise_end=0.1, noise_anneal_steps=400

@@ -154,3 +154,8 @@ class HASACConfig(MASACConfig):
         description="Update the agents in their env order every step; false = a random order "
         "drawn for every gradient step (the paper's), each seed its own.",
     )
+    actor_joint_action: Literal["current"] = Field(  # type: ignore[assignment]
+        "current",
+        description="HASAC: always the other agents' current actions, as the sequential "
+        "update leaves them (resampled after each agent's step).",
+    )

@@ -56,6 +56,13 @@ class MASACConfig(OffPolicyConfig):
         "at 250k env steps, 3 seeds; a critic per agent: -17 there, and -12.2 at 1M, 5 seeds, "
         "`bench/results/algorithms.md`).",
     )
+    actor_joint_action: Literal["sampled", "current"] = Field(
+        "sampled",
+        description="The other agents' actions in each actor's Q: sampled = as stored in the "
+        "replay batch (MADDPG's actor update); current = drawn from every agent's current "
+        "policy, continuous samples reparameterised so that each actor's gradient runs "
+        "through all of them (TorchRL's SACLoss on a group, as BenchMARL trains MASAC).",
+    )
     # Christodoulou's 0.98 keeps a 5-action policy almost uniform (max entropy 1.609, target
     # 1.577) and its temperature grows without bound; BenchMARL's 0.2 lets the policy commit.
     target_entropy_scale: float = Field(

@@ -6,7 +6,8 @@ the agent's observation, two Q critics on the global state and every agent's act
 (centralised as in MADDPG, Lowe et al. 2017) with Polyak-averaged targets, the smaller of
 the two in every target (clipped double Q), and a temperature per group tuned towards a
 target entropy. Critics are one per agent unless `algo.share_critic`; actors follow
-`model.sharing`.
+`model.sharing`. An actor's Q takes the other agents' stored actions, or with
+`algo.actor_joint_action: current` every agent's fresh sample (TorchRL's SACLoss).
 
 Continuous actions: a tanh-squashed Gaussian, reparameterised; log-probabilities are those
 of the action in [-1, 1] (what the critics see), so the target entropy -A does not depend
@@ -183,8 +184,24 @@ class MASACTrainer(OffPolicyTrainer):
             blocks.append(block.flatten(-2))
         return torch.cat(blocks, -1)
 
-    def min_q(self, net, x: torch.Tensor) -> torch.Tensor:
-        return net.every_member(x).amin(-2)
+    def q_values(
+        self,
+        net,
+        name: str,
+        state: torch.Tensor,
+        joint: dict[str, torch.Tensor],
+        own: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Both critics of `net` for group `name`'s agents, `[S, X, n, 2, out]`; `own` as in
+        `critic_input`, None = each agent's own action as `joint` holds it. Then every
+        agent's input is the same, and a critic that gives every agent the same output
+        runs once per sample."""
+        if own is None and net.same_for_every_agent:
+            x = torch.cat([state, *(actions.flatten(-2) for actions in joint.values())], -1)
+            q = net.every_member(x.unsqueeze(-2))
+            return q.expand(*q.shape[:2], self.groups[name].n_agents, *q.shape[3:])
+        own = joint[name] if own is None else own
+        return net.every_member(self.critic_input(name, state, joint, own))
 
     # ------------------------------------------------------------ update
 
@@ -211,10 +228,8 @@ class MASACTrainer(OffPolicyTrainer):
             targets = {}
             for index, (name, g) in enumerate(self.groups.items()):
                 a = per_seed(alpha[:, index], active[name])
-                own = torch.zeros_like(joint[name]) if g.discrete else joint[name]
-                q = self.min_q(
-                    self.target[name], self.critic_input(name, b["next_state"], joint, own)
-                )
+                own = torch.zeros_like(joint[name]) if g.discrete else None
+                q = self.q_values(self.target[name], name, b["next_state"], joint, own).amin(-2)
                 if g.discrete:  # expectation over the agent's own next action
                     probs, log_probs = dists[name]
                     value = (probs * (q - a.unsqueeze(-1) * log_probs)).sum(-1)
@@ -231,8 +246,8 @@ class MASACTrainer(OffPolicyTrainer):
         }
         critic_loss = torch.zeros(S, device=self.device)
         for name, g in self.groups.items():
-            own = torch.zeros_like(taken[name]) if g.discrete else taken[name]
-            q = self.critics[name].every_member(self.critic_input(name, b["state"], taken, own))
+            own = torch.zeros_like(taken[name]) if g.discrete else None
+            q = self.q_values(self.critics[name], name, b["state"], taken, own)
             if g.discrete:  # [S, X, n, 2, A] -> the taken action's
                 index = b[f"action/{name}"][..., None, None].expand(*q.shape[:-1], 1)
                 q = q.gather(-1, index)
@@ -262,17 +277,30 @@ class MASACTrainer(OffPolicyTrainer):
         }
 
     def update_actors(self, b: dict, alpha, active: dict, obs: dict, taken: dict):
-        """One step of every actor against the critics, the other agents' actions as stored;
-        the actor loss, the temperature loss (to step) and the policies' entropy, per seed."""
+        """One step of every actor against the critics, the other agents' actions as stored
+        or, with `actor_joint_action: current`, drawn from their current policies; the actor
+        loss, the temperature loss (to step) and the policies' entropy, per seed."""
         cfg, S = self.cfg, len(self.seeds)
+        masks = {name: b.get(f"mask/{name}") for name in self.groups}
+        joint, drawn = taken, dict.fromkeys(self.groups)
+        if cfg.actor_joint_action == "current":
+            for name in self.groups:
+                dist = self.policy(name, obs[name], masks[name])
+                drawn[name] = dist, self.sample(name, dist)
+            # Continuous samples are reparameterised: each actor's gradient runs through
+            # every agent's action. A discrete one-hot carries no gradient.
+            joint = {
+                name: sample[1] if self.groups[name].discrete else sample[0]
+                for name, (_, sample) in drawn.items()
+            }
         actor_loss = torch.zeros(S, device=self.device)
         alpha_loss = torch.zeros(S, device=self.device)
         entropy = torch.zeros(S, device=self.device)
         for index, name in enumerate(self.groups):
-            mask = b.get(f"mask/{name}")
             loss, h, target = self.policy_loss(
-                name, alpha[:, index], obs[name], mask, b["state"], taken
-            )
+                name, alpha[:, index], obs[name], masks[name], b["state"], joint,
+                drawn=drawn[name],
+            )  # fmt: skip
             actor_loss = actor_loss + masked_mean(loss, active[name])
             alpha_loss = alpha_loss + self.temperature_loss(index, h, target, active[name])
             entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
@@ -291,29 +319,33 @@ class MASACTrainer(OffPolicyTrainer):
         state: torch.Tensor,
         joint: dict[str, torch.Tensor],
         copy: torch.Tensor | None = None,
+        drawn: tuple | None = None,
     ):
         """Group `name`'s soft policy loss per agent `[S, X, n]` against its critics, the
         other agents' actions from `joint`; the policy's entropy (detached) and the
         temperature's target entropy. `copy` `[S]`: agent `copy[s]` alone (obs and mask of
-        that agent, `[S, X, 1, ...]`; loss `[S, X, 1]`)."""
+        that agent, `[S, X, 1, ...]`; loss `[S, X, 1]`). `drawn`: the group's policy and
+        its sample (`sample`), already in `joint`; None = drawn here."""
         g = self.groups[name]
         a = per_seed(alpha, obs)
-        dist = self.policy(name, obs, mask, copy)
+        dist = self.policy(name, obs, mask, copy) if drawn is None else drawn[0]
+        critics = self.critics[name]
         if g.discrete:
             probs, log_probs = dist
             with torch.no_grad():  # Q does not depend on the policy here
                 own = torch.zeros_like(joint[name])
-                x = self.critic_input(name, state, joint, own)
-                q = self.pick(self.min_q(self.critics[name], x), copy)
+                q = self.pick(self.q_values(critics, name, state, joint, own).amin(-2), copy)
             loss = (probs * (a * log_probs - q)).sum(-1)
             h = -(probs * log_probs).sum(-1).detach()
             # Max entropy is log(allowed actions): a fixed log(n) could be out of reach.
             allowed = math.log(g.n_actions) if mask is None else mask.sum(-1).clamp_min(1).log()
             return loss, h, self.cfg.target_entropy_scale * allowed
-        action, log_prob = self.sample(name, dist)
-        own = action.expand_as(joint[name]) if copy is not None else action
-        x = self.critic_input(name, state, joint, own)
-        q = self.pick(self.min_q(self.critics[name], x), copy)
+        if drawn is None:
+            action, log_prob = self.sample(name, dist)
+            own = action.expand_as(joint[name]) if copy is not None else action
+        else:
+            (_, log_prob), own = drawn[1], None
+        q = self.pick(self.q_values(critics, name, state, joint, own).amin(-2), copy)
         return a.squeeze(-1) * log_prob - q.squeeze(-1), -log_prob.detach(), -float(g.n_actions)
 
     @staticmethod
