@@ -284,7 +284,7 @@ def test_masac_runs_a_shared_critic_without_agent_ids_once_per_sample():
     assert torch.allclose(once, each, atol=1e-6)
 
 
-def test_masac_with_discrete_actions_trains_on_the_current_policies_joint_action():
+def test_masac_with_discrete_actions_trains_with_actor_joint_action_current():
     trainer, env, ob = _trainer("masac", (0, 1), actor_joint_action="current")
     ob = _fill(trainer, env, ob, 12)
     assert trainer.updates > 0

@@ -239,8 +239,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         n, critic = self.groups[name].n_agents, critics[name]
         if joint.dim() == 3 and critic.same_for_every_agent:
             # Every agent's input is the same, and so its value: one per sample, broadcast.
-            q = critic.every_member(torch.cat([state, joint], -1).unsqueeze(-2)).squeeze(-1)
-            return q.expand(*q.shape[:2], n, q.shape[-1])
+            return critic.every_member_once(torch.cat([state, joint], -1)).squeeze(-1)
         if joint.dim() == 3:
             joint = joint.unsqueeze(-2).expand(*joint.shape[:2], n, joint.shape[-1])
         s = state.unsqueeze(-2).expand(*state.shape[:2], n, state.shape[-1])

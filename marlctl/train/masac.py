@@ -198,8 +198,7 @@ class MASACTrainer(OffPolicyTrainer):
         runs once per sample."""
         if own is None and net.same_for_every_agent:
             x = torch.cat([state, *(actions.flatten(-2) for actions in joint.values())], -1)
-            q = net.every_member(x.unsqueeze(-2))
-            return q.expand(*q.shape[:2], self.groups[name].n_agents, *q.shape[3:])
+            return net.every_member_once(x)
         own = joint[name] if own is None else own
         return net.every_member(self.critic_input(name, state, joint, own))
 

@@ -181,6 +181,12 @@ class AgentNet(nn.Module):
         (e.g. twin critics)."""
         return self._members(self._with_ids(x))
 
+    def every_member_once(self, x: torch.Tensor) -> torch.Tensor:
+        """`every_member` for an input `[S, ..., in]` that every agent shares, on a network
+        `same_for_every_agent`: one pass, broadcast to `[S, ..., n, K, out]`."""
+        out = self.every_member(x.unsqueeze(-2))
+        return out.expand(*out.shape[:-3], self.n, *out.shape[-2:])
+
     def _members(self, x: torch.Tensor) -> torch.Tensor:
         K, n = self.ensemble, self.n
         x = x.unsqueeze(-2).expand(*x.shape[:-1], K, x.shape[-1])  # [S, ..., n, K, in]
