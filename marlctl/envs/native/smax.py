@@ -272,43 +272,54 @@ class Smax(NativeEnv):
 
     # ------------------------------------------------------------ observations
 
-    def _unit_features(self) -> torch.Tensor:
-        """Every unit as every other unit sees it, in each viewer's order:
-        `[E, N(viewer), N - 1, UNIT_FEATURES]`, zeros where not visible."""
+    def _unit_features(self, viewers: slice) -> torch.Tensor:
+        """Every unit as the units `viewers` see it, in each viewer's order:
+        `[E, V, N - 1, UNIT_FEATURES]`, zeros where not visible. Only the relative position
+        depends on the viewer: the rest is one row per unit, gathered into each view."""
         pos, types, alive = self.pos, self.types, self.alive
-        E, N = pos.shape[0], self.N
-        seen = self.seen.expand(E, N, N - 1)
-        gather = lambda x: x.unsqueeze(1).expand(E, N, N).gather(2, seen)  # noqa: E731
-        seen_types = gather(types)
-        viewer_sight = self.type_sight[types].unsqueeze(-1)  # [E, N, 1]
-        seen_pos = (
-            pos.unsqueeze(1).expand(E, N, N, 2).gather(2, seen.unsqueeze(-1).expand(E, N, N - 1, 2))
-        )
-        rel = seen_pos - pos.unsqueeze(2)
-        health = gather(self.health) / self.type_health_max[seen_types]
-        prev_move = (
-            self.prev_move.unsqueeze(1)
-            .expand(E, N, N, 2)
-            .gather(2, seen.unsqueeze(-1).expand(E, N, N - 1, 2))
-        )
-        seen_is_enemy = gather(self.team.expand(E, N))
+        seen = self.seen[viewers]  # [V, N - 1]: indexing with it lists each viewer's units
         max_action = torch.where(
-            seen_is_enemy, float(self.A + MOVES - 1), float(self.E_units + MOVES - 1)
+            self.team, float(self.A + MOVES - 1), float(self.E_units + MOVES - 1)
         )
-        prev_attack = gather(self.prev_attack).to(self.dtype) / max_action
-        if not self.see_enemy_actions:
-            same = seen_is_enemy == self.team.view(1, N, 1)
-            prev_move = torch.where(same.unsqueeze(-1), prev_move, 0.0)
-            prev_attack = torch.where(same, prev_attack, 0.0)
-        cooldown = (gather(self.cooldown) / self.type_cooldown_max[seen_types]).clamp(0.0, 1.0)
-        one_hot = torch.nn.functional.one_hot(seen_types, N_TYPES).to(self.dtype)
-        features = torch.cat(
-            [health.unsqueeze(-1), rel / viewer_sight.unsqueeze(-1), prev_move,
-             prev_attack.unsqueeze(-1), cooldown.unsqueeze(-1), one_hot], -1,
-        )  # fmt: skip
+        cooldown = (self.cooldown / self.type_cooldown_max[types]).clamp(0.0, 1.0)
+        one_hot = torch.nn.functional.one_hot(types, N_TYPES).to(self.dtype)
+        units = torch.cat(
+            [(self.health / self.type_health_max[types]).unsqueeze(-1), self.prev_move,
+             (self.prev_attack.to(self.dtype) / max_action).unsqueeze(-1),
+             cooldown.unsqueeze(-1), one_hot], -1,
+        )[:, seen]  # fmt: skip
+        if not self.see_enemy_actions:  # the other team's last actions are hidden
+            same = (self.team[seen] == self.team[viewers].unsqueeze(-1)).unsqueeze(-1)
+            units[..., 1:4] = torch.where(same, units[..., 1:4], 0.0)
+        viewer_sight = self.type_sight[types[:, viewers]].unsqueeze(-1)  # [E, V, 1]
+        rel = pos[:, seen] - pos[:, viewers].unsqueeze(2)
         visible = torch.linalg.vector_norm(rel, dim=-1) < viewer_sight
-        visible = visible & alive.unsqueeze(-1) & gather(alive)
+        visible = visible & alive[:, viewers].unsqueeze(-1) & alive[:, seen]
+        rel = rel / viewer_sight.unsqueeze(-1)
+        features = torch.cat([units[..., :1], rel, units[..., 1:]], -1)
         return torch.where(visible.unsqueeze(-1), features, 0.0)
+
+    def _enemy_view(self) -> dict[str, torch.Tensor]:
+        """What the heuristic reads of each enemy's observation, computed as the observation
+        computes it: the allies (in the enemy's order) relative to it, scaled by its sight
+        and back, which of them it sees, and its own type and position (zeros when dead)."""
+        A = self.A
+        pos, types, alive = self.pos, self.types, self.alive
+        allies = self.seen[A:, self.E_units - 1 :]  # [En, A]: the allies, reversed
+        own_alive = alive[:, A:]
+        sight = self.type_sight[types[:, A:]].unsqueeze(-1)  # [E, En, 1]
+        rel = pos[:, allies] - pos[:, A:].unsqueeze(2)  # [E, En, A, 2]
+        visible = torch.linalg.vector_norm(rel, dim=-1) < sight
+        visible = visible & own_alive.unsqueeze(-1) & alive[:, allies]
+        observed = torch.where(visible.unsqueeze(-1), rel / sight.unsqueeze(-1), 0.0)
+        unit_type = torch.where(own_alive, types[:, A:], 0)
+        own = torch.where(own_alive.unsqueeze(-1), pos[:, A:] / self.map_size, 0.0)
+        return {
+            "rel": observed * self.type_sight[unit_type].view(*unit_type.shape, 1, 1),
+            "visible": visible,
+            "unit_type": unit_type,
+            "own_pos": own * self.map_size,
+        }
 
     def _own_features(self, normalised: bool) -> torch.Tensor:
         types = self.types
@@ -322,10 +333,10 @@ class Smax(NativeEnv):
         own = torch.cat([health.unsqueeze(-1), pos, cooldown.unsqueeze(-1), one_hot], -1)
         return torch.where(self.alive.unsqueeze(-1), own, 0.0)
 
-    def _all_obs(self) -> torch.Tensor:
-        """Every unit's `unit_list` observation `[E, N, obs_dim]`."""
-        others = self._unit_features().flatten(2)
-        return torch.cat([others, self._own_features(True)], -1)
+    def _ally_obs(self) -> torch.Tensor:
+        """The allies' `unit_list` observations `[E, A, obs_dim]`."""
+        others = self._unit_features(slice(0, self.A)).flatten(2)
+        return torch.cat([others, self._own_features(True)[:, : self.A]], -1)
 
     def _state(self) -> torch.Tensor:
         E = self.pos.shape[0]
@@ -348,28 +359,22 @@ class Smax(NativeEnv):
         return torch.cat([moves, stop, shoot], -1)
 
     def observe(self):
-        # Every unit's view: the allies' is returned, the enemies' is what the heuristic acts
-        # on in the next `advance` (a step ends with this state observed, so it is kept).
-        self._unit_obs = self._all_obs()
-        return {"ally": self._unit_obs[:, : self.A]}, self._state(), {"ally": self._ally_masks()}
+        # The allies' observations are returned; what the enemies observe is what the
+        # heuristic acts on in the next `advance` (a step ends with this state observed, so
+        # the part of it the heuristic reads is kept).
+        self._enemy_obs = self._enemy_view()
+        return {"ally": self._ally_obs()}, self._state(), {"ally": self._ally_masks()}
 
     # ------------------------------------------------------------ the enemy heuristic
 
-    def _heuristic(self, obs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def _heuristic(self, view: dict[str, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
         """SMAX's scripted enemies (`create_heuristic_policy(team=1)`): attack the closest
         ally in range (or one at random, `attack_mode: random`), keeping the last target
         while it stays in range; otherwise walk towards a random visible ally, or to the
-        point opposite the start through the map's centre. `obs` `[E, n, obs_dim]` are the
-        enemies' observations, `u` `[E, n]` uniform numbers; returns actions `[E, n]`."""
-        En, N, F = self.E_units, self.N, UNIT_FEATURES
-        own = (N - 1) * F
-        type_bits = obs[..., -N_TYPES:]
-        unit_type = torch.where(type_bits.any(-1), type_bits.argmax(-1), 0)
-        first = (En - 1) * F
-        rel = torch.stack([obs[..., first + 1 : own : F], obs[..., first + 2 : own : F]], -1)
-        rel = rel * self.type_sight[unit_type].view(*unit_type.shape, 1, 1)  # [E, n, A, 2]
-        own_pos = obs[..., own + 1 : own + 3] * self.map_size
-        visible = obs[..., first:own:F] > 0
+        point opposite the start through the map's centre. `view` is what the enemies
+        observe (`_enemy_view`), `u` `[E, n]` uniform numbers; returns actions `[E, n]`."""
+        rel, visible, unit_type = view["rel"], view["visible"], view["unit_type"]
+        own_pos = view["own_pos"]
         dist = torch.linalg.vector_norm(rel, dim=-1)
         shootable = (dist < self.type_attack_range[unit_type].unsqueeze(-1)) & visible
         can_shoot = shootable.any(-1)
@@ -401,8 +406,8 @@ class Smax(NativeEnv):
 
     def advance(self, actions: dict[str, torch.Tensor]):
         E, A = self.pos.shape[0], self.A
-        enemy_obs = self._unit_obs[:, A:]  # observed at the end of the last reset or step
-        enemy = self._heuristic(enemy_obs, self.uniform(E, self.E_units))
+        # The enemies' view, observed at the end of the last reset or step.
+        enemy = self._heuristic(self._enemy_obs, self.uniform(E, self.E_units))
         joint = torch.cat([actions["ally"].long(), enemy], 1)
         move, attack = self._decode(joint)
         before = self.health
