@@ -1,0 +1,50 @@
+"""The algorithm benchmark's rows: every spec it would train validates, and a variant of a
+preset trains the preset with only the variant's values changed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from marlctl.algos import registered_algos
+from marlctl.cli import app
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import algorithms  # noqa: E402
+
+runner = CliRunner()
+ROWS = [*registered_algos(), *algorithms.PRESETS, *algorithms.VARIANTS]
+
+
+@pytest.mark.parametrize("algo", ROWS)
+def test_every_benchmark_row_compiles_to_a_valid_spec(algo: str, tmp_path: Path) -> None:
+    on_policy = registered_algos()[algorithms.registered(algo)].on_policy
+    for task in algorithms.TASKS:
+        spec = algorithms.spec_for(algo, task, 2_000, 2, on_policy, {"device": "cpu"})
+        spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+        path = tmp_path / f"{task}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        result = runner.invoke(app, ["run", str(path), "--dry-run", "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["plan"]["algo"] == algorithms.registered(algo)
+        assert len(data["plan"]["runs"]) == 2
+        for name, value in algorithms.settings(algo, on_policy)["algo"].items():
+            assert data["spec"]["algo"][name] == value, name
+
+
+def test_a_preset_variant_changes_only_its_own_values() -> None:
+    a2c = algorithms.settings("a2c", True)
+    variant = algorithms.settings("a2c-lr4e-3", True)
+    assert variant["algo"] == {**a2c["algo"], "lr": 4e-3}
+    assert variant["num_envs"] == a2c["num_envs"]
+    independent = algorithms.settings("ia2c-lr4e-3", True)
+    assert independent["algo"] == {**variant["algo"], "name": "ippo"}
+    assert algorithms.registered("ia2c-lr4e-3") == "ippo"
+    assert algorithms.registered("a2c-lr4e-3") == algorithms.preset("a2c")["name"]
