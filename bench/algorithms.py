@@ -57,47 +57,40 @@ EXTRA = {
     "happo": {"rollout_steps": 25, "critic_epochs": 4},
     "hatrpo": {"rollout_steps": 25, "epochs": 1, "critic_epochs": 4},
 }
-# Presets benchmarked as algorithms: their values replace the family's settings.
-PRESETS = {"a2c": ROOT / "algos" / "a2c.yaml"}
+# Presets benchmarked as algorithms (`algos/NAME.yaml`): their values replace the family's.
+PRESETS = ("a2c", "ia2c")
 # Variants benchmarked as rows of their own: (algorithm or preset, settings beyond its own).
 # HARL trains HASAC (and its MASAC baseline) on MPE with 20-step returns. A2C's learning rate
-# is searched in its paper (log-uniform over 1e-4..1e-2); the preset keeps SB3's 7e-4, tuned
-# for 16 Atari envs, and a2c-lr4e-3 is the step that suits 640-transition batches here
-# (ia2c: the same without the centralised critic).
+# is searched in its paper (log-uniform over 1e-4..1e-2); the presets keep SB3's 7e-4, tuned
+# for 16 Atari envs, and lr 4e-3 is the step that suits 640-transition batches here.
 VARIANTS = {
     "masac-n20": ("masac", {"n_step": 20}),
     "hasac-n20": ("hasac", {"n_step": 20}),
     "a2c-lr4e-3": ("a2c", {"lr": 4e-3}),
-    "ia2c-lr4e-3": ("a2c-lr4e-3", {"name": "ippo"}),
+    "ia2c-lr4e-3": ("ia2c", {"lr": 4e-3}),
 }
 
 
 @functools.cache
-def preset(algo: str) -> dict:
-    return yaml.safe_load(PRESETS[algo].read_text())
+def preset(name: str) -> dict:
+    """A preset's values as a spec that pulls it in gets them (its own defaults composed)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-
-def resolved(algo: str) -> tuple[str, dict]:
-    """The algorithm or preset a benchmark row starts from, and the settings its variants change."""
-    if algo not in VARIANTS:
-        return algo, {}
-    base, changed = VARIANTS[algo]
-    root, earlier = resolved(base)
-    return root, {**earlier, **changed}
+    with initialize_config_dir(str(ROOT), version_base=None):
+        return OmegaConf.to_container(compose(overrides=[f"+algos={name}"]).algo)
 
 
 def registered(algo: str) -> str:
     """The registered algorithm a benchmark row trains (a preset or a variant names one)."""
-    root, changed = resolved(algo)
-    if "name" in changed:
-        return changed["name"]
-    return preset(root)["name"] if root in PRESETS else root
+    base = VARIANTS[algo][0] if algo in VARIANTS else algo
+    return preset(base)["name"] if base in PRESETS else base
 
 
 def settings(algo: str, on_policy: bool) -> dict:
-    root, changed = resolved(algo)
-    if root in PRESETS:
-        return {"num_envs": ON_POLICY["num_envs"], "algo": {**preset(root), **changed}}
+    base, changed = VARIANTS.get(algo, (algo, {}))
+    if base in PRESETS:
+        return {"num_envs": ON_POLICY["num_envs"], "algo": {**preset(base), **changed}}
     family = ON_POLICY if on_policy else OFF_POLICY
     extra = {**EXTRA.get(registered(algo), {}), **changed}
     if not extra:
@@ -326,9 +319,10 @@ def write_table(
         f"{seeds} seeds per cell, trained as one batch (`hardware.batch_seeds`); final eval "
         "return = mean over 100 deterministic episodes of the per-agent episode return; "
         "± is the 95% Student-t interval over seeds; 'worst' is the lowest seed. Settings: "
-        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}; a2c is "
-        "the on-policy trainer with `algos/a2c.yaml`'s values alone (the rest are each "
-        "algorithm's defaults); a variant row is its base with these values changed: "
+        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}; a preset "
+        f"row ({', '.join(PRESETS)}) is the on-policy trainer with `algos/NAME.yaml`'s values "
+        "alone (the rest are each algorithm's defaults); a variant row is its base with "
+        "these values changed: "
         + "; ".join(f"{name} = {base} with {changed}" for name, (base, changed) in VARIANTS.items())
         + f". Curves: `{out.stem}_curves.png`.",
         *([note] if note else []),

@@ -44,6 +44,8 @@ def test_a_preset_variant_changes_only_its_own_values() -> None:
     variant = algorithms.settings("a2c-lr4e-3", True)
     assert variant["algo"] == {**a2c["algo"], "lr": 4e-3}
     assert variant["num_envs"] == a2c["num_envs"]
+    # IA2C's preset composes A2C's (its own defaults) and changes the algorithm alone.
+    assert algorithms.preset("ia2c") == {**algorithms.preset("a2c"), "name": "ippo"}
     independent = algorithms.settings("ia2c-lr4e-3", True)
     assert independent["algo"] == {**variant["algo"], "name": "ippo"}
     assert algorithms.registered("ia2c-lr4e-3") == "ippo"
