@@ -145,6 +145,8 @@ class Smax(NativeEnv):
         # Unit j as unit i lists it: allies see the other allies then the enemies in index
         # order; enemies see the other enemies then the allies, both in reverse.
         self.seen = torch.tensor([self._order(i) for i in range(self.N)], device=self.device)
+        # What `_push_apart` adds to pairwise distances: 1 on the diagonal, and SMAX's 1e-6.
+        self._self_distance = torch.eye(self.N, **like) + 1e-6
         self.obs_dim = UNIT_FEATURES * (self.N - 1) + OWN_FEATURES
         allies = group("ally", self.A, self.obs_dim, self.E_units + MOVES)
         return [allies], (OWN_FEATURES + 2) * self.N
@@ -226,15 +228,23 @@ class Smax(NativeEnv):
     # ------------------------------------------------------------ physics
 
     def _push_apart(self, pos: torch.Tensor, alive: torch.Tensor, types: torch.Tensor):
-        """Overlapping live units move apart by half their overlap (SMAX's collisions)."""
-        delta = pos.unsqueeze(2) - pos.unsqueeze(1)  # [E, N, N, 2]
-        eye = torch.eye(self.N, **self._like)
-        dist = torch.linalg.vector_norm(delta, dim=-1) + eye + 1e-6
+        """Overlapping live units move apart by half their overlap (SMAX's collisions).
+        The pairwise `[E, N, N]` planes are built per coordinate (x and y), not as
+        `[E, N, N, 2]`, and updated in place: on large scenarios this is the world step's
+        main memory traffic."""
+        # [E, j, i]: unit i's offset from unit j, so the sum over the other units j runs
+        # along a leading dim, in index order as SMAX's (summing along the last dim would
+        # associate the terms otherwise and move units by a few ulps).
+        x, y = pos[..., 0], pos[..., 1]
+        dx = x.unsqueeze(1) - x.unsqueeze(2)  # [E, N, N]
+        dy = y.unsqueeze(1) - y.unsqueeze(2)
+        # |delta| + 1 on the diagonal + 1e-6, as SMAX: (norm + eye) + 1e-6 == norm + (eye + 1e-6)
+        dist = (dx * dx).add_(dy * dy).sqrt_().add_(self._self_distance)
         radius = self.type_radius[types]
-        overlap = torch.relu((radius.unsqueeze(2) + radius.unsqueeze(1)) / dist - 1.0)
-        overlap = torch.where(alive.unsqueeze(2) & alive.unsqueeze(1), overlap, 0.0)
-        moved = pos + (delta * overlap.unsqueeze(-1)).sum(2) / 2
-        return torch.where(alive.unsqueeze(-1), moved, pos)
+        overlap = (radius.unsqueeze(2) + radius.unsqueeze(1)).div_(dist).sub_(1.0).relu_()
+        overlap.masked_fill_(~(alive.unsqueeze(2) & alive.unsqueeze(1)), 0.0)
+        push = torch.stack([dx.mul_(overlap).sum(1), dy.mul_(overlap).sum(1)], -1)
+        return torch.where(alive.unsqueeze(-1), pos + push / 2, pos)
 
     def _decode(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Discrete actions `[E, N]` -> movement vectors `[E, N, 2]` and attack actions (the
