@@ -197,3 +197,43 @@ def test_on_policy_returns_bootstrap_through_time_limits_only_when_told():
     # The same policy and env: rewards differ exactly at the cut, by gamma * V(final obs).
     assert torch.equal(boot[:3], plain[:3]) and torch.equal(boot[4:], plain[4:])
     assert (boot[3] != plain[3]).all()
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_a_recurrent_net_runs_a_sequence_as_it_runs_its_steps(sharing):
+    # `AgentNet.sequence` (the update's path) computes what `forward` does step by step (the
+    # rollout's path), state reset where episodes start, gradients included; with `copy`,
+    # one agent's network alone.
+    from marlctl.spec.models import ModelSpec
+    from marlctl.train.networks import AgentNet, reset_where
+
+    gens = [torch.Generator().manual_seed(s) for s in range(2)]
+    model = ModelSpec(hidden=[24, 16], activation="relu", recurrent="gru")
+    net = AgentNet(2, 3, 10, 5, model, sharing, gens)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 9, 3, 10, generator=gen)
+    h0 = torch.randn(2, 4, 3, 16, generator=gen)
+    first = torch.rand(2, 4, 9, generator=gen) < 0.2
+
+    def stepwise(x, h, copy=None):
+        outs = []
+        for t in range(x.shape[2]):
+            out, h = net(x[:, :, t], reset_where(h, first[:, :, t]), copy=copy)
+            outs.append(out)
+        return torch.stack(outs, 2)
+
+    expected = stepwise(x, h0)
+    grads = torch.autograd.grad(expected.square().sum(), list(net.parameters()))
+    out = net.sequence(x, h0, first)
+    assert out.shape == (2, 4, 9, 3, 5)
+    assert torch.allclose(out, expected, atol=1e-5)
+    for g, g_seq in zip(
+        grads, torch.autograd.grad(out.square().sum(), list(net.parameters())), strict=True
+    ):
+        assert torch.allclose(g, g_seq, atol=1e-4)
+    if sharing == "independent":  # agent 2's network alone (of seed 0; agent 0's of seed 1)
+        copy = torch.tensor([2, 0])
+        one = net.sequence(x[:, :, :, :1], h0[:, :, :1], first, copy)
+        assert torch.allclose(one, stepwise(x[:, :, :, :1], h0[:, :, :1], copy), atol=1e-5)
+        assert not torch.allclose(one[0], expected[0, :, :, :1], atol=1e-3)
+        assert torch.allclose(one[1], expected[1, :, :, :1], atol=1e-5)

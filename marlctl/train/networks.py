@@ -70,24 +70,36 @@ class BatchedGRU(nn.Module):
         self, x: torch.Tensor, h: torch.Tensor, copy: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x `[S, ..., n, in]`, h `[S, ..., n, H]` -> the next h; `copy` as `BatchedMLP`'s."""
-        S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
-        pick = (lambda p: p) if copy is None else (lambda p: select_copy(p, copy))
-        copies = self.w_in.shape[1] if copy is None else 1
+        return self.cell(self.input_gates(x, copy), h, copy)
 
-        def rows(t: torch.Tensor) -> torch.Tensor:
-            if copies == 1:
-                return t.reshape(S, -1, t.shape[-1])
-            return t.reshape(S, -1, n, t.shape[-1])
+    def input_gates(self, x: torch.Tensor, copy: torch.Tensor | None = None) -> torch.Tensor:
+        """The input's share of the gates, `[S, ..., n, 3H]`: it does not depend on the
+        state, so a sequence's can be computed for every step at once."""
+        return self._linear(x, self.w_in, self.b_in, copy)
 
-        gi = batched_linear(rows(x), pick(self.w_in), pick(self.b_in))
-        gh = batched_linear(rows(h), pick(self.w_hid), pick(self.b_hid))
+    def cell(
+        self, gi: torch.Tensor, h: torch.Tensor, copy: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The next state from the input's gates `gi` (`input_gates`) and the state h."""
+        gh = self._linear(h, self.w_hid, self.b_hid, copy)
         i_r, i_z, i_n = gi.chunk(3, -1)
         h_r, h_z, h_n = gh.chunk(3, -1)
         reset = torch.sigmoid(i_r + h_r)
         update = torch.sigmoid(i_z + h_z)
         candidate = torch.tanh(i_n + reset * h_n)
-        out = (1 - update) * candidate + update * rows(h)
-        return out.view(S, *lead, n, self.size)
+        return (1 - update) * candidate + update * h
+
+    def _linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, copy: torch.Tensor | None
+    ) -> torch.Tensor:
+        S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
+        if copy is not None:
+            w, b = select_copy(w, copy), select_copy(b, copy)
+        if w.shape[1] == 1:
+            rows = x.reshape(S, -1, x.shape[-1])
+        else:
+            rows = x.reshape(S, -1, n, x.shape[-1])
+        return batched_linear(rows, w, b).view(S, *lead, n, -1)
 
 
 class AgentNet(nn.Module):
@@ -169,6 +181,28 @@ class AgentNet(nn.Module):
             return self.mlp(x, copy), None
         h = self.gru(self.activation(self.encoder(x, copy)), h, copy)
         return self.head(h, copy), h
+
+    def sequence(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        first: torch.Tensor,
+        copy: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A recurrent network through whole sequences: x `[S, B, T, n, in]` from state h
+        `[S, B, n, H]`, zeroed where `first` `[S, B, T]` starts an episode -> the outputs
+        `[S, B, T, n, out]`, as `forward` step by step. The encoder, the GRU's input gates
+        and the head run on every step at once; only the state's product is per step."""
+        if copy is not None and self.copies == 1:
+            copy = None
+        gi = self.gru.input_gates(self.activation(self.encoder(self._with_ids(x), copy)), copy)
+        states = []
+        # unbind: one gradient for all the steps' slices (indexing step by step would give
+        # each slice's backward a zeroed tensor the size of the whole sequence)
+        for gi_t, first_t in zip(gi.unbind(2), first.unbind(2), strict=True):
+            h = self.gru.cell(gi_t, reset_where(h, first_t), copy)
+            states.append(h)
+        return self.head(torch.stack(states, 2), copy)
 
     def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
         if not self.id_dim:

@@ -453,12 +453,8 @@ class OnPolicyTrainer(Trainer):
         actor_in = take(d["actor_in"])
         if not self.recurrent:
             return pol.distribution(actor_in, mask, copy=copy)[0]
-        first, h = take(d["first"]), take(d["hidden"][0])
-        outs = []
-        for t in range(actor_in.shape[2]):
-            out, h = pol.actor(actor_in[:, :, t], reset_where(h, first[:, :, t]), copy=copy)
-            outs.append(out)
-        return pol.distribution_of(torch.stack(outs, 2).flatten(1, 2), mask, copy)
+        out = pol.actor.sequence(actor_in, take(d["hidden"][0]), take(d["first"]), copy)
+        return pol.distribution_of(out.flatten(1, 2), mask, copy)
 
     def critic_forward(self, pol: GroupPolicy, d: dict, take) -> torch.Tensor:
         """The value on the minibatch, `[S, B, n]` (sequences flattened to steps)."""
@@ -466,13 +462,9 @@ class OnPolicyTrainer(Trainer):
         critic_in = take(d["critic_in"])
         if not self.recurrent:
             return pol.value(critic_in if shared else pol.per_agent(critic_in))[0]
-        first, h = take(d["first"]), take(d["hidden"][1])
-        values = []
-        for t in range(critic_in.shape[2]):
-            c_in = critic_in[:, :, t] if shared else pol.per_agent(critic_in[:, :, t])
-            value, h = pol.critic(c_in, reset_where(h, first[:, :, t]))
-            values.append(value.squeeze(-1))
-        return torch.stack(values, 2).flatten(1, 2)
+        c_in = critic_in if shared else pol.per_agent(critic_in)
+        out = pol.critic.sequence(c_in, take(d["hidden"][1]), take(d["first"]))
+        return out.squeeze(-1).flatten(1, 2)
 
     def value_loss(
         self, value: torch.Tensor, old: torch.Tensor, ret: torch.Tensor, clip: float | None
