@@ -1,18 +1,21 @@
 """Benchmark: every registered algorithm, and A2C's preset, on MPE simple_spread and
-simple_speaker_listener.
+simple_speaker_listener, and on SMAX 2s3z (heterogeneous units).
 
 For each algorithm × task: several seeds trained as one batch on the native backend
 (discrete actions, N=3 and 25 steps for simple_spread), through `marlctl run`, each cell in
 its own MLflow store under `bench/runs/`. Reports the final per-agent eval return (mean over
-seeds, its 95% Student-t interval and the worst seed), the env steps per seed, the
-wall-clock time of the batch, and the eval curves (`algorithms_curves.png`). Reference
-points beside them: uniform random actions and, on simple_spread, a scripted policy.
+seeds, its 95% Student-t interval and the worst seed), on SMAX the final eval win rate, the
+env steps per seed, the wall-clock time of the batch, and the eval curves
+(`algorithms_curves.png`). Reference points beside them: uniform random (allowed) actions
+and, on simple_spread, a scripted policy.
 Writes `bench/results/algorithms.md`; every finished cell is appended to
 `bench/results/algorithms.jsonl`, and a re-run skips the cells recorded with the same
 budget, seeds and settings.
 
     .venv/bin/python bench/algorithms.py                        # every algorithm, both tasks
     .venv/bin/python bench/algorithms.py --algos qmix,vdn --envs simple_spread
+    .venv/bin/python bench/algorithms.py --algos mappo,happo --envs 2s3z --seeds 3 \
+        --out bench/results/algorithms_smax.md
     .venv/bin/python bench/algorithms.py --device cuda --jobs 4  # cells side by side on a GPU
 """
 
@@ -40,7 +43,40 @@ DONE = ROOT / "bench" / "results" / "algorithms.jsonl"
 TASKS = {
     "simple_spread": {"N": 3, "max_cycles": 25, "local_ratio": 0.5},
     "simple_speaker_listener": {"max_cycles": 25},
+    # SMAX's scenarios at their defaults (the heuristic enemies): 3m (3 marines a side) and
+    # 2s3z (2 stalkers and 3 zealots, a heterogeneous team)
+    "3m": {},
+    "2s3z": {},
 }
+ENV_IDS = {"3m": "smax/3m", "2s3z": "smax/2s3z"}  # the rest are `mpe/TASK`
+# Per task, beyond the family's settings, for every algorithm whose config has the field:
+# on SMAX, JaxMARL's MAPPO SMAX config (baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml,
+# as `specs/smax_3m_mappo.yaml`): 128-step rollouts of 128 envs, 4 epochs of 4 minibatches,
+# clip 0.05, lr 4e-3 annealed, entropy 0.01, value coef 0.5, gradient clip 0.25, GAE 0.95,
+# GRU agents of width 128 (where the algorithm is recurrent); HATRPO still takes one step per
+# rollout (its KL-bounded step). Replay-based algorithms keep their family's settings but
+# gamma 0.99: SMAX's episodes run to 100 steps.
+SMAX_SETTINGS = {
+    "on_policy": {
+        "lr": 4e-3,
+        "anneal_lr": True,
+        "rollout_steps": 128,
+        "epochs": 4,
+        "minibatches": 4,
+        "critic_epochs": 4,
+        "clip": 0.05,
+        "entropy_coef": 0.01,
+        "value_coef": 0.5,
+        "max_grad_norm": 0.25,
+        "gae_lambda": 0.95,
+        "huber_delta": None,
+        "value_norm": False,
+    },
+    "hatrpo": {"epochs": 1},
+    "off_policy": {"gamma": 0.99},
+    "model": {"hidden": [128, 128], "activation": "relu", "recurrent": "gru"},
+}
+TASK_SETTINGS = {"3m": SMAX_SETTINGS, "2s3z": SMAX_SETTINGS}
 # Per family: parallel envs per seed and algorithm settings (the rest are the defaults).
 ON_POLICY = {"num_envs": 128, "algo": {"epochs": 4, "minibatches": 4, "lr": 1e-3}}
 # Two updates of 256 transitions per 32 env steps. gamma 0.9 as JaxMARL's MPE Q-learning
@@ -87,30 +123,51 @@ def registered(algo: str) -> str:
     return preset(base)["name"] if base in PRESETS else base
 
 
-def settings(algo: str, on_policy: bool) -> dict:
+def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
+    """The row's settings on `task`: its family's (or preset's), the algorithm's EXTRA, the
+    task's (the fields the algorithm has), then the variant's own values."""
     base, changed = VARIANTS.get(algo, (algo, {}))
     if base in PRESETS:
-        return {"num_envs": ON_POLICY["num_envs"], "algo": {**preset(base), **changed}}
-    family = ON_POLICY if on_policy else OFF_POLICY
-    extra = {**EXTRA.get(registered(algo), {}), **changed}
-    if not extra:
-        return family
-    return {**family, "algo": {**family["algo"], **extra}}
+        family = {"num_envs": ON_POLICY["num_envs"], "algo": preset(base)}
+    else:
+        family = ON_POLICY if on_policy else OFF_POLICY
+        family = {**family, "algo": {**family["algo"], **EXTRA.get(registered(algo), {})}}
+    per_task = TASK_SETTINGS.get(task, {})
+    if per_task:
+        fields = algo_info(algo).config.model_fields
+        family_key = "on_policy" if on_policy else "off_policy"
+        ours = {k: v for k, v in per_task.get(family_key, {}).items() if k in fields}
+        ours.update(per_task.get(registered(algo), {}))
+        family = {**family, "algo": {**family["algo"], **ours}}
+        model = per_task.get("model", {})
+        if not algo_info(algo).recurrent:
+            model = {k: v for k, v in model.items() if k != "recurrent"}
+        if model:
+            family["model"] = model
+    return {**family, "algo": {**family["algo"], **changed}}
+
+
+def algo_info(algo: str):
+    from marlctl.algos import registered_algos
+
+    return registered_algos()[registered(algo)]
 
 
 def defaults(algo: str) -> dict:
     """The algorithm's default hyperparameters: a recorded cell is reused only while they hold."""
-    from marlctl.algos import registered_algos
+    return algo_info(algo).config().model_dump(mode="json")
 
-    return registered_algos()[registered(algo)].config().model_dump(mode="json")
+
+def env_id(task: str) -> str:
+    return ENV_IDS.get(task, f"mpe/{task}")
 
 
 def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
-    family = settings(algo, on_policy)
-    return {
+    family = settings(algo, on_policy, task)
+    spec = {
         "name": f"bench-{algo}-{task}",
         "seeds": list(range(seeds)),
-        "env": {"id": f"mpe/{task}", "backend": "native", "params": TASKS[task]},
+        "env": {"id": env_id(task), "backend": "native", "params": TASKS[task]},
         "algo": {"name": registered(algo), **family["algo"]},
         "train": {
             "total_env_steps": steps,
@@ -120,6 +177,9 @@ def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: 
         },
         "hardware": {"num_envs": family["num_envs"], "batch_seeds": True, **hw},
     }
+    if "model" in family:
+        spec["model"] = family["model"]
+    return spec
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
@@ -134,14 +194,16 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
 
 
-def curves(folder: Path, run_ids: list[str]) -> list[list[list[float]]]:
-    """Per seed: [[env steps...], [eval return...]] from the cell's MLflow store."""
+def curves(
+    folder: Path, run_ids: list[str], metric: str = "eval/return_mean"
+) -> list[list[list[float]]]:
+    """Per seed: [[env steps...], [metric...]] from the cell's MLflow store."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     out = []
     for run_id in run_ids:
-        history = client.get_metric_history(run_id, "eval/return_mean")
+        history = client.get_metric_history(run_id, metric)
         history = sorted(history, key=lambda m: m.step)
         out.append([[m.step for m in history], [m.value for m in history]])
     return out
@@ -155,47 +217,73 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
     summary, wall = marlctl_json(["run", str(path)], folder, f"{algo} on {task}")
     returns = [r["final_return"] for r in summary["runs"] if r["final_return"] is not None]
     mean, half = t_interval(returns)
-    return {
+    run_ids = [r["run_id"] for r in summary["runs"]]
+    row = {
         "algo": algo,
         "task": task,
         "mean": mean,
         "ci": half,
         "returns": returns,
         "budget": steps,
-        "settings": settings(algo, on_policy),
+        "settings": settings(algo, on_policy, task),
         "defaults": defaults(algo),
         "device": hw["device"],
         "machine": machine(hw["device"]),
         "env_steps": max(r["env_steps"] for r in summary["runs"]),
         "wall_s": wall,
-        "curves": curves(folder, [r["run_id"] for r in summary["runs"]]),
+        "curves": curves(folder, run_ids),
         "ok": summary["ok"],
     }
+    if getattr(native_env(task, 1), "reports_wins", False):
+        row["win_curves"] = curves(folder, run_ids, "eval/win_rate")
+        row["win_rates"] = [c[1][-1] for c in row["win_curves"] if c[1]]
+    return row
 
 
 # ---------------------------------------------------------------- reference points
 
 
-def random_return(task: str, episodes: int = 1024, seed: int = 0) -> float:
-    """Per-agent episode return of uniform random actions on the native task."""
-    import torch
-
+def native_env(task: str, episodes: int):
     from marlctl.envs.native import native_class
 
-    params = TASKS[task]
-    env = native_class(f"mpe/{task}")(params, episodes, "cpu")
-    env.reset(seed)
+    return native_class(env_id(task))(TASKS[task], episodes, "cpu")
+
+
+def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, float]:
+    """Uniform random actions (among the allowed ones where the env masks them) on the
+    native task, one episode per env: the mean per-agent episode return and, where the env
+    says who won, the win rate."""
+    import torch
+
+    env = native_env(task, episodes)
+    ob = env.reset(seed)
     generator = torch.Generator().manual_seed(seed)
     agents = sum(g.n_agents for g in env.info.groups)
     total = torch.zeros(episodes)
-    for _ in range(params["max_cycles"]):
-        actions = {
-            g.name: torch.randint(g.n_actions, (episodes, g.n_agents), generator=generator)
-            for g in env.info.groups
-        }
-        rewards = env.step(actions).rewards
-        total += sum(r.sum(-1) for r in rewards.values()) / agents
-    return float(total.mean())
+    running = torch.ones(episodes, dtype=torch.bool)  # the first episode has not ended
+    won = torch.zeros(episodes, dtype=torch.bool)
+    while running.any():
+        actions = {}
+        for g in env.info.groups:
+            mask = ob.masks.get(g.name)
+            if mask is None:
+                draw = torch.randint(g.n_actions, (episodes, g.n_agents), generator=generator)
+            else:
+                weights = mask.reshape(-1, g.n_actions).to(torch.float32)
+                draw = torch.multinomial(weights, 1, generator=generator).view(mask.shape[:-1])
+            actions[g.name] = draw
+        step = env.step(actions)
+        reward = sum(r.sum(-1) for r in step.rewards.values()) / agents
+        total += torch.where(running, reward, 0.0)
+        done = step.terminated | step.truncated
+        if step.won is not None:
+            won |= running & done & step.won
+        running &= ~done
+        ob = step.next
+    out = {"random": float(total.mean())}
+    if getattr(env, "reports_wins", False):
+        out["random win rate"] = float(won.float().mean())
+    return out
 
 
 def scripted_spread_return(episodes: int = 1024, seed: int = 0, lookahead: float = 0.1) -> float:
@@ -237,7 +325,7 @@ def main() -> None:
     algos = registered_algos()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default=",".join([*algos, *PRESETS, *VARIANTS]))
-    parser.add_argument("--envs", default=",".join(TASKS))
+    parser.add_argument("--envs", default="simple_spread,simple_speaker_listener")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--on-policy-steps", type=int, default=2_000_000)
     parser.add_argument("--off-policy-steps", type=int, default=1_000_000)
@@ -263,7 +351,8 @@ def main() -> None:
 
     def cell(item: tuple) -> dict | None:
         algo, task, steps, on = item
-        row = done.get(key(algo, task, steps, args.seeds, settings(algo, on), defaults(algo)))
+        config = settings(algo, on, task)
+        row = done.get(key(algo, task, steps, args.seeds, config, defaults(algo)))
         if row is None and not args.table:
             row = run(algo, task, steps, args.seeds, on, hw)
             with DONE.open("a") as f:
@@ -273,7 +362,7 @@ def main() -> None:
 
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = [row for row in pool.map(cell, cells) if row is not None]
-    references = {task: {"random": random_return(task)} for task in args.envs.split(",")}
+    references = {task: random_play(task) for task in args.envs.split(",")}
     if "simple_spread" in references:
         references["simple_spread"]["scripted"] = scripted_spread_return()
     write_table(args.out, rows, references, command, args.seeds, args.note)
@@ -309,8 +398,17 @@ def write_table(
     for r in rows:
         if r["machine"] not in machines:
             machines.append(r["machine"])
+    families = sorted({env_id(task).split("/")[0].upper() for task in references})
+    wins = any("win_rates" in r for r in rows)
+    groups: list[tuple[list[str], dict]] = []  # tasks that share their settings
+    for task in (t for t in references if t in TASK_SETTINGS):
+        same = [g for g in groups if g[1] is TASK_SETTINGS[task]]
+        if same:
+            same[0][0].append(task)
+        else:
+            groups.append(([task], TASK_SETTINGS[task]))
     lines = [
-        "# Algorithms on MPE (native backend, discrete actions)",
+        f"# Algorithms on {' and '.join(families)} (native backend, discrete actions)",
         "",
         f"Written {date.today()} by `{command}`. Machines (the last column): "
         + "; ".join(f"({i}) {m}" for i, m in enumerate(machines, 1))
@@ -319,39 +417,58 @@ def write_table(
         f"{seeds} seeds per cell, trained as one batch (`hardware.batch_seeds`); final eval "
         "return = mean over 100 deterministic episodes of the per-agent episode return; "
         "± is the 95% Student-t interval over seeds; 'worst' is the lowest seed. Settings: "
-        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}; a preset "
-        f"row ({', '.join(PRESETS)}) is the on-policy trainer with `algos/NAME.yaml`'s values "
-        "alone (the rest are each algorithm's defaults); a variant row is its base with "
-        "these values changed: "
+        f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}"
+        + "".join(
+            f"; on {' and '.join(tasks)}, for the algorithms that have the field, {values}"
+            for tasks, values in groups
+        )
+        + f"; a preset row ({', '.join(PRESETS)}) is the on-policy trainer with "
+        "`algos/NAME.yaml`'s values alone (the rest are each algorithm's defaults); a variant "
+        "row is its base with these values changed: "
         + "; ".join(f"{name} = {base} with {changed}" for name, (base, changed) in VARIANTS.items())
         + f". Curves: `{out.stem}_curves.png`.",
         *([note] if note else []),
         "",
-        "| task | algo | final eval return | 95% CI | worst seed | env steps per seed | "
-        "wall-clock, all seeds | machine |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | algo | final eval return | 95% CI | worst seed | "
+        + ("final win rate (per seed) | " if wins else "")
+        + "env steps per seed | wall-clock, all seeds | machine |",
+        "|---|---|---|---|---|" + ("---|" if wins else "") + "---|---|---|",
     ]
     for r in rows:
+        win = ""
+        if wins:
+            rates = r.get("win_rates")
+            win = (
+                f"{sum(rates) / len(rates):.0%} ({', '.join(f'{x:.0%}' for x in rates)}) | "
+                if rates
+                else "| "
+            )
         lines.append(
             f"| {r['task']} | {r['algo']} | {r['mean']:.2f} | ± {r['ci']:.2f} | "
-            f"{min(r['returns']):.2f} | {r['env_steps']:,} | {r['wall_s'] / 60:.1f} min | "
+            f"{min(r['returns']):.2f} | {win}{r['env_steps']:,} | {r['wall_s'] / 60:.1f} min | "
             f"({machines.index(r['machine']) + 1}) |"
         )
     for task, points in references.items():
         for name, value in points.items():
-            lines.append(f"| {task} | *{name}* | {value:.2f} | | | | | |")
+            if name.endswith("win rate"):
+                continue
+            win = f"{points[name + ' win rate']:.0%} | " if name + " win rate" in points else ""
+            blank = "| " if wins and not win else ""
+            lines.append(f"| {task} | *{name}* | {value:.2f} | | | {win}{blank}| | |")
     lines += [
         "",
-        "*random*: uniform random actions, 1,024 episodes. *scripted*: agents take the "
-        "assignment to landmarks of least total distance each step and the move that brings "
-        "them closest to their landmark (full state; `scripted_spread_return`).",
+        "*random*: uniform random actions (among the allowed ones), 1,024 episodes. "
+        "*scripted*: agents take the assignment to landmarks of least total distance each "
+        "step and the move that brings them closest to their landmark (full state; "
+        "`scripted_spread_return`).",
     ]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}", flush=True)
 
 
 def write_curves(out: Path, rows: list[dict], references: dict) -> None:
-    """Mean eval curve over seeds per algorithm, with its 95% t band, one panel per task."""
+    """Mean eval curve over seeds per algorithm, with its 95% t band: one panel per task,
+    and one of the win rate per task whose env says who won."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -359,16 +476,19 @@ def write_curves(out: Path, rows: list[dict], references: dict) -> None:
     import numpy as np
     from scipy import stats
 
-    tasks = list(references)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for r in (r for r in rows if r["task"] == task and r.get("curves")):
-            common = sorted(set.intersection(*(set(c[0]) for c in r["curves"])))
+    panels = [(task, "curves", "eval return per agent") for task in references]
+    panels += [
+        (task, "win_curves", "eval win rate")
+        for task in references
+        if any(r["task"] == task and r.get("win_curves") for r in rows)
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
+    for ax, (task, field, label) in zip(axes[0], panels, strict=True):
+        for r in (r for r in rows if r["task"] == task and r.get(field)):
+            common = sorted(set.intersection(*(set(c[0]) for c in r[field])))
             if not common:
                 continue
-            values = np.array(
-                [[dict(zip(*c, strict=True))[s] for s in common] for c in r["curves"]]
-            )
+            values = np.array([[dict(zip(*c, strict=True))[s] for s in common] for c in r[field]])
             mean = values.mean(0)
             ax.plot(common, mean, label=r["algo"])
             if len(values) > 1:
@@ -376,11 +496,13 @@ def write_curves(out: Path, rows: list[dict], references: dict) -> None:
                 half /= math.sqrt(len(values))
                 ax.fill_between(common, mean - half, mean + half, alpha=0.2)
         for name, value in references[task].items():
+            if name.endswith("win rate") != (field == "win_curves"):
+                continue
             ax.axhline(value, linestyle="--", color="grey", linewidth=0.8)
             ax.annotate(name, (0, value), fontsize=8, color="grey", va="bottom")
         ax.set_title(task)
         ax.set_xlabel("env steps per seed")
-        ax.set_ylabel("eval return per agent")
+        ax.set_ylabel(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -35,8 +35,11 @@ def test_every_benchmark_row_compiles_to_a_valid_spec(algo: str, tmp_path: Path)
         data = json.loads(result.stdout)
         assert data["plan"]["algo"] == algorithms.registered(algo)
         assert len(data["plan"]["runs"]) == 2
-        for name, value in algorithms.settings(algo, on_policy)["algo"].items():
+        row = algorithms.settings(algo, on_policy, task)
+        for name, value in row["algo"].items():
             assert data["spec"]["algo"][name] == value, name
+        for name, value in row.get("model", {}).items():
+            assert data["spec"]["model"][name] == value, name
 
 
 def test_a_preset_variant_changes_only_its_own_values() -> None:
@@ -50,3 +53,30 @@ def test_a_preset_variant_changes_only_its_own_values() -> None:
     assert independent["algo"] == {**variant["algo"], "name": "ippo"}
     assert algorithms.registered("ia2c-lr4e-3") == "ippo"
     assert algorithms.registered("a2c-lr4e-3") == algorithms.preset("a2c")["name"]
+
+
+def test_task_settings_reach_only_the_fields_an_algorithm_has() -> None:
+    # JaxMARL's SMAX settings on 2s3z: MAPPO and HAPPO get the same rollout, clip and GRU,
+    # HATRPO its one step per rollout; IPPO has no critic passes of its own; the MPE rows
+    # are unchanged.
+    mappo = algorithms.settings("mappo", True, "2s3z")
+    happo = algorithms.settings("happo", True, "2s3z")
+    hatrpo = algorithms.settings("hatrpo", True, "2s3z")
+    assert mappo["algo"]["rollout_steps"] == happo["algo"]["rollout_steps"] == 128
+    assert mappo["algo"]["clip"] == happo["algo"]["clip"] == 0.05
+    assert happo["algo"]["critic_epochs"] == 4 and "critic_epochs" not in mappo["algo"]
+    assert hatrpo["algo"]["epochs"] == 1 and hatrpo["algo"]["rollout_steps"] == 128
+    assert mappo["model"] == happo["model"] == {"hidden": [128, 128], "activation": "relu",
+                                                 "recurrent": "gru"}  # fmt: skip
+    masac = algorithms.settings("masac", False, "2s3z")
+    assert "recurrent" not in masac.get("model", {}) or registered_algos()["masac"].recurrent
+    assert algorithms.settings("mappo", True, "simple_spread") == algorithms.ON_POLICY
+    assert algorithms.settings("happo", True) == algorithms.settings("happo", True, "simple_spread")
+
+
+def test_random_play_keeps_to_allowed_actions_and_counts_wins() -> None:
+    spread = algorithms.random_play("simple_spread", episodes=64)
+    assert set(spread) == {"random"} and spread["random"] < -15
+    smax = algorithms.random_play("2s3z", episodes=64)
+    assert set(smax) == {"random", "random win rate"}
+    assert 0.0 <= smax["random win rate"] < 0.5
