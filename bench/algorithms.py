@@ -1,5 +1,5 @@
 """Benchmark: every registered algorithm, and A2C's preset, on MPE simple_spread and
-simple_speaker_listener, and on SMAX 2s3z (heterogeneous units).
+simple_speaker_listener, and on SMAX 3m and 2s3z (2s3z: a heterogeneous team).
 
 For each algorithm × task: several seeds trained as one batch on the native backend
 (discrete actions, N=3 and 25 steps for simple_spread), through `marlctl run`, each cell in
@@ -48,9 +48,9 @@ TASKS = {
     "3m": {},
     "2s3z": {},
 }
-ENV_IDS = {"3m": "smax/3m", "2s3z": "smax/2s3z"}  # the rest are `mpe/TASK`
-# Per task, beyond the family's settings, for every algorithm whose config has the field:
-# on SMAX, JaxMARL's MAPPO SMAX config (baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml,
+SMAX = ("3m", "2s3z")  # `smax/TASK`; the rest are `mpe/TASK`
+# On SMAX, beyond the family's settings, for every algorithm whose config has the field:
+# JaxMARL's MAPPO SMAX config (baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml,
 # as `specs/smax_3m_mappo.yaml`): 128-step rollouts of 128 envs, 4 epochs of 4 minibatches,
 # clip 0.05, lr 4e-3 annealed, entropy 0.01, value coef 0.5, gradient clip 0.25, GAE 0.95,
 # GRU agents of width 128 (where the algorithm is recurrent); HATRPO still takes one step per
@@ -76,7 +76,6 @@ SMAX_SETTINGS = {
     "off_policy": {"gamma": 0.99},
     "model": {"hidden": [128, 128], "activation": "relu", "recurrent": "gru"},
 }
-TASK_SETTINGS = {"3m": SMAX_SETTINGS, "2s3z": SMAX_SETTINGS}
 # Per family: parallel envs per seed and algorithm settings (the rest are the defaults).
 ON_POLICY = {"num_envs": 128, "algo": {"epochs": 4, "minibatches": 4, "lr": 1e-3}}
 # Two updates of 256 transitions per 32 env steps. gamma 0.9 as JaxMARL's MPE Q-learning
@@ -124,26 +123,24 @@ def registered(algo: str) -> str:
 
 
 def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
-    """The row's settings on `task`: its family's (or preset's), the algorithm's EXTRA, the
-    task's (the fields the algorithm has), then the variant's own values."""
+    """The row's settings on `task`: its family's (or preset's), the algorithm's EXTRA, on
+    SMAX `SMAX_SETTINGS` (the fields the algorithm has), then the variant's own values."""
     base, changed = VARIANTS.get(algo, (algo, {}))
     if base in PRESETS:
         family = {"num_envs": ON_POLICY["num_envs"], "algo": preset(base)}
     else:
         family = ON_POLICY if on_policy else OFF_POLICY
         family = {**family, "algo": {**family["algo"], **EXTRA.get(registered(algo), {})}}
-    per_task = TASK_SETTINGS.get(task, {})
-    if per_task:
-        fields = algo_info(algo).config.model_fields
-        family_key = "on_policy" if on_policy else "off_policy"
-        ours = {k: v for k, v in per_task.get(family_key, {}).items() if k in fields}
-        ours.update(per_task.get(registered(algo), {}))
+    if task in SMAX:
+        info = algo_info(algo)
+        ours = SMAX_SETTINGS["on_policy" if on_policy else "off_policy"]
+        ours = {k: v for k, v in ours.items() if k in info.config.model_fields}
+        ours.update(SMAX_SETTINGS.get(registered(algo), {}))
         family = {**family, "algo": {**family["algo"], **ours}}
-        model = per_task.get("model", {})
-        if not algo_info(algo).recurrent:
-            model = {k: v for k, v in model.items() if k != "recurrent"}
-        if model:
-            family["model"] = model
+        model = SMAX_SETTINGS["model"]
+        family["model"] = (
+            model if info.recurrent else {k: v for k, v in model.items() if k != "recurrent"}
+        )
     return {**family, "algo": {**family["algo"], **changed}}
 
 
@@ -159,7 +156,14 @@ def defaults(algo: str) -> dict:
 
 
 def env_id(task: str) -> str:
-    return ENV_IDS.get(task, f"mpe/{task}")
+    return f"smax/{task}" if task in SMAX else f"mpe/{task}"
+
+
+def reports_wins(task: str) -> bool:
+    """Whether the task's env says who won an episode (`eval/win_rate` is logged)."""
+    from marlctl.envs.native import native_class
+
+    return getattr(native_class(env_id(task)), "reports_wins", False)
 
 
 def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict) -> dict:
@@ -234,7 +238,7 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
         "curves": curves(folder, run_ids),
         "ok": summary["ok"],
     }
-    if getattr(native_env(task, 1), "reports_wins", False):
+    if reports_wins(task):
         row["win_curves"] = curves(folder, run_ids, "eval/win_rate")
         row["win_rates"] = [c[1][-1] for c in row["win_curves"] if c[1]]
     return row
@@ -281,7 +285,7 @@ def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, flo
         running &= ~done
         ob = step.next
     out = {"random": float(total.mean())}
-    if getattr(env, "reports_wins", False):
+    if reports_wins(task):
         out["random win rate"] = float(won.float().mean())
     return out
 
@@ -325,7 +329,7 @@ def main() -> None:
     algos = registered_algos()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default=",".join([*algos, *PRESETS, *VARIANTS]))
-    parser.add_argument("--envs", default="simple_spread,simple_speaker_listener")
+    parser.add_argument("--envs", default=",".join(t for t in TASKS if t not in SMAX))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--on-policy-steps", type=int, default=2_000_000)
     parser.add_argument("--off-policy-steps", type=int, default=1_000_000)
@@ -400,13 +404,7 @@ def write_table(
             machines.append(r["machine"])
     families = sorted({env_id(task).split("/")[0].upper() for task in references})
     wins = any("win_rates" in r for r in rows)
-    groups: list[tuple[list[str], dict]] = []  # tasks that share their settings
-    for task in (t for t in references if t in TASK_SETTINGS):
-        same = [g for g in groups if g[1] is TASK_SETTINGS[task]]
-        if same:
-            same[0][0].append(task)
-        else:
-            groups.append(([task], TASK_SETTINGS[task]))
+    smax = [task for task in references if task in SMAX]
     lines = [
         f"# Algorithms on {' and '.join(families)} (native backend, discrete actions)",
         "",
@@ -418,9 +416,10 @@ def write_table(
         "return = mean over 100 deterministic episodes of the per-agent episode return; "
         "± is the 95% Student-t interval over seeds; 'worst' is the lowest seed. Settings: "
         f"on-policy {ON_POLICY}, off-policy {OFF_POLICY}, and beyond them {EXTRA}"
-        + "".join(
-            f"; on {' and '.join(tasks)}, for the algorithms that have the field, {values}"
-            for tasks, values in groups
+        + (
+            f"; on {' and '.join(smax)}, for the algorithms that have the field, {SMAX_SETTINGS}"
+            if smax
+            else ""
         )
         + f"; a preset row ({', '.join(PRESETS)}) is the on-policy trainer with "
         "`algos/NAME.yaml`'s values alone (the rest are each algorithm's defaults); a variant "

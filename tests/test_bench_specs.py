@@ -57,8 +57,8 @@ def test_a_preset_variant_changes_only_its_own_values() -> None:
 
 def test_task_settings_reach_only_the_fields_an_algorithm_has() -> None:
     # JaxMARL's SMAX settings on 2s3z: MAPPO and HAPPO get the same rollout, clip and GRU,
-    # HATRPO its one step per rollout; IPPO has no critic passes of its own; the MPE rows
-    # are unchanged.
+    # HATRPO its one step per rollout, a replay-based algorithm without recurrence gamma 0.99
+    # and no GRU; the MPE rows are unchanged.
     mappo = algorithms.settings("mappo", True, "2s3z")
     happo = algorithms.settings("happo", True, "2s3z")
     hatrpo = algorithms.settings("hatrpo", True, "2s3z")
@@ -68,8 +68,10 @@ def test_task_settings_reach_only_the_fields_an_algorithm_has() -> None:
     assert hatrpo["algo"]["epochs"] == 1 and hatrpo["algo"]["rollout_steps"] == 128
     assert mappo["model"] == happo["model"] == {"hidden": [128, 128], "activation": "relu",
                                                  "recurrent": "gru"}  # fmt: skip
+    assert not registered_algos()["masac"].recurrent
     masac = algorithms.settings("masac", False, "2s3z")
-    assert "recurrent" not in masac.get("model", {}) or registered_algos()["masac"].recurrent
+    assert masac["algo"]["gamma"] == 0.99 and "recurrent" not in masac["model"]
+    assert masac["model"]["hidden"] == [128, 128]
     assert algorithms.settings("mappo", True, "simple_spread") == algorithms.ON_POLICY
     assert algorithms.settings("happo", True) == algorithms.settings("happo", True, "simple_spread")
 

@@ -233,8 +233,8 @@ class Smax(NativeEnv):
         `[E, N, N, 2]`, and updated in place: on large scenarios this is the world step's
         main memory traffic."""
         # [E, j, i]: unit i's offset from unit j, so the sum over the other units j runs
-        # along a leading dim, in index order as SMAX's (summing along the last dim would
-        # associate the terms otherwise and move units by a few ulps).
+        # along a leading dim, as the sum over `[E, N, N, 2]`'s dim 2 did (along the last
+        # dim torch associates the terms otherwise).
         x, y = pos[..., 0], pos[..., 1]
         dx = x.unsqueeze(1) - x.unsqueeze(2)  # [E, N, N]
         dy = y.unsqueeze(1) - y.unsqueeze(2)
