@@ -92,7 +92,7 @@ class Smax(NativeEnv):
     env_id = "smax/3m"
     scenario = SCENARIOS["3m"]
     max_cycles = 100
-    pure_steps = ("observe",)
+    pure_steps = ("observe", "_transition")
     reports_wins = True
 
     def build(
@@ -377,12 +377,15 @@ class Smax(NativeEnv):
 
     # ------------------------------------------------------------ the enemy heuristic
 
-    def _heuristic(self, view: dict[str, torch.Tensor], u: torch.Tensor) -> torch.Tensor:
+    def _heuristic(
+        self, view: dict[str, torch.Tensor], u: torch.Tensor, u_attack: torch.Tensor | None
+    ) -> torch.Tensor:
         """SMAX's scripted enemies (`create_heuristic_policy(team=1)`): attack the closest
         ally in range (or one at random, `attack_mode: random`), keeping the last target
         while it stays in range; otherwise walk towards a random visible ally, or to the
         point opposite the start through the map's centre. `view` is what the enemies
-        observe (`_enemy_view`), `u` `[E, n]` uniform numbers; returns actions `[E, n]`."""
+        observe (`_enemy_view`), `u` `[E, n]` uniform numbers (and `u_attack` for a random
+        attack); returns actions `[E, n]`."""
         rel, visible, unit_type = view["rel"], view["visible"], view["unit_type"]
         own_pos = view["own_pos"]
         dist = torch.linalg.vector_norm(rel, dim=-1)
@@ -390,8 +393,8 @@ class Smax(NativeEnv):
         can_shoot = shootable.any(-1)
         far = math.hypot(self.width, self.height)
         closest = torch.where(shootable, dist, far).argmin(-1)
-        if self.random_attack:
-            closest = _choice(shootable.to(self.dtype), self.uniform(*u.shape))
+        if u_attack is not None:
+            closest = _choice(shootable.to(self.dtype), u_attack)
         last = self.last_attacked
         keep = (last >= 0) & shootable.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         attacked = torch.where(keep, last, closest)
@@ -415,13 +418,29 @@ class Smax(NativeEnv):
     # ------------------------------------------------------------ a step
 
     def advance(self, actions: dict[str, torch.Tensor]):
+        """Draw the step's random numbers (per seed block), then `_transition`: the step
+        itself is random-free, so `compile` fuses it."""
+        E, En = self.pos.shape[0], self.E_units
+        u = self.uniform(E, En)
+        u_attack = self.uniform(E, En) if self.random_attack else None
+        deviations = self.uniform(E, self.world_steps, self.N, low=-self.tps, high=2 * self.tps)
+        return self._transition(actions["ally"], u, u_attack, deviations)
+
+    def _transition(
+        self,
+        ally_actions: torch.Tensor,
+        u: torch.Tensor,
+        u_attack: torch.Tensor | None,
+        deviations: torch.Tensor,
+    ):
+        """One env step from its random numbers: the enemies' heuristic actions, the world
+        steps, the rewards."""
         E, A = self.pos.shape[0], self.A
         # The enemies' view, observed at the end of the last reset or step.
-        enemy = self._heuristic(self._enemy_obs, self.uniform(E, self.E_units))
-        joint = torch.cat([actions["ally"].long(), enemy], 1)
+        enemy = self._heuristic(self._enemy_obs, u, u_attack)
+        joint = torch.cat([ally_actions.long(), enemy], 1)
         move, attack = self._decode(joint)
         before = self.health
-        deviations = self.uniform(E, self.world_steps, self.N, low=-self.tps, high=2 * self.tps)
         for w in range(self.world_steps):
             self._world_step(move, attack, deviations[:, w])
         self.prev_move, self.prev_attack = move, attack
