@@ -107,11 +107,10 @@ def table(cells: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        compiled = c.get("marlctl_compiled")
-        best = max(c["marlctl"], compiled or 0.0)
+        best = max(c["marlctl"], c["marlctl_compiled"])
         lines.append(
             f"| {c['scenario']} | {c['device']} | {c['num_envs']:,} | {c['marlctl']:,.0f} | "
-            f"{'–' if compiled is None else f'{compiled:,.0f}'} | {c['jaxmarl']:,.0f} | "
+            f"{c['marlctl_compiled']:,.0f} | {c['jaxmarl']:,.0f} | "
             f"{best / c['jaxmarl']:.2f} | {c['measured']} | {c['machine']} |"
         )
     return "\n".join(lines) + "\n"

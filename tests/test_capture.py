@@ -209,12 +209,11 @@ DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
 
 
 def _copy_state(source, target) -> None:
-    """Every tensor `source` holds, directly or in a dict, into `target`."""
-    for name, value in vars(source).items():
-        if torch.is_tensor(value):
-            setattr(target, name, value.clone())
-        elif isinstance(value, dict) and value and all(map(torch.is_tensor, value.values())):
-            setattr(target, name, {k: v.clone() for k, v in value.items()})
+    """Every tensor `source` holds (as a captured iteration finds its state) into `target`."""
+    from marlctl.train.capture import _set, _slots
+
+    for (_, name, key, index), tensor in _slots([source]).items():
+        _set((target, name, key, index), tensor.clone())
 
 
 @pytest.mark.slow

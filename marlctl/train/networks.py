@@ -172,8 +172,7 @@ class AgentNet(nn.Module):
         `copy` `[S]` (a network per agent): only agent `copy[s]`'s network of each seed, on
         that agent's input `[S, ..., 1, in]`, as where agents update one at a time.
         """
-        if copy is not None and self.copies == 1:
-            copy = None  # one network serves every agent
+        copy = self._own_copy(copy)
         x = self._with_ids(x)
         if self.ensemble > 1:
             return self._ensemble(x, member), None
@@ -193,8 +192,7 @@ class AgentNet(nn.Module):
         `[S, B, n, H]`, zeroed where `first` `[S, B, T]` starts an episode -> the outputs
         `[S, B, T, n, out]`, as `forward` step by step. The encoder, the GRU's input gates
         and the head run on every step at once; only the state's product is per step."""
-        if copy is not None and self.copies == 1:
-            copy = None
+        copy = self._own_copy(copy)
         gi = self.gru.input_gates(self.activation(self.encoder(self._with_ids(x), copy)), copy)
         states = []
         # unbind: one gradient for all the steps' slices (indexing step by step would give
@@ -203,6 +201,10 @@ class AgentNet(nn.Module):
             h = self.gru.cell(gi_t, reset_where(h, first_t), copy)
             states.append(h)
         return self.head(torch.stack(states, 2), copy)
+
+    def _own_copy(self, copy: torch.Tensor | None) -> torch.Tensor | None:
+        """`copy` where the agents have networks of their own; None where one serves all."""
+        return None if self.copies == 1 else copy
 
     def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
         if not self.id_dim:
