@@ -83,7 +83,9 @@ def _retried(action: Callable[[], Any], uri: str | None) -> Any:
 
 @contextmanager
 def _schema_lock(uri: str) -> Iterator[None]:
-    """An exclusive lock per SQLite file, in the temp dir, while a client opens it."""
+    """An exclusive lock per SQLite file while a client opens it: a hidden file beside the
+    database (`.mlflow.db.lock`), so that nothing is written outside the store's folder.
+    Not the database itself: closing a second handle on it would drop SQLite's own locks."""
     if not uri.startswith("sqlite:///"):
         yield
         return
@@ -92,11 +94,13 @@ def _schema_lock(uri: str) -> Iterator[None]:
     except ImportError:  # not on POSIX: no lock
         yield
         return
-    import tempfile
-
-    key = hashlib.sha256(str(Path(uri.removeprefix("sqlite:///")).resolve()).encode())
-    lock = Path(tempfile.gettempdir()) / f"marlctl-store-{key.hexdigest()[:16]}.lock"
-    with open(lock, "a") as handle:
+    database = Path(uri.removeprefix("sqlite:///")).resolve()
+    try:
+        handle = open(database.with_name(f".{database.name}.lock"), "a")
+    except OSError:  # a folder that takes no writes: no schema can be created there either
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

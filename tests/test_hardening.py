@@ -349,19 +349,29 @@ def test_a_wrong_postgresql_password_is_named_at_once(postgres, monkeypatch, cap
     assert "not-the-password" not in err
 
 
-def test_two_runs_started_together_in_a_fresh_folder_both_record():
+def test_two_runs_started_together_in_a_fresh_folder_both_record(tmp_path):
     import subprocess
 
     Path("spec.yaml").write_text(TINY_RUN)
+    temp = tmp_path / "temp"  # the runs' temp dir: left as it was found
+    temp.mkdir()
     command = [sys.executable, "-m", "marlctl", "run", "spec.yaml", "--json"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
-    runs.append(
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    )
+    runs = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+        for _ in range(2)
+    ]
     outcomes = [run.communicate(timeout=300) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outcomes
     parents = {json.loads(out)["parent_run_id"] for out, _ in outcomes}
     assert len(parents) == 2
+    assert list(temp.iterdir()) == []
+    assert Path(".mlflow.db.lock").is_file()  # the store's lock stays beside it
 
 
 def test_passwords_are_masked_whole_wherever_they_stand():
@@ -377,13 +387,32 @@ def test_passwords_are_masked_whole_wherever_they_stand():
 
 @pytest.fixture
 def read_only_folder(tmp_path):
-    """A working folder that takes no writes: mode 555, or for root (whom modes do not stop)
-    the immutable attribute of ext4 and xfs."""
-    import subprocess
-
+    """A working folder that takes no writes, holding a spec."""
     folder = tmp_path / "read-only"
     folder.mkdir()
     (folder / "spec.yaml").write_text(TINY_RUN)
+    yield from _read_only(folder)
+
+
+@pytest.fixture
+def read_only_store(tmp_path):
+    """A folder that takes no writes, holding an MLflow store made elsewhere (no lock file)."""
+    from marlctl import tracking
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    client = tracking.client_for(f"sqlite:///{folder / 'mlflow.db'}")
+    run = client.create_run(tracking.ensure_experiment(client, "kept", None))
+    client.log_metric(run.info.run_id, "eval/return_mean", 1.5)
+    (folder / ".mlflow.db.lock").unlink()
+    yield from _read_only(folder)
+
+
+def _read_only(folder: Path):
+    """`folder` read-only while the caller uses it: mode 555, or for root (whom modes do not
+    stop) the immutable attribute of ext4 and xfs."""
+    import subprocess
+
     if os.geteuid() == 0:
         done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
         if done.returncode != 0:
@@ -435,6 +464,14 @@ def test_a_read_only_working_folder_is_named_at_once(read_only_folder, monkeypat
     assert f"cannot write in {read_only_folder}" in err
     sweep = ("sweep", "spec.yaml", "algo.lr=0.001,0.0003", "--trials", "1")
     assert "cannot write in" in rejected(monkeypatch, capsys, *sweep, seconds=15)
+
+
+def test_a_store_in_a_read_only_folder_can_be_read(read_only_store):
+    from marlctl import tracking
+
+    client = tracking.client_for(f"sqlite:///{read_only_store / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("kept").experiment_id])
+    assert run.data.metrics == {"eval/return_mean": 1.5}
 
 
 def test_a_full_disk_at_start_is_named_at_once(full_folder, monkeypatch, capsys):
