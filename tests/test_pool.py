@@ -84,10 +84,11 @@ def test_the_dry_run_says_a_snapshot_plays_part_of_the_episodes():
 class Shadow:
     """Stands in for the snapshots' trainer: every agent of seed row i acts `w[i]`."""
 
-    def __init__(self, rows: int):
+    def __init__(self, rows: int, stateless: bool = True):
         self.policies = nn.Module()
         self.policies.register_buffer("w", torch.zeros(rows, 1))
         self.device = torch.device("cpu")
+        self.stateless_acting = stateless
         self.calls: list[int] = []
 
     def act(self, ob: Observation, deterministic: bool, first=None):
@@ -104,9 +105,11 @@ def live(values: list[float]) -> nn.Module:
     return module
 
 
-def make_pool(seats="all", sample="uniform", size=3, seeds=2, per_seed=4, n=2, share=1.0):
+def make_pool(
+    seats="all", sample="uniform", size=3, seeds=2, per_seed=4, n=2, share=1.0, stateless=True
+):
     cfg = PoolSpec(size=size, every=10, seats=seats, sample=sample, share=share)
-    shadow = Shadow(size * seeds)
+    shadow = Shadow(size * seeds, stateless)
     generator = torch.Generator().manual_seed(0)
     return Pool("g", cfg, n, shadow, seeds, seeds * per_seed, generator)
 
@@ -118,8 +121,9 @@ def observation(rows: int, n: int = 2) -> Observation:
     )
 
 
-def test_each_row_is_played_by_its_seeds_own_snapshot_in_one_batched_call():
-    pool = make_pool(size=3, seeds=2, per_seed=4)
+@pytest.mark.parametrize("stateless", [True, False])
+def test_each_row_is_played_by_its_seeds_own_snapshot_in_one_batched_call(stateless):
+    pool = make_pool(size=3, seeds=2, per_seed=4, stateless=stateless)
     pool.snapshot(live([10.0, 20.0]), 0)  # slot 0: seed 0 acts 10, seed 1 acts 20
     pool.snapshot(live([11.0, 21.0]), 10)  # slot 1
     assert (pool.filled, pool.newest, pool.taken, pool.next_snapshot) == (2, 1, [0, 10], 20)
@@ -127,13 +131,43 @@ def test_each_row_is_played_by_its_seeds_own_snapshot_in_one_batched_call():
     own = torch.full((8, 2), 7)
     actions = pool.actions(observation(8), None, own)
     assert actions[:, 0].tolist() == [10, 11, 7, 11, 21, 7, 20, 20]
-    assert pool.shadow.calls == [3 * 8]  # every snapshot at once
+    # One call: each (snapshot, seed) on its own rows, padded to the most of them (2: seed
+    # 0's rows 1 and 3 for slot 1); a policy with memory acts on every row in each.
+    assert pool.shadow.calls == [3 * 2 * 2 if stateless else 3 * 8]
     # seats: one replaces only the seat a snapshot plays
     pool = make_pool(seats="one", size=1, seeds=1, per_seed=3)
     pool.snapshot(live([5.0]), 0)
     pool.slot, pool.seat = torch.tensor([0, 0, -1]), torch.tensor([1, 0, 1])
     actions = pool.actions(observation(3), None, torch.full((3, 2), 7))
     assert actions.tolist() == [[7, 5], [5, 7], [7, 7]]
+
+
+def test_snapshots_acting_on_their_own_rows_act_as_they_would_on_every_row():
+    """Real snapshots (MAPPO, different weights in every slot and seed): each acting on the
+    rows it plays gives every row the action it gets when every snapshot acts on every row."""
+    from marlctl.envs.native import native_class
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    seeds, per_seed, size = (0, 1), 16, 5
+    body = {"env": {"id": "mpe/simple_spread", "backend": "native"}, "algo": {"name": "mappo"}}
+    spec = Spec.model_validate(body)
+    env = native_class("mpe/simple_spread")({}, per_seed * len(seeds), "cpu", seeds=len(seeds))
+    shadow = build_trainer(spec, env.info, per_seed, torch.device("cpu"), 1, seeds * size)
+    assert shadow.stateless_acting
+    cfg = PoolSpec(size=size, every=10, seats="all", sample="uniform", share=0.6)
+    generator = torch.Generator().manual_seed(1)
+    pool = Pool("agent", cfg, 3, shadow, len(seeds), per_seed * len(seeds), generator)
+    for step in range(4):  # 4 of 5 slots filled, each from other weights
+        live = build_trainer(spec, env.info, per_seed, torch.device("cpu"), 1, (step, 9 + step))
+        pool.snapshot(live.policies, step * 10)
+    ob = env.reset([0, 1])
+    pool.draw(torch.ones(per_seed * len(seeds), dtype=torch.bool))
+    assert (pool.slot >= 0).any() and (pool.slot < 0).any() and len(set(pool.slot.tolist())) > 3
+    played = pool.slot >= 0
+    compact = pool.played_rows(ob, deterministic=True)[played]
+    every = pool.every_slot(ob, None, deterministic=True)[played]
+    assert torch.equal(compact, every)
 
 
 def test_the_oldest_snapshot_leaves_a_full_pool():

@@ -121,6 +121,12 @@ class Trainer:
 
     # ------------------------------------------------------------ acting
 
+    @property
+    def stateless_acting(self) -> bool:
+        """Acting keeps nothing from one step to the next (no recurrent state): a row's
+        action depends on its own observation alone, so any subset of rows can act."""
+        return self.model.recurrent is None
+
     @torch.no_grad()
     def act(
         self, ob: Observation, deterministic: bool = True, first: torch.Tensor | None = None

@@ -177,6 +177,11 @@ class MADDPGTrainer(OffPolicyTrainer):
                 actions[name] = self._act(name, ob, self._member[name], explore=True)
         return actions, extra
 
+    @property
+    def stateless_acting(self) -> bool:
+        # An ensemble keeps each row's member for its episode.
+        return super().stateless_acting and self.cfg.ensemble == 1
+
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
         for name, group in self.groups.items():

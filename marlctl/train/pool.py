@@ -19,8 +19,12 @@ group against what the learner returns for it (a running mean over its own episo
 tie is half a win. Win rates are running means over each snapshot's recent games.
 
 A group's snapshots act as one batch: a shadow trainer holds them as extra seeds (`size`
-times the run's seeds) and sees each observation once per snapshot, so the pool costs one
-batched forward pass per step whatever its size, and nothing in a step waits for the host.
+times the run's seeds). On the CPU each snapshot acts on the rows it plays alone, padded to
+the most rows any snapshot plays (the host reads that number once a step, and rounds it up
+to a power of two), so a step costs about one forward pass over the rows whatever the
+pool's size. On a GPU, and for a policy with memory (recurrent, or MADDPG's ensemble member
+per episode, which must carry its state from step to step), every snapshot acts on every
+row instead: a step's cost grows with the pool's size, and nothing in it waits for the host.
 """
 
 from __future__ import annotations
@@ -39,15 +43,21 @@ BASELINE_STEP = 0.01  # weight of one new episode in the learner's running group
 
 def tile(ob: Observation, times: int) -> Observation:
     """`ob` repeated `times` over its env rows (row r of copy k at k * rows + r)."""
+    rows = ob.state.shape[0]
+    return take_rows(ob, torch.arange(rows, device=ob.state.device).repeat(times))
 
-    def rep(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.repeat(times, *([1] * (x.dim() - 1)))
+
+def take_rows(ob: Observation, index: torch.Tensor) -> Observation:
+    """The env rows `index` of `ob`, in that order."""
+
+    def take(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[index]
 
     return Observation(
-        {k: rep(v) for k, v in ob.obs.items()},
-        rep(ob.state),
-        {k: rep(v) for k, v in ob.masks.items()},
-        {k: rep(v) for k, v in ob.active.items()},
+        {k: take(v) for k, v in ob.obs.items()},
+        take(ob.state),
+        {k: take(v) for k, v in ob.masks.items()},
+        {k: take(v) for k, v in ob.active.items()},
     )
 
 
@@ -142,14 +152,50 @@ class Pool:
     @torch.no_grad()
     def actions(self, ob: Observation, first: torch.Tensor | None, own: torch.Tensor):
         """The group's actions: the learner's `own`, the snapshots' where they play."""
+        if self.shadow.stateless_acting and self.device.type == "cpu":
+            chosen = self.played_rows(ob, False)
+        else:
+            chosen = self.every_slot(ob, first, False)
+        use = self.played().view(self.rows, self.n, *([1] * (own.dim() - 2)))
+        return torch.where(use, chosen.to(own.dtype), own)
+
+    def every_slot(self, ob: Observation, first: torch.Tensor | None, deterministic: bool):
+        """Each row's snapshot actions `[rows, n, ...]`, from every snapshot acting on every
+        row: what a policy with memory (recurrent, or an ensemble member per episode) needs
+        to carry its state from step to step, and no host sync."""
         out = self.shadow.act(
-            tile(ob, self.K), False, None if first is None else first.repeat(self.K)
+            tile(ob, self.K), deterministic, None if first is None else first.repeat(self.K)
         )[self.name]
         out = out.view(self.K, self.rows, *out.shape[1:])
         index = self.slot.clamp_min(0).view(1, self.rows, *([1] * (out.dim() - 2)))
-        chosen = out.gather(0, index.expand(1, *out.shape[1:]))[0].to(own.dtype)
-        use = self.played().view(self.rows, self.n, *([1] * (own.dim() - 2)))
-        return torch.where(use, chosen, own)
+        return out.gather(0, index.expand(1, *out.shape[1:]))[0]
+
+    def played_rows(self, ob: Observation, deterministic: bool) -> torch.Tensor:
+        """Each row's snapshot actions `[rows, n, ...]` (where a snapshot plays; the rest
+        arbitrary), from each snapshot acting on its own rows alone: the shadow's seed
+        (slot k, seed s) sees the rows of seed s that slot k plays, padded to the most any
+        snapshot plays (rounded up to a power of two), so a step costs about one forward
+        pass however large the pool."""
+        S, K, rows = self.S, self.K, self.rows
+        seed = torch.arange(rows, device=self.device) // (rows // S)
+        # The shadow's seed of each row a snapshot plays; K * S for the learner's rows.
+        key = torch.where(self.slot >= 0, self.slot * S + seed, K * S)
+        count = torch.bincount(key, minlength=K * S + 1)
+        # The host sets the batch's shape: a power of two, so that a compiled shadow meets a
+        # few shapes only.
+        most = int(count[: K * S].max())
+        width = min(1 << max(0, most - 1).bit_length(), rows // S)
+        order = key.argsort(stable=True)
+        ordered = key[order]
+        start = count.cumsum(0) - count
+        place = ordered * width + torch.arange(rows, device=self.device) - start[ordered]
+        ours = ordered < K * S
+        table = torch.zeros(K * S * width, dtype=torch.long, device=self.device)
+        table[place[ours]] = order[ours]  # padding repeats row 0; its actions are dropped
+        out = self.shadow.act(take_rows(ob, table), deterministic, None)[self.name]
+        at = torch.zeros(rows, dtype=torch.long, device=self.device)
+        at[order[ours]] = place[ours]
+        return out[at]
 
     # ------------------------------------------------------------ outcomes
 

@@ -146,6 +146,10 @@ class TeamsTrainer:
 
     # ------------------------------------------------------------ acting
 
+    @property
+    def stateless_acting(self) -> bool:
+        return all(t.trainer.stateless_acting for t in self.teams)
+
     @torch.no_grad()
     def act(self, ob: Observation, deterministic: bool = True, first=None):
         actions = {}
