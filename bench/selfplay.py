@@ -1,8 +1,8 @@
 """Benchmark: self-play and population training (the spec's `groups.NAME.pool`).
 
 tictactoe: MAPPO self-play on tic-tac-toe (`specs/tictactoe_selfplay.yaml`): one policy in
-both seats, and in a share of the games one seat played by a past snapshot (prioritised
-fictitious self-play). Each seed's final policy then plays GAMES games against a player of
+both seats, and in a share of the games one seat played by a past snapshot (drawn as the
+spec's pool says). Each seed's final policy then plays GAMES games against a player of
 uniformly random legal moves and GAMES against a perfect (minimax) player, half of them
 moving first, acting deterministically: its non-loss rate against random and its draw rate
 against minimax, per seed, with their mean and 95% interval.
@@ -181,13 +181,20 @@ def command(part: str, cell: dict) -> str:
     return f".venv/bin/python bench/selfplay.py {part}{given}"
 
 
-def tictactoe_table(cell: dict) -> list[str]:
-    def rate(tally: dict, keys: tuple[str, ...]) -> float:
-        return sum(tally[k] for k in keys) / sum(tally.values())
+def _rate(tally: dict, keys: tuple[str, ...]) -> float:
+    return sum(tally[k] for k in keys) / sum(tally.values())
 
+
+def tictactoe_rates(cell: dict) -> tuple[list[float], list[float]]:
+    """Per seed: the non-loss rate against random, the draw rate against minimax."""
+    non_loss = [_rate(s["random"], ("win", "draw")) for s in cell["seeds"]]
+    draws = [_rate(s["minimax"], ("draw",)) for s in cell["seeds"]]
+    return non_loss, draws
+
+
+def tictactoe_table(cell: dict, earlier: list[dict]) -> list[str]:
     rows = []
-    non_loss = [rate(s["random"], ("win", "draw")) for s in cell["seeds"]]
-    draws = [rate(s["minimax"], ("draw",)) for s in cell["seeds"]]
+    non_loss, draws = tictactoe_rates(cell)
     for s, a, b in zip(cell["seeds"], non_loss, draws, strict=True):
         r, m = s["random"], s["minimax"]
         rows.append(
@@ -196,21 +203,25 @@ def tictactoe_table(cell: dict) -> list[str]:
         )
     (mean_a, ci_a), (mean_b, ci_b) = t_interval(non_loss), t_interval(draws)
     pool = cell["spec"]["groups"]["player"]["pool"]
-    algo = cell["spec"]["algo"]
-    return [
+    algo, hardware = cell["spec"]["algo"], cell["spec"]["hardware"]
+    together = (
+        "trained as one batch"
+        if hardware.get("batch_seeds")
+        else f"{hardware['parallel_runs']} at once"
+    )
+    lines = [
         "## Tic-tac-toe self-play",
         "",
         f"`{command('tictactoe', cell)}`, {cell['date']}, on {cell['machine']}.",
         "",
-        f"MAPPO self-play (`specs/tictactoe_selfplay.yaml`): one policy plays both seats; in "
-        f"{pool['share']:.0%} of the games a snapshot plays one seat ({pool['sample']}, "
-        f"{pool['size']} kept, one per {pool['every']:,} steps). Budget: "
-        f"{cell['env_steps']:,} env steps (moves) per seed, {algo['rollout_steps']}-step "
-        f"rollouts of {cell['spec']['hardware']['num_envs']} envs"
+        f"MAPPO self-play (`specs/tictactoe_selfplay.yaml`, backend {_backend(cell)}): one "
+        f"policy plays both seats; in {pool['share']:.0%} of the games a snapshot plays one "
+        f"seat ({pool['sample']}, {pool['size']} kept, one per {pool['every']:,} steps). "
+        f"Budget: {cell['env_steps']:,} env steps (moves) per seed, {algo['rollout_steps']}-"
+        f"step rollouts of {hardware['num_envs']} envs"
         f"{', the learning rate annealed to zero' if algo.get('anneal_lr') else ''}; "
-        f"{cell['wall_s'] / 60:.1f} min for {len(cell['seeds'])} seeds "
-        f"({cell['spec']['hardware']['parallel_runs']} at once). Each final policy then "
-        f"played {cell['games']} "
+        f"{cell['wall_s'] / 60:.1f} min for {len(cell['seeds'])} seeds ({together}). Each "
+        f"final policy then played {cell['games']} "
         "games against each player, first to move in half of them, acting deterministically.",
         "",
         "| seed | non-loss vs random | win / draw / loss | draws vs minimax | win / draw / loss |",
@@ -222,6 +233,21 @@ def tictactoe_table(cell: dict) -> list[str]:
         f"(worst seed: {min(non_loss):.1%} and {min(draws):.1%}).",
         "",
     ]
+    if earlier:
+        lines += ["Earlier runs (`bench/results/selfplay.jsonl`), mean over seeds:", ""]
+        for old in earlier:
+            a, b = (float(np.mean(x)) for x in tictactoe_rates(old))
+            lines.append(
+                f"- {old['date']}: {old['env_steps']:,} steps per seed, backend "
+                f"{_backend(old)}, {old['wall_s'] / 60:.1f} min: non-loss vs random {a:.1%}, "
+                f"draws vs minimax {b:.1%}."
+            )
+        lines.append("")
+    return lines
+
+
+def _backend(cell: dict) -> str:
+    return cell["spec"]["env"].get("backend", "pettingzoo")
 
 
 # ---------------------------------------------------------------- simple_tag
@@ -324,16 +350,17 @@ def main() -> None:
 
 
 def write_table() -> None:
-    latest = {}
+    cells: dict[str, list[dict]] = {}
     if DONE.exists():
         for line in DONE.read_text().splitlines():
             cell = json.loads(line)
-            latest[cell["part"]] = cell
+            cells.setdefault(cell["part"], []).append(cell)
     lines = ["# Self-play and population training", ""]
-    if "tictactoe" in latest:
-        lines += tictactoe_table(latest["tictactoe"])
-    if "tag" in latest:
-        lines += tag_table(latest["tag"])
+    if "tictactoe" in cells:
+        *earlier, latest = cells["tictactoe"]
+        lines += tictactoe_table(latest, earlier)
+    if "tag" in cells:
+        lines += tag_table(cells["tag"][-1])
     OUT.write_text("\n".join(lines))
     print(OUT.read_text())
 

@@ -27,6 +27,8 @@ NATIVE: dict[str, str] = {
     "mpe/simple_world_comm": "marlctl.envs.native.simple_world_comm:SimpleWorldComm",
     "matrix/climbing": "marlctl.envs.native.matrix:Climbing",
     "matrix/penalty": "marlctl.envs.native.matrix:Penalty",
+    "classic/tictactoe": "marlctl.envs.native.classic:TicTacToe",
+    "classic/connect_four": "marlctl.envs.native.classic:ConnectFour",
 }
 # Native envs with no PettingZoo original, with the summary `marlctl list envs` shows.
 NATIVE_ONLY: dict[str, str] = {
@@ -64,6 +66,7 @@ UNSUPPORTED = {
     "use backend: pettingzoo",
     "benchmark_data": "per-step benchmark infos are not produced by native tasks; "
     "use backend: pettingzoo",
+    "opponent": "a scripted opponent plays inside the PettingZoo env; use backend: pettingzoo",
 }
 
 

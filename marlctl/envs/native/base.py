@@ -111,6 +111,9 @@ class NativeEnv(SeededBatch):
     # True for an env whose `advance` sets `self.won` `[E]` bool (the learners won the
     # episodes that end now): `train/win_rate` and `eval/win_rate` are logged.
     reports_wins = False
+    # True for a game of turns: one agent acts per step, the others are inactive (an env
+    # that sets its observations' `active` itself; `EnvInfo.turn_based`).
+    turn_based = False
     # Methods `compile` fuses: none by default. A step of a few operations (the matrix
     # games') runs slower compiled; list `observe`/`advance` where they hold many.
     pure_steps: tuple[str, ...] = ()
@@ -132,7 +135,9 @@ class NativeEnv(SeededBatch):
         groups, state_dim = self.build(**params)
         agents = tuple(a for g in groups for a in g.agents)
         factory = f"{type(self).__module__}:{type(self).__qualname__}"
-        self.info = EnvInfo(self.env_id, factory, tuple(groups), state_dim, True, agents)
+        self.info = EnvInfo(
+            self.env_id, factory, tuple(groups), state_dim, True, agents, self.turn_based
+        )
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._active = {
             g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
