@@ -101,11 +101,18 @@ def test_a_move_onto_a_full_cell_changes_nothing():
     assert again.next.active["player"].tolist() == [[False, True]]  # still O to move
 
 
-def test_a_scripted_opponent_is_refused_natively():
+def test_a_scripted_opponent_or_another_games_parameter_is_refused_natively():
     from games import invoke, write
 
     with pytest.raises(ValueError, match="pettingzoo"):
         native_class("classic/tictactoe")({"opponent": "random"}, 1, "cpu")
+    with pytest.raises(ValueError, match="unknown parameter.*screen_scaling"):
+        native_class("classic/tictactoe")({"screen_scaling": 9}, 1, "cpu")
+    assert native_class("classic/connect_four").parameters().defaults == {
+        "max_cycles": 42,
+        "opponent": None,
+        "screen_scaling": 9,
+    }
     env = {"id": "classic/connect_four", "backend": "native", "params": {"opponent": "random"}}
     code, document = invoke("validate", str(write({"env": env, "algo": {"name": "mappo"}})))
     assert code == 2

@@ -26,6 +26,7 @@ import torch
 from marlctl.envs.batch import Observation
 from marlctl.envs.native.base import NativeEnv
 from marlctl.envs.registry import GroupInfo
+from marlctl.envs.signature import FactoryParams
 
 
 def lines_of(rows: int, cols: int, length: int) -> list[tuple[int, ...]]:
@@ -47,10 +48,19 @@ class BoardGame(NativeEnv):
     rows = cols = line = 0
     agents: tuple[str, str] = ("player_0", "player_1")
     n_actions = 0
+    screen: tuple[str, Any] = ("", None)  # the original's keyword for its screen, default
+
+    @classmethod
+    def parameters(cls) -> FactoryParams:
+        key, default = cls.screen
+        return FactoryParams({"max_cycles": cls.max_cycles, "opponent": None, key: default}, False)
 
     def build(self, opponent: str | None = None, **screen: Any):
         """`opponent` and the screen's size are the original's: no scripted opponent plays
         here, and the screen is its renderer's."""
+        unknown = set(screen) - {self.screen[0]}
+        if unknown:
+            raise ValueError(f"unknown parameter(s): {', '.join(sorted(unknown))}")
         if opponent is not None:
             raise ValueError(f"opponent {opponent!r} plays in backend: pettingzoo only")
         self.lines = torch.tensor(lines_of(self.rows, self.cols, self.line), device=self.device)
@@ -119,6 +129,7 @@ class TicTacToe(BoardGame):
     agents = ("player_1", "player_2")
     n_actions = 9
     max_cycles = 9
+    screen = ("screen_height", 1000)
 
     def legal(self) -> torch.Tensor:
         return self.board == 0
@@ -135,6 +146,7 @@ class ConnectFour(BoardGame):
     rows, cols, line = 6, 7, 4
     n_actions = 7
     max_cycles = 42
+    screen = ("screen_scaling", 9)
 
     def legal(self) -> torch.Tensor:
         return self.board[:, : self.cols] == 0  # the column's top cell is empty
