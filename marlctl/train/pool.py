@@ -96,6 +96,8 @@ class Pool:
         self.baseline = torch.zeros(seeds, device=dev)  # the learner's group return
         self.baseline_seen = torch.zeros(seeds, dtype=torch.bool, device=dev)
         self._agents = torch.arange(n_agents, device=dev)
+        self._row_seed = torch.arange(rows, device=dev) // (rows // seeds)  # seed-major rows
+        self._row = torch.arange(rows, device=dev)
 
     # ------------------------------------------------------------ snapshots
 
@@ -177,9 +179,8 @@ class Pool:
         snapshot plays (rounded up to a power of two), so a step costs about one forward
         pass however large the pool."""
         S, K, rows = self.S, self.K, self.rows
-        seed = torch.arange(rows, device=self.device) // (rows // S)
         # The shadow's seed of each row a snapshot plays; K * S for the learner's rows.
-        key = torch.where(self.slot >= 0, self.slot * S + seed, K * S)
+        key = torch.where(self.slot >= 0, self.slot * S + self._row_seed, K * S)
         count = torch.bincount(key, minlength=K * S + 1)
         # The host sets the batch's shape: a power of two, so that a compiled shadow meets a
         # few shapes only.
@@ -188,7 +189,7 @@ class Pool:
         order = key.argsort(stable=True)
         ordered = key[order]
         start = count.cumsum(0) - count
-        place = ordered * width + torch.arange(rows, device=self.device) - start[ordered]
+        place = ordered * width + self._row - start[ordered]
         ours = ordered < K * S
         table = torch.zeros(K * S * width, dtype=torch.long, device=self.device)
         table[place[ours]] = order[ours]  # padding repeats row 0; its actions are dropped

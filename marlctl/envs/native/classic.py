@@ -93,32 +93,33 @@ class BoardGame(NativeEnv):
         marks = self.board.unsqueeze(1) == (self.seat + 1).view(1, 2, 1)  # [E, seat, cells]
         obs = torch.stack([marks, marks.flip(1)], -1).view(E, 2, self.rows, self.cols, 2)
         obs = obs.to(self.dtype)
-        to_move = self.seat == self.mover.unsqueeze(-1)  # [E, 2]
-        masks = self.legal().unsqueeze(1) & to_move.unsqueeze(-1)
+        masks = self.legal().unsqueeze(1) & self.to_move().unsqueeze(-1)
         return {"player": obs}, obs.flatten(1), {"player": masks}
 
     def advance(self, actions: dict[str, torch.Tensor]):
         move = actions["player"].long().gather(1, self.mover.unsqueeze(-1))  # [E, 1]
-        legal = self.legal().gather(1, move.clamp(0, self.n_actions - 1))
-        legal = legal & (move >= 0) & (move < self.n_actions)
-        cell = self.cell(move.clamp(0, self.n_actions - 1))
+        inside = move.clamp(0, self.n_actions - 1)
+        legal = self.legal().gather(1, inside) & (move == inside)
+        cell = self.cell(inside)
         mark = (self.mover + 1).unsqueeze(-1)
         chosen = torch.zeros_like(self.board, dtype=torch.bool).scatter_(1, cell, legal)
         board = torch.where(chosen, mark, self.board)
         # Only the mover's new mark can complete a line.
         won = (board[:, self.lines] == mark.unsqueeze(-1)).all(-1).any(-1)
         over = won | (board != 0).all(-1)
-        winner = self.seat == self.mover.unsqueeze(-1)
-        reward = torch.where(winner, 1.0, -1.0) * won.unsqueeze(-1)
+        reward = torch.where(self.to_move(), 1.0, -1.0) * won.unsqueeze(-1)
         self.board, self.over = board, over
         self.mover = torch.where(legal.squeeze(-1), 1 - self.mover, self.mover)
         return {"player": reward.to(self.dtype)}, over
 
+    def to_move(self) -> torch.Tensor:
+        """`[E, 2]`: the seat whose turn it is."""
+        return self.seat == self.mover.unsqueeze(-1)
+
     def _observation(self) -> Observation:
         ob = super()._observation()
         # The player to move, while its game goes on (a final observation has no one).
-        to_move = (self.seat == self.mover.unsqueeze(-1)) & ~self.over.unsqueeze(-1)
-        return ob._replace(active={"player": to_move})
+        return ob._replace(active={"player": self.to_move() & ~self.over.unsqueeze(-1)})
 
 
 class TicTacToe(BoardGame):
