@@ -100,6 +100,9 @@ PRESETS = ("a2c", "ia2c")
 # for 16 Atari envs, and lr 4e-3 is the step that suits 640-transition batches here.
 VARIANTS = {
     "masac-n20": ("masac", {"n_step": 20}),
+    # HASAC's actor reads the other agents' current actions; this MASAC does too, so that
+    # it differs from HASAC by the sequential update alone.
+    "masac-current": ("masac", {"actor_joint_action": "current"}),
     "hasac-n20": ("hasac", {"n_step": 20}),
     "a2c-lr4e-3": ("a2c", {"lr": 4e-3}),
     "ia2c-lr4e-3": ("ia2c", {"lr": 4e-3}),

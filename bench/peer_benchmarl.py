@@ -43,7 +43,7 @@ DONE = ROOT / "bench" / "results" / "peer_benchmarl.jsonl"
 WORKDIR = ROOT / "bench" / "runs" / "peer"
 PINS = ["benchmarl==1.5.2", "vmas==1.5.2"]
 TORCH = "torch==2.13.0"  # marlctl's CPU build (scripts/setup): BenchMARL's torchrl runs on it
-TASKS = ("navigation", "balance", "transport")
+TASKS = ("navigation", "balance", "sampling", "transport")
 ON_POLICY = ("mappo", "ippo")
 OFF_POLICY = ("masac", "maddpg", "qmix")
 DISCRETE_ONLY = ("qmix",)  # run with discrete actions in both tools
@@ -542,6 +542,22 @@ def table(cells: list[dict]) -> str:
         "|---|---|",
         *(f"| {theirs} | {mine} |" for theirs, mine in MAPPING_OFF_POLICY),
     ]
+    transport = [c for c in cells if c["task"] == "transport"]
+    if transport:
+        reach = max(
+            abs(value)
+            for c in transport
+            for half in (c["benchmarl"], c["marlctl"])
+            for curve in half["curves"]
+            for _, value in curve
+        )
+        lines += [
+            "",
+            "On transport neither tool learns within these frames: no evaluation of any seed, "
+            f"in either tool, moves the return further than {reach:.2f} from 0 (the task pays "
+            "for the package's progress towards its goal), so its rows compare wall-clock, not "
+            "learning.",
+        ]
     if any(c["benchmarl"].get("recovered") for c in cells):
         lines += [
             "",

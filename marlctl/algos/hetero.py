@@ -139,10 +139,13 @@ class HASACConfig(MASACConfig):
     """HASAC (Liu et al. 2024, "Maximum Entropy Heterogeneous-Agent Reinforcement Learning",
     ICLR): MASAC's twin centralised critics and tuned temperatures, with the actors' soft
     policy steps taken one agent after another in a random order, each against the actions
-    the agents before it now take. Defaults are MASAC's, so that the two differ by the
-    sequential update alone. HARL's MPE configurations also take 20-step returns
-    (`algo.n_step: 20`) and one gradient step per 1,000 transitions (`rollout_steps` ×
-    `hardware.num_envs` = 1,000 with `updates: 1`)."""
+    the agents before it now take. Defaults are MASAC's but for the other agents' actions
+    in each actor's Q: always their current policies' (`actor_joint_action: current`, as in
+    HARL), where MASAC's default reads them from the replay batch; set MASAC's
+    `actor_joint_action: current` for a baseline that differs by the sequential update
+    alone. HARL's tuned MPE configurations also take 20-step returns (`algo.n_step: 20`),
+    batches of 1,000 and one gradient step per 20 transitions (50 steps of 20 envs, then
+    50 gradient steps: `rollout_steps: 50`, `hardware.num_envs: 20`, `updates: 50`)."""
 
     model_defaults: ClassVar[dict[str, Any]] = {
         **MASACConfig.model_defaults,
