@@ -1,8 +1,10 @@
 """Benchmark: every registered algorithm, and A2C's preset, on MPE simple_spread and
-simple_speaker_listener, and on SMAX 3m and 2s3z (2s3z: a heterogeneous team).
+simple_speaker_listener, on SMAX 3m and 2s3z (2s3z: a heterogeneous team), and on VMAS
+het_mass (two agents of different masses).
 
-For each algorithm × task: several seeds trained as one batch on the native backend
-(discrete actions, N=3 and 25 steps for simple_spread), through `marlctl run`, each cell in
+For each algorithm × task: several seeds trained as one batch on the native backend (on
+`vmas` for VMAS; discrete actions, N=3 and 25 steps for simple_spread), through
+`marlctl run`, each cell in
 its own MLflow store under `bench/runs/`. Reports the final per-agent eval return (mean over
 seeds, its 95% Student-t interval and the worst seed), on SMAX the final eval win rate, the
 env steps per seed, the wall-clock time of the batch, and the eval curves
@@ -16,6 +18,8 @@ budget, seeds and settings.
     .venv/bin/python bench/algorithms.py --algos qmix,vdn --envs simple_spread
     .venv/bin/python bench/algorithms.py --algos mappo,happo --envs 2s3z --seeds 3 \
         --out bench/results/algorithms_smax.md
+    .venv/bin/python bench/algorithms.py --algos mappo,mappo-independent,happo --envs het_mass \
+        --on-policy-steps 500000 --off-policy-steps 300000 --out bench/results/algorithms_het.md
     .venv/bin/python bench/algorithms.py --device cuda --jobs 4  # cells side by side on a GPU
 """
 
@@ -47,8 +51,14 @@ TASKS = {
     # 2s3z (2 stalkers and 3 zealots, a heterogeneous team)
     "3m": {},
     "2s3z": {},
+    # VMAS het_mass, 100 steps, masses 4 and 2: both agents earn the larger of their speeds
+    # less what both spend on force, so the light agent should run and the heavy one rest.
+    # Without the mass noise: VMAS draws one mass per agent for the whole batch at each
+    # reset, so with it an evaluation of 100 episodes would be a single draw.
+    "het_mass": {"max_steps": 100, "mass_noise": 0},
 }
-SMAX = ("3m", "2s3z")  # `smax/TASK`; the rest are `mpe/TASK`
+SMAX = ("3m", "2s3z")  # `smax/TASK`
+VMAS = ("het_mass",)  # `vmas/TASK` on the vmas backend; the rest are `mpe/TASK`
 # On SMAX, beyond the family's settings, for every algorithm whose config has the field:
 # JaxMARL's MAPPO SMAX config (baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml,
 # as `specs/smax_3m_mappo.yaml`): 128-step rollouts of 128 envs, 4 epochs of 4 minibatches,
@@ -94,7 +104,8 @@ EXTRA = {
 }
 # Presets benchmarked as algorithms (`algos/NAME.yaml`): their values replace the family's.
 PRESETS = ("a2c", "ia2c")
-# Variants benchmarked as rows of their own: (algorithm or preset, settings beyond its own).
+# Variants benchmarked as rows of their own: (algorithm or preset, settings beyond its own;
+# a "model" entry holds model settings).
 # HARL trains HASAC (and its MASAC baseline) on MPE with 20-step returns. A2C's learning rate
 # is searched in its paper (log-uniform over 1e-4..1e-2); the presets keep SB3's 7e-4, tuned
 # for 16 Atari envs, and lr 4e-3 is the step that suits 640-transition batches here.
@@ -104,6 +115,13 @@ VARIANTS = {
     # it differs from HASAC by the sequential update alone.
     "masac-current": ("masac", {"actor_joint_action": "current"}),
     "hasac-n20": ("hasac", {"n_step": 20}),
+    # The heterogeneous-agent algorithms train a network per agent (HARL's choice); these
+    # baselines do too, where agents of one group would otherwise share one.
+    "mappo-independent": ("mappo", {"model": {"sharing": "independent"}}),
+    "masac-current-independent": (
+        "masac",
+        {"actor_joint_action": "current", "model": {"sharing": "independent"}},
+    ),
     "a2c-lr4e-3": ("a2c", {"lr": 4e-3}),
     "ia2c-lr4e-3": ("ia2c", {"lr": 4e-3}),
 }
@@ -129,6 +147,8 @@ def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
     """The row's settings on `task`: its family's (or preset's), the algorithm's EXTRA, on
     SMAX `SMAX_SETTINGS` (the fields the algorithm has), then the variant's own values."""
     base, changed = VARIANTS.get(algo, (algo, {}))
+    changed = dict(changed)
+    own_model = changed.pop("model", None)
     if base in PRESETS:
         family = {"num_envs": ON_POLICY["num_envs"], "algo": preset(base)}
     else:
@@ -144,6 +164,8 @@ def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
         family["model"] = (
             model if info.recurrent else {k: v for k, v in model.items() if k != "recurrent"}
         )
+    if own_model:
+        family = {**family, "model": {**family.get("model", {}), **own_model}}
     return {**family, "algo": {**family["algo"], **changed}}
 
 
@@ -159,13 +181,19 @@ def defaults(algo: str) -> dict:
 
 
 def env_id(task: str) -> str:
-    return f"smax/{task}" if task in SMAX else f"mpe/{task}"
+    return f"smax/{task}" if task in SMAX else f"vmas/{task}" if task in VMAS else f"mpe/{task}"
+
+
+def backend(task: str) -> str:
+    return "vmas" if task in VMAS else "native"
 
 
 def reports_wins(task: str) -> bool:
     """Whether the task's env says who won an episode (`eval/win_rate` is logged)."""
     from marlctl.envs.native import native_class
 
+    if task in VMAS:
+        return False
     return getattr(native_class(env_id(task)), "reports_wins", False)
 
 
@@ -174,7 +202,7 @@ def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: 
     spec = {
         "name": f"bench-{algo}-{task}",
         "seeds": list(range(seeds)),
-        "env": {"id": env_id(task), "backend": "native", "params": TASKS[task]},
+        "env": {"id": env_id(task), "backend": backend(task), "params": TASKS[task]},
         "algo": {"name": registered(algo), **family["algo"]},
         "train": {
             "total_env_steps": steps,
@@ -251,6 +279,13 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
 
 
 def native_env(task: str, episodes: int):
+    """The task's batched env on the CPU, `episodes` envs (VMAS's own on the vmas backend)."""
+    if task in VMAS:
+        import torch
+
+        from marlctl.envs.vmas import VmasEnv
+
+        return VmasEnv(env_id(task), task, TASKS[task], episodes, torch.device("cpu"))
     from marlctl.envs.native import native_class
 
     return native_class(env_id(task))(TASKS[task], episodes, "cpu")
@@ -291,6 +326,35 @@ def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, flo
     if reports_wins(task):
         out["random win rate"] = float(won.float().mean())
     return out
+
+
+def best_constant_play(task: str, episodes: int = 64, seed: int = 0) -> tuple[float, tuple]:
+    """Every joint action held for a whole episode, `episodes` episodes each, all in one
+    batch: the best mean per-agent episode return and the joint action (one per agent, in
+    group order) that earns it. On het_mass: the light agent pushing and the heavy one at
+    rest, the behaviour the task rewards, fixed."""
+    import torch
+
+    probe = native_env(task, 1)
+    counts = [g.n_actions for g in probe.info.groups for _ in range(g.n_agents)]
+    joint = list(itertools.product(*(range(n) for n in counts)))
+    env = native_env(task, len(joint) * episodes)
+    table = torch.tensor(joint).repeat_interleave(episodes, 0)  # [envs, agents]
+    actions, start = {}, 0
+    for g in env.info.groups:
+        actions[g.name] = table[:, start : start + g.n_agents]
+        start += g.n_agents
+    env.reset(seed)
+    agents = table.shape[1]
+    total = torch.zeros(len(table))
+    running = torch.ones(len(table), dtype=torch.bool)
+    while running.any():
+        step = env.step(actions)
+        total += torch.where(running, sum(r.sum(-1) for r in step.rewards.values()) / agents, 0.0)
+        running &= ~(step.terminated | step.truncated)
+    means = total.view(len(joint), episodes).mean(1)
+    best = int(means.argmax())
+    return float(means[best]), joint[best]
 
 
 def scripted_spread_return(episodes: int = 1024, seed: int = 0, lookahead: float = 0.1) -> float:
@@ -372,6 +436,8 @@ def main() -> None:
     references = {task: random_play(task) for task in args.envs.split(",")}
     if "simple_spread" in references:
         references["simple_spread"]["scripted"] = scripted_spread_return()
+    if "het_mass" in references:
+        references["het_mass"]["best constant"] = best_constant_play("het_mass")[0]
     write_table(args.out, rows, references, command, args.seeds, args.note)
     write_curves(args.out.with_name(args.out.stem + "_curves.png"), rows, references)
 
@@ -409,7 +475,12 @@ def write_table(
     wins = any("win_rates" in r for r in rows)
     smax = [task for task in references if task in SMAX]
     lines = [
-        f"# Algorithms on {' and '.join(families)} (native backend, discrete actions)",
+        f"# Algorithms on {' and '.join(families)} "
+        + (
+            "(discrete actions)"
+            if any(t in VMAS for t in references)
+            else "(native backend, discrete actions)"
+        ),
         "",
         f"Written {date.today()} by `{command}`. Machines (the last column): "
         + "; ".join(f"({i}) {m}" for i, m in enumerate(machines, 1))
@@ -462,7 +533,8 @@ def write_table(
         "*random*: uniform random actions (among the allowed ones), 1,024 episodes. "
         "*scripted*: agents take the assignment to landmarks of least total distance each "
         "step and the move that brings them closest to their landmark (full state; "
-        "`scripted_spread_return`).",
+        "`scripted_spread_return`). *best constant*: the best joint action held for whole "
+        "episodes, every one tried on 64 episodes (`best_constant_play`).",
     ]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}", flush=True)

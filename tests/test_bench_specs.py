@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from marlctl.algos import registered_algos
 from marlctl.cli import app
+from marlctl.envs.registry import lookup
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -82,3 +83,25 @@ def test_random_play_keeps_to_allowed_actions_and_counts_wins() -> None:
     smax = algorithms.random_play("2s3z", episodes=64)
     assert set(smax) == {"random", "random win rate"}
     assert 0.0 <= smax["random win rate"] < 0.5
+
+
+def test_a_variant_with_model_settings_changes_the_model_alone() -> None:
+    mappo = algorithms.settings("mappo", True, "het_mass")
+    independent = algorithms.settings("mappo-independent", True, "het_mass")
+    assert independent == {**mappo, "model": {"sharing": "independent"}}
+    masac = algorithms.settings("masac-current-independent", False, "het_mass")
+    assert masac["algo"] == algorithms.settings("masac-current", False, "het_mass")["algo"]
+    assert masac["model"] == {"sharing": "independent"}
+    # Reading a variant leaves its entry whole for the next cell.
+    assert algorithms.VARIANTS["mappo-independent"][1] == {"model": {"sharing": "independent"}}
+
+
+@pytest.mark.skipif(not lookup("vmas/het_mass").installed, reason="vmas is not installed")
+def test_het_mass_rewards_the_light_agent_running_and_the_heavy_one_resting() -> None:
+    assert algorithms.env_id("het_mass") == "vmas/het_mass"
+    assert algorithms.backend("het_mass") == "vmas" and not algorithms.reports_wins("het_mass")
+    best, joint = algorithms.best_constant_play("het_mass", episodes=2)
+    random = algorithms.random_play("het_mass", episodes=16)["random"]
+    # agent 0 (mass 4) takes no action; agent 1 (mass 2) pushes; idling both earns 0.
+    assert joint[0] == 0 and joint[1] != 0
+    assert best > 5.0 and random < 0.0

@@ -334,9 +334,21 @@ def test_every_vmas_scenario_is_registered_with_a_vmas_preset():
     import vmas
 
     ids = {e for e in ENVS if e.startswith("vmas/")}
-    assert ids == {f"vmas/{name}" for name in [*vmas.scenarios, *vmas.mpe_scenarios]}
+    every = [*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios]
+    assert ids == {f"vmas/{name}" for name in every}
     assert env_params(NAVIGATION).defaults["n_agents"] == 4  # read from make_world
     assert lookup(NAVIGATION).extra == "vmas"
+
+
+@needs("vmas/het_mass")
+def test_vmas_debug_scenarios_name_their_groups_by_kind():
+    # het_mass: two agents that differ only in mass, so one group named without the space
+    # and number of `agent 0`; kinematic_bicycle: two kinds of dynamics, two groups.
+    het = probe("vmas/het_mass", {})
+    assert [(g.name, g.agents) for g in het.groups] == [("agent", ("agent 0", "agent 1"))]
+    bicycle = probe("vmas/kinematic_bicycle", {"continuous_actions": True})
+    assert [g.name for g in bicycle.groups] == ["bicycle", "holo_rot"]
+    assert [g.n_actions for g in bicycle.groups] == [2, 3]
 
 
 @needs(NAVIGATION)

@@ -431,8 +431,9 @@ def as_parallel(env: Any) -> Any:
 
 
 def _group_name(agents: list[str]) -> str:
-    prefixes = {re.sub(r"_?\d+$", "", a) for a in agents}
-    return prefixes.pop() if len(prefixes) == 1 else "agents"
+    # `adversary_0` and `agent 1` (VMAS's het_mass) name groups `adversary` and `agent`.
+    prefixes = {re.sub(r"[\s_-]*\d+$", "", a) for a in agents}
+    return prefixes.pop() if len(prefixes) == 1 and "" not in prefixes else "agents"
 
 
 def _space_key(space: Any) -> str:

@@ -38,9 +38,15 @@ from marlctl.envs.signature import FactoryParams
 MAKE_ENV = {"continuous_actions": False, "max_steps": 100, "multidiscrete_actions": False}
 
 
+# Where VMAS keeps its scenarios; `vmas.make_env` takes each by its bare name. `debug` holds
+# the small ones VMAS's heterogeneity work starts from (het_mass: two agents of different
+# masses, kinematic_bicycle: two kinds of dynamics).
+SCENARIO_FOLDERS = ("scenarios", "scenarios/mpe", "scenarios/debug")
+
+
 def scenario_names() -> list[str]:
-    """VMAS's scenarios, MPE's included (`mpe/simple_spread` is `simple_spread`), found
-    without importing VMAS (which imports torch)."""
+    """VMAS's scenarios, MPE's and the debug ones included (`mpe/simple_spread` is
+    `simple_spread`), found without importing VMAS (which imports torch)."""
     try:
         spec = importlib.util.find_spec("vmas")
     except ImportError:
@@ -51,7 +57,7 @@ def scenario_names() -> list[str]:
 
     names = []
     for folder in spec.submodule_search_locations:
-        for sub in ("scenarios", "scenarios/mpe"):
+        for sub in SCENARIO_FOLDERS:
             for path in sorted((Path(folder) / sub).glob("*.py")):
                 if not path.stem.startswith("_"):
                     names.append(path.stem)
@@ -59,7 +65,8 @@ def scenario_names() -> list[str]:
 
 
 def _scenario_module(name: str):
-    for module in (f"vmas.scenarios.{name}", f"vmas.scenarios.mpe.{name}"):
+    for folder in SCENARIO_FOLDERS:
+        module = f"vmas.{folder.replace('/', '.')}.{name}"
         if importlib.util.find_spec(module) is not None:
             return importlib.import_module(module)
     raise ValueError(f"VMAS has no scenario '{name}'")
