@@ -10,9 +10,12 @@ against minimax, per seed, with their mean and 95% interval.
 tag: simple_tag (native; 3 predators `adversary`, 1 prey `agent`, 2 obstacles) with MAPPO.
 Predators trained against a population of prey snapshots (`specs/tag_population.yaml`) and
 predators trained against one co-learning prey (the same spec without the pool), 3 seeds
-each; a third experiment, with seeds of its own, trains prey that neither saw.
-`marlctl eval RUN --vs HELD_OUT` plays every predator team against every held-out prey
-(cross-play, stored with the runs); the table gives the predators' return against them.
+each. Held-out prey, from experiments with seeds of their own that neither team saw, of
+three kinds (`HELD_OUT`): co-learning MAPPO prey at the full budget, the same stopped early
+(a weaker, less settled prey), and IPPO prey (another learner's habits).
+`marlctl eval RUN --vs HELD_OUT,...` plays every predator team against every held-out prey
+(cross-play, stored with the runs); the table gives the predators' return against them, over
+all of them and per kind.
 
 Each experiment runs in its own MLflow store under `bench/runs/selfplay/`; the raw results
 go to `bench/results/selfplay.jsonl` and the tables to `bench/results/selfplay.md`.
@@ -40,6 +43,13 @@ WORKDIR = ROOT / "bench" / "runs" / "selfplay"
 DONE = ROOT / "bench" / "results" / "selfplay.jsonl"
 OUT = ROOT / "bench" / "results" / "selfplay.md"
 GAMES = 1000
+# The held-out prey of `tag`: (label, how its experiment differs from the co-learning one).
+# Each trains seeds of its own (100 + 10 k + the spec's), so no predator team met its prey.
+HELD_OUT = {
+    "held_out": ("MAPPO, full budget", {}),
+    "held_out_early": ("MAPPO, 300k steps", {"train": {"total_env_steps": 300_000}}),
+    "held_out_ippo": ("IPPO, full budget", {"algo": {"name": "ippo"}}),
+}
 
 
 def fresh(name: str) -> Path:
@@ -253,22 +263,39 @@ def _backend(cell: dict) -> str:
 # ---------------------------------------------------------------- simple_tag
 
 
-def tag(args) -> dict:
-    """Population-trained and co-learning predators against held-out prey: the three
-    experiments share one store, so that cross-play can name runs of each."""
-    _, base = composed("tag_population.yaml", args.override)
+def tag_bodies(overrides: list[str]) -> dict[str, dict]:
+    """The experiments of `tag`, as specs: the population's, the co-learning one's and each
+    held-out kind's."""
+    _, base = composed("tag_population.yaml", overrides)
     co = {**base, "groups": {}, "name": "tag-co-learning"}
-    held = {**co, "name": "tag-held-out", "seeds": [100 + s for s in base["seeds"]]}
+    bodies = {"population": base, "co_learning": co}
+    for k, (key, (_, changes)) in enumerate(HELD_OUT.items()):
+        body = {**co, "name": f"tag-{key.replace('_', '-')}"}
+        body["seeds"] = [100 + 10 * k + s for s in base["seeds"]]
+        for section, values in changes.items():
+            body[section] = {**body[section], **values}
+        if "total_env_steps" in changes.get("train", {}):
+            steps = body["train"]["total_env_steps"]
+            body["train"] = {**body["train"], "eval_every": steps // 3, "checkpoint_every": 0}
+        bodies[key] = body
+    return bodies
+
+
+def tag(args) -> dict:
+    """Population-trained and co-learning predators against held-out prey: the experiments
+    share one store, so that cross-play can name runs of each."""
+    bodies = tag_bodies(args.override)
+    base = bodies["population"]
     folder = fresh("tag")
     cells = {}
-    for key, body in (("population", base), ("co_learning", co), ("held_out", held)):
+    for key, body in bodies.items():
         summary, wall = run_in(folder, key, body)
         cells[key] = {"summary": summary, "wall_s": wall}
-    held_parent = cells["held_out"]["summary"]["parent_run_id"]
+    held = ",".join(cells[key]["summary"]["parent_run_id"] for key in HELD_OUT)
     for key in ("population", "co_learning"):
         ours = cells[key]["summary"]
         out, wall = marlctl_json(
-            ["eval", ours["parent_run_id"], "--vs", held_parent], folder, f"cross-play {key}"
+            ["eval", ours["parent_run_id"], "--vs", held], folder, f"cross-play {key}"
         )
         mine = {r["run_id"] for r in ours["runs"]}
         cells[key]["matches"] = [
@@ -277,6 +304,7 @@ def tag(args) -> dict:
         cells[key]["eval_s"] = wall
     return {
         **cell("tag", args, base),
+        "held_out": {key: label for key, (label, _) in HELD_OUT.items()},
         "cells": {
             key: {
                 "wall_s": c["wall_s"],
@@ -292,21 +320,40 @@ def tag(args) -> dict:
 
 def tag_table(cell: dict) -> list[str]:
     pool = cell["spec"]["groups"]["agent"]["pool"]
-    held = cell["cells"]["held_out"]
+    kinds = cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+    kind_of = {run: key for key in kinds for run in cell["cells"][key]["run_ids"]}
+
+    def mean_ci(values: list[float]) -> str:
+        mean, ci = t_interval(values)
+        return f"{mean:.2f} ± {ci:.2f}"
+
     rows, means = [], {}
     for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
         c = cell["cells"][key]
-        per_seed = []
+        per_seed, per_kind = [], {k: [] for k in kinds}
         for run_id in c["run_ids"]:
-            scores = [m["score"] for m in c["matches"] if m["run_id"] == run_id]
-            per_seed.append(sum(scores) / len(scores))
+            mine = [m for m in c["matches"] if m["run_id"] == run_id]
+            per_seed.append(sum(m["score"] for m in mine) / len(mine))
+            for k in kinds:
+                scores = [m["score"] for m in mine if kind_of.get(m["opponent"]) == k]
+                per_kind[k].append(sum(scores) / len(scores))
         means[key] = per_seed
-        mean, ci = t_interval(per_seed)
         seeds = ", ".join(f"{v:.2f}" for v in per_seed)
-        rows.append(f"| {label} | {mean:.2f} ± {ci:.2f} | {seeds} | `{c['parent'][:8]}` |")
+        by_kind = "".join(f" {mean_ci(per_kind[k])} |" for k in kinds) if len(kinds) > 1 else ""
+        rows.append(f"| {label} | {mean_ci(per_seed)} | {seeds} |{by_kind} `{c['parent'][:8]}` |")
     better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
     (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
     gap, apart = pop - co, pop - pop_ci > co + co_ci
+    held = [cell["cells"][k] for k in kinds]
+    prey = sum(len(h["run_ids"]) for h in held)
+    parents = ",".join(h["parent"][:8] for h in held)
+    described = "; ".join(
+        f"{label} ({cell['cells'][k]['parent'][:8]}, {len(cell['cells'][k]['run_ids'])} seeds)"
+        for k, label in kinds.items()
+    )
+    header = "| predators trained against | return vs held-out prey (95% CI) | per seed |"
+    if len(kinds) > 1:
+        header += "".join(f" vs {label} |" for label in kinds.values())
     return [
         "## simple_tag: predators trained against a prey population",
         "",
@@ -317,14 +364,14 @@ def tag_table(cell: dict) -> list[str]:
         f"(`specs/tag_population.yaml`). Population: in {pool['share']:.0%} of the episodes a "
         f"snapshot of the prey plays it ({pool['sample']}, {pool['size']} kept, one per "
         f"{pool['every']:,} steps), so the predators learn against past prey as well as the "
-        "current one. Co-learning: the same spec without the pool. Held out: a third "
-        f"experiment with other seeds ({held['parent'][:8]}), whose prey neither saw. The "
+        "current one. Co-learning: the same spec without the pool. Held out: prey from "
+        f"experiments with seeds of their own, which neither team saw: {described}. The "
         "return is the predators' mean per-agent return against each held-out prey, "
-        f"{len(held['run_ids'])} prey per predator team, from `marlctl eval RUN --vs "
-        f"{held['parent'][:8]}` (cross-play, stored with the runs), then averaged per seed.",
+        f"{prey} prey per predator team, from `marlctl eval RUN --vs {parents}` (cross-play, "
+        "stored with the runs), then averaged per seed.",
         "",
-        "| predators trained against | return vs held-out prey (95% CI) | per seed | run |",
-        "|---|---|---|---|",
+        header + " run |",
+        "|---|---|---|" + "---|" * (len(kinds) if len(kinds) > 1 else 0) + "---|",
         *rows,
         "",
         f"Target: the population-trained predators beat the co-learning ones against held-out "

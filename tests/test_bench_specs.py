@@ -105,3 +105,24 @@ def test_het_mass_rewards_the_light_agent_running_and_the_heavy_one_resting() ->
     # agent 0 (mass 4) takes no action; agent 1 (mass 2) pushes; idling both earns 0.
     assert joint[0] == 0 and joint[1] != 0
     assert best > 5.0 and random < 0.0
+
+
+def test_every_tag_experiment_compiles_and_no_held_out_prey_shares_a_seed(tmp_path: Path) -> None:
+    import selfplay
+
+    bodies = selfplay.tag_bodies([])
+    assert list(bodies) == ["population", "co_learning", *selfplay.HELD_OUT]
+    seeds = [tuple(b["seeds"]) for k, b in bodies.items() if k != "population"]
+    assert len(set(seeds)) == len(seeds) and seeds[0] == tuple(bodies["population"]["seeds"])
+    plans = {}
+    for key, body in bodies.items():
+        body = {**body, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        result = runner.invoke(app, ["run", str(path), "--dry-run", "--json"])
+        assert result.exit_code == 0, result.output
+        plans[key] = json.loads(result.stdout)
+    assert plans["held_out_ippo"]["plan"]["algo"] == "ippo"
+    assert plans["held_out_early"]["spec"]["train"]["total_env_steps"] == 300_000
+    assert "pool" in yaml.safe_dump(bodies["population"]["groups"])
+    assert not plans["co_learning"]["spec"].get("groups")
