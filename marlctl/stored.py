@@ -77,7 +77,9 @@ def policy_weights(client, run_id: str, checkpoint: str | None, tmp: str) -> tup
     try:
         state = torch.load(source, weights_only=True, map_location="cpu")
     except Exception as err:
-        raise SpecError.at("--checkpoint", f"cannot load '{artifact}': {err}") from None
+        why = one_line(str(err)) or type(err).__name__
+        message = f"cannot load '{artifact}': not a PyTorch checkpoint of tensors ({why})"
+        raise SpecError.at("--checkpoint", message) from None
     if isinstance(state, dict) and "policies" in state:
         return state["policies"], artifact
     if isinstance(state, dict) and isinstance(state.get("trainer"), dict):

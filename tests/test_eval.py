@@ -58,6 +58,16 @@ def test_eval_repeats_a_pettingzoo_run(tmp_path):
     assert row["return_mean"] == pytest.approx(out["runs"][0]["final_return"], abs=1e-5)
 
 
+class Hostile:
+    """Unpickled, it would create the file at `path`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def test_eval_chooses_weights(trained, tmp_path):
     run_id = trained["runs"][0]["run_id"]
     final = trained["runs"][0]["final_return"]
@@ -75,8 +85,17 @@ def test_eval_chooses_weights(trained, tmp_path):
     assert "--checkpoint: 'checkpoints/step_9.pt' is neither an artifact" in missing.output
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     junk = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "junk.pt"))
-    assert junk.exit_code == 2 and "cannot load" in junk.output
+    assert junk.exit_code == 2 and "not a PyTorch checkpoint of tensors" in junk.output
+    import pickle
+
     import torch
+
+    # A pickle that would run code when loaded: weights_only refuses it, and nothing runs.
+    marker = tmp_path / "ran"
+    torch.save({"policies": Hostile(str(marker))}, tmp_path / "hostile.pt", pickle_module=pickle)
+    hostile = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "hostile.pt"))
+    assert hostile.exit_code == 2 and "cannot load" in hostile.output
+    assert "Traceback" not in hostile.output and not marker.exists()
 
     torch.save({"policies": {"actor.w": torch.zeros(3)}}, tmp_path / "other.pt")
     other = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "other.pt"))
