@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from pydantic import ConfigDict, TypeAdapter
+
 from marlctl import tracking
 from marlctl.atomic import staging
 from marlctl.errors import SpecError
@@ -35,6 +37,11 @@ class Match:
     score: float  # the seat's return
     returns: dict[str, float]  # every group's return
     win_rate: float | None = None  # the seat run's, where the env says who won
+
+
+# What a stored record must be, field by field (strict: a number stays a number), so that
+# an artifact edited or written by another version is left out, not half-read.
+_RECORD = TypeAdapter(list[Match], config=ConfigDict(strict=True))
 
 
 @dataclass
@@ -155,10 +162,9 @@ def stored_matches(client, run_id: str) -> list[Match]:
         with tempfile.TemporaryDirectory() as tmp:
             path = client.download_artifacts(run_id, entry.path, tmp)
             try:
-                data = json.loads(open(path).read())
-                found += [Match(**item) for item in data]
-            except (ValueError, TypeError):
-                continue  # not a cross-play record of this version: left out
+                found += _RECORD.validate_json(open(path, "rb").read())
+            except ValueError:  # pydantic's ValidationError too: not a record of this version
+                continue
     return found
 
 

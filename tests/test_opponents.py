@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -270,6 +271,10 @@ def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
     (a,), (b,) = seed_run_ids(first), seed_run_ids(second)
     code, played = invoke("eval", a, "--vs", b)
     assert code == 0, played
+    # A record edited by hand (a score that is text) is left out, not read halfway.
+    tampered = dict(played["matches"][0], score="high")
+    Path("tampered.json").write_text(json.dumps([tampered]))
+    client().log_artifact(tampered["run_id"], "tampered.json", artifact_path="crossplay")
     code, report = invoke("report")
     assert code == 0, report
     crossplay = report["crossplay"]
