@@ -513,6 +513,7 @@ def table(cells: list[dict]) -> str:
         pm, ph = t_interval(peer["final"])
         om, oh = t_interval(ours["final"])
         star = "*" if peer.get("recovered") else ""
+        star += "†" if c.get("load") else ""
         lines.append(
             f"| {c['algo']} | {c['task']} | {c['frames']:,} | {c['seeds']} | {pm:.3f} ± {ph:.3f} | "
             f"{om:.3f} ± {oh:.3f} | {peer['wall_s'] / 60:.1f} min{star} | "
@@ -558,6 +559,9 @@ def table(cells: list[dict]) -> str:
             "for the package's progress towards its goal), so its rows compare wall-clock, not "
             "learning.",
         ]
+    for c in cells:
+        if c.get("load"):  # other work ran during the row: what, and what it cost
+            lines += ["", f"† {c['algo']} on {c['task']}: {c['load']}"]
     if any(c["benchmarl"].get("recovered") for c in cells):
         lines += [
             "",

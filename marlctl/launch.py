@@ -20,7 +20,7 @@ from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
 from marlctl.stored import SPEC_ARTIFACT
-from marlctl.train.runner import LOGGED_EVERY_ITERATION, RunRequest, RunResult, execute_batch
+from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -185,7 +185,7 @@ def resume(
                 store,  # where the run was found: the stored spec keeps no password
                 run_id,
                 resume=True,
-                logged_until=tracking.last_logged_step(client, run_id, LOGGED_EVERY_ITERATION),
+                logged_until=tracking.last_logged_step(client, run_id),
             )
         )
     summary = Summary(plan.experiment, store, parent_id)

@@ -253,7 +253,11 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
         client.log_batch(run_id, params=items[start : start + 100], synchronous=True)
 
 
-def last_logged_step(client: MlflowClient, run_id: str, keys: tuple[str, ...]) -> int:
+def last_logged_step(client: MlflowClient, run_id: str) -> int:
+    """The highest step of any metric the run holds. A crash can leave a step's metrics half
+    sent (one batch in the store, the next lost), so a resumed run drops every point up to
+    it: a metric may miss that one step, none is logged twice."""
+    keys = client.get_run(run_id).data.metrics
     steps = [m.step for key in keys for m in client.get_metric_history(run_id, key)]
     return max(steps, default=-1)
 

@@ -35,7 +35,6 @@ from marlctl.train.opponents import with_opponents
 from marlctl.train.pool import WithPool, with_pool
 
 EVAL_ENVS = 32
-LOGGED_EVERY_ITERATION = ("perf/env_steps_per_s", "eval/return_mean")
 PRUNED_TAG = "marlctl.pruned_at_step"
 RESUMED_TAG = "marlctl.resumed_from_step"
 COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA graph, ...
