@@ -278,7 +278,7 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
 # ---------------------------------------------------------------- reference points
 
 
-def native_env(task: str, episodes: int):
+def task_env(task: str, episodes: int):
     """The task's batched env on the CPU, `episodes` envs (VMAS's own on the vmas backend)."""
     if task in VMAS:
         import torch
@@ -291,20 +291,39 @@ def native_env(task: str, episodes: int):
     return native_class(env_id(task))(TASKS[task], episodes, "cpu")
 
 
-def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, float]:
-    """Uniform random actions (among the allowed ones where the env masks them) on the
-    native task, one episode per env: the mean per-agent episode return and, where the env
-    says who won, the win rate."""
+def play(env, act, seed: int):
+    """One episode in each of `env`'s envs, `act(observation)` choosing every step's actions:
+    the per-agent episode return of each env and whether its episode was won."""
     import torch
 
-    env = native_env(task, episodes)
     ob = env.reset(seed)
-    generator = torch.Generator().manual_seed(seed)
     agents = sum(g.n_agents for g in env.info.groups)
-    total = torch.zeros(episodes)
-    running = torch.ones(episodes, dtype=torch.bool)  # the first episode has not ended
-    won = torch.zeros(episodes, dtype=torch.bool)
+    n = next(iter(ob.obs.values())).shape[0]
+    total = torch.zeros(n)
+    running = torch.ones(n, dtype=torch.bool)  # the first episode has not ended
+    won = torch.zeros(n, dtype=torch.bool)
     while running.any():
+        step = env.step(act(ob))
+        reward = sum(r.sum(-1) for r in step.rewards.values()) / agents
+        total += torch.where(running, reward, 0.0)
+        done = step.terminated | step.truncated
+        if step.won is not None:
+            won |= running & done & step.won
+        running &= ~done
+        ob = step.next
+    return total, won
+
+
+def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, float]:
+    """Uniform random actions (among the allowed ones where the env masks them) on the
+    task, one episode per env: the mean per-agent episode return and, where the env says
+    who won, the win rate."""
+    import torch
+
+    env = task_env(task, episodes)
+    generator = torch.Generator().manual_seed(seed)
+
+    def act(ob) -> dict:
         actions = {}
         for g in env.info.groups:
             mask = ob.masks.get(g.name)
@@ -314,14 +333,9 @@ def random_play(task: str, episodes: int = 1024, seed: int = 0) -> dict[str, flo
                 weights = mask.reshape(-1, g.n_actions).to(torch.float32)
                 draw = torch.multinomial(weights, 1, generator=generator).view(mask.shape[:-1])
             actions[g.name] = draw
-        step = env.step(actions)
-        reward = sum(r.sum(-1) for r in step.rewards.values()) / agents
-        total += torch.where(running, reward, 0.0)
-        done = step.terminated | step.truncated
-        if step.won is not None:
-            won |= running & done & step.won
-        running &= ~done
-        ob = step.next
+        return actions
+
+    total, won = play(env, act, seed)
     out = {"random": float(total.mean())}
     if reports_wins(task):
         out["random win rate"] = float(won.float().mean())
@@ -335,23 +349,14 @@ def best_constant_play(task: str, episodes: int = 64, seed: int = 0) -> tuple[fl
     rest, the behaviour the task rewards, fixed."""
     import torch
 
-    probe = native_env(task, 1)
-    counts = [g.n_actions for g in probe.info.groups for _ in range(g.n_agents)]
+    groups = task_env(task, 1).info.groups
+    counts = [g.n_actions for g in groups for _ in range(g.n_agents)]
     joint = list(itertools.product(*(range(n) for n in counts)))
-    env = native_env(task, len(joint) * episodes)
     table = torch.tensor(joint).repeat_interleave(episodes, 0)  # [envs, agents]
-    actions, start = {}, 0
-    for g in env.info.groups:
-        actions[g.name] = table[:, start : start + g.n_agents]
-        start += g.n_agents
-    env.reset(seed)
-    agents = table.shape[1]
-    total = torch.zeros(len(table))
-    running = torch.ones(len(table), dtype=torch.bool)
-    while running.any():
-        step = env.step(actions)
-        total += torch.where(running, sum(r.sum(-1) for r in step.rewards.values()) / agents, 0.0)
-        running &= ~(step.terminated | step.truncated)
+    actions = dict(
+        zip([g.name for g in groups], table.split([g.n_agents for g in groups], 1), strict=True)
+    )
+    total, _ = play(task_env(task, len(table)), lambda ob: actions, seed)
     means = total.view(len(joint), episodes).mean(1)
     best = int(means.argmax())
     return float(means[best]), joint[best]

@@ -47,7 +47,10 @@ GAMES = 1000
 # Each trains seeds of its own (100 + 10 k + the spec's), so no predator team met its prey.
 HELD_OUT = {
     "held_out": ("MAPPO, full budget", {}),
-    "held_out_early": ("MAPPO, 300k steps", {"train": {"total_env_steps": 300_000}}),
+    "held_out_early": (
+        "MAPPO, 300k steps",
+        {"train": {"total_env_steps": 300_000, "eval_every": 100_000, "checkpoint_every": 0}},
+    ),
     "held_out_ippo": ("IPPO, full budget", {"algo": {"name": "ippo"}}),
 }
 
@@ -274,9 +277,6 @@ def tag_bodies(overrides: list[str]) -> dict[str, dict]:
         body["seeds"] = [100 + 10 * k + s for s in base["seeds"]]
         for section, values in changes.items():
             body[section] = {**body[section], **values}
-        if "total_env_steps" in changes.get("train", {}):
-            steps = body["train"]["total_env_steps"]
-            body["train"] = {**body["train"], "eval_every": steps // 3, "checkpoint_every": 0}
         bodies[key] = body
     return bodies
 
@@ -344,12 +344,11 @@ def tag_table(cell: dict) -> list[str]:
     better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
     (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
     gap, apart = pop - co, pop - pop_ci > co + co_ci
-    held = [cell["cells"][k] for k in kinds]
-    prey = sum(len(h["run_ids"]) for h in held)
-    parents = ",".join(h["parent"][:8] for h in held)
+    held = {k: cell["cells"][k] for k in kinds}
+    prey = sum(len(h["run_ids"]) for h in held.values())
+    parents = ",".join(h["parent"][:8] for h in held.values())
     described = "; ".join(
-        f"{label} ({cell['cells'][k]['parent'][:8]}, {len(cell['cells'][k]['run_ids'])} seeds)"
-        for k, label in kinds.items()
+        f"{kinds[k]} ({h['parent'][:8]}, {len(h['run_ids'])} seeds)" for k, h in held.items()
     )
     header = "| predators trained against | return vs held-out prey (95% CI) | per seed |"
     if len(kinds) > 1:
