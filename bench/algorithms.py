@@ -533,13 +533,23 @@ def write_table(
             win = f"{points[name + ' win rate']:.0%} | " if name + " win rate" in points else ""
             blank = "| " if wins and not win else ""
             lines.append(f"| {task} | *{name}* | {value:.2f} | | | {win}{blank}| | |")
+    explained = {
+        "random": "uniform random actions (among the allowed ones), 1,024 episodes",
+        "scripted": "agents take the assignment to landmarks of least total distance each "
+        "step and the move that brings them closest to their landmark (full state; "
+        "`scripted_spread_return`)",
+        "best constant": "the best joint action held for whole episodes, every one tried on "
+        "64 episodes (`best_constant_play`)",
+    }
+    shown = {name for points in references.values() for name in points}
     lines += [
         "",
-        "*random*: uniform random actions (among the allowed ones), 1,024 episodes. "
-        "*scripted*: agents take the assignment to landmarks of least total distance each "
-        "step and the move that brings them closest to their landmark (full state; "
-        "`scripted_spread_return`). *best constant*: the best joint action held for whole "
-        "episodes, every one tried on 64 episodes (`best_constant_play`).",
+        " ".join(f"*{name}*: {text}." for name, text in explained.items() if name in shown)
+        + (
+            " A win rate is the fraction of battles won in the episodes of the return beside it."
+            if wins
+            else ""
+        ),
     ]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}", flush=True)

@@ -318,29 +318,45 @@ def tag(args) -> dict:
     }
 
 
-def tag_table(cell: dict) -> list[str]:
-    pool = cell["spec"]["groups"]["agent"]["pool"]
+def tag_scores(cell: dict) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
+    """Per predator team (population, co-learning): each seed's mean return against every
+    held-out prey, and the same against each kind of held-out prey."""
     kinds = cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
     kind_of = {run: key for key in kinds for run in cell["cells"][key]["run_ids"]}
-
-    def mean_ci(values: list[float]) -> str:
-        mean, ci = t_interval(values)
-        return f"{mean:.2f} ± {ci:.2f}"
-
-    rows, means = [], {}
-    for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
+    means, by_kind = {}, {}
+    for key in ("population", "co_learning"):
         c = cell["cells"][key]
-        per_seed, per_kind = [], {k: [] for k in kinds}
+        means[key], by_kind[key] = [], {k: [] for k in kinds}
         for run_id in c["run_ids"]:
             mine = [m for m in c["matches"] if m["run_id"] == run_id]
-            per_seed.append(sum(m["score"] for m in mine) / len(mine))
+            means[key].append(sum(m["score"] for m in mine) / len(mine))
             for k in kinds:
                 scores = [m["score"] for m in mine if kind_of.get(m["opponent"]) == k]
-                per_kind[k].append(sum(scores) / len(scores))
-        means[key] = per_seed
-        seeds = ", ".join(f"{v:.2f}" for v in per_seed)
-        by_kind = "".join(f" {mean_ci(per_kind[k])} |" for k in kinds) if len(kinds) > 1 else ""
-        rows.append(f"| {label} | {mean_ci(per_seed)} | {seeds} |{by_kind} `{c['parent'][:8]}` |")
+                by_kind[key][k].append(sum(scores) / len(scores))
+    return means, by_kind
+
+
+def _mean_ci(values: list[float]) -> str:
+    mean, ci = t_interval(values)
+    return f"{mean:.2f} ± {ci:.2f}"
+
+
+def _pool(cell: dict) -> str:
+    pool = cell["spec"]["groups"]["agent"]["pool"]
+    return f"{pool['sample']}, {pool['size']} kept, one per {pool['every']:,} steps"
+
+
+def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
+    pool = cell["spec"]["groups"]["agent"]["pool"]
+    kinds = cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+    means, by_kind = tag_scores(cell)
+    rows = []
+    for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
+        seeds = ", ".join(f"{v:.2f}" for v in means[key])
+        kind_cells = "".join(f" {_mean_ci(by_kind[key][k])} |" for k in kinds)
+        by = kind_cells if len(kinds) > 1 else ""
+        parent = cell["cells"][key]["parent"][:8]
+        rows.append(f"| {label} | {_mean_ci(means[key])} | {seeds} |{by} `{parent}` |")
     better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
     (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
     gap, apart = pop - co, pop - pop_ci > co + co_ci
@@ -353,7 +369,7 @@ def tag_table(cell: dict) -> list[str]:
     header = "| predators trained against | return vs held-out prey (95% CI) | per seed |"
     if len(kinds) > 1:
         header += "".join(f" vs {label} |" for label in kinds.values())
-    return [
+    lines = [
         "## simple_tag: predators trained against a prey population",
         "",
         f"`{command('tag', cell)}`, {cell['date']}, on {cell['machine']}.",
@@ -361,13 +377,12 @@ def tag_table(cell: dict) -> list[str]:
         f"MAPPO on native simple_tag (3 predators, 1 prey, 2 obstacles), "
         f"{cell['env_steps']:,} env steps per seed, seeds {cell['spec']['seeds']} "
         f"(`specs/tag_population.yaml`). Population: in {pool['share']:.0%} of the episodes a "
-        f"snapshot of the prey plays it ({pool['sample']}, {pool['size']} kept, one per "
-        f"{pool['every']:,} steps), so the predators learn against past prey as well as the "
-        "current one. Co-learning: the same spec without the pool. Held out: prey from "
-        f"experiments with seeds of their own, which neither team saw: {described}. The "
-        "return is the predators' mean per-agent return against each held-out prey, "
-        f"{prey} prey per predator team, from `marlctl eval RUN --vs {parents}` (cross-play, "
-        "stored with the runs), then averaged per seed.",
+        f"snapshot of the prey plays it ({_pool(cell)}), so the predators learn against past "
+        "prey as well as the current one. Co-learning: the same spec without the pool. Held "
+        f"out: prey from experiments with seeds of their own, which neither team saw: "
+        f"{described}. The return is the predators' mean per-agent return against each "
+        f"held-out prey, {prey} prey per predator team, from `marlctl eval RUN --vs {parents}` "
+        "(cross-play, stored with the runs), then averaged per seed.",
         "",
         header + " run |",
         "|---|---|---|" + "---|" * (len(kinds) if len(kinds) > 1 else 0) + "---|",
@@ -378,6 +393,21 @@ def tag_table(cell: dict) -> list[str]:
         f"{gap:+.2f}, {'beyond' if apart else 'inside'} their 95% intervals).",
         "",
     ]
+    if earlier:
+        lines += ["Earlier runs (`bench/results/selfplay.jsonl`):", ""]
+        for old in earlier:
+            m, _ = tag_scores(old)
+            held_out = old.get("held_out", {"held_out": None})
+            n_prey = sum(len(old["cells"][k]["run_ids"]) for k in held_out)
+            lines.append(
+                f"- {old['date']}, `{command('tag', old)}`: {len(old['spec']['seeds'])} seeds "
+                f"of {old['env_steps']:,} steps, pool {_pool(old)}, {n_prey} held-out prey "
+                f"({len(held_out)} {'kinds' if len(held_out) > 1 else 'kind'}): "
+                f"population {_mean_ci(m['population'])}, co-learning "
+                f"{_mean_ci(m['co_learning'])}."
+            )
+        lines.append("")
+    return lines
 
 
 def main() -> None:
@@ -406,7 +436,8 @@ def write_table() -> None:
         *earlier, latest = cells["tictactoe"]
         lines += tictactoe_table(latest, earlier)
     if "tag" in cells:
-        lines += tag_table(cells["tag"][-1])
+        *earlier, latest = cells["tag"]
+        lines += tag_table(latest, earlier)
     OUT.write_text("\n".join(lines))
     print(OUT.read_text())
 
