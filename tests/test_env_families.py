@@ -9,6 +9,7 @@ from test_algorithms import QUICK
 from test_training import client, run_json, write_spec
 
 from marlctl.algos import registered_algos
+from marlctl.envs.native import NATIVE, NATIVE_ONLY, native_class
 from marlctl.envs.registry import ENVS, EnvLookupError, env_params, lookup, probe
 
 LBF = "lbf/Foraging-8x8-2p-2f-coop-v3"
@@ -19,6 +20,7 @@ FAMILY_TASKS = {
     "rware": (RWARE, {"max_steps": 10}),
     "momaland": ("momaland/beach", {"num_agents": 6, "num_timesteps": 3}),
     "classic": ("classic/tictactoe", {}),
+    "smax": ("smax/3m", {}),
 }
 
 
@@ -172,14 +174,26 @@ def test_the_description_has_one_group_masks_from_infos_and_concatenated_state()
     assert not info.state_from_env and info.state_dim == 2 * group.obs_dim
 
 
+@pytest.mark.parametrize("env_id", [*sorted(NATIVE), "lbf/Foraging-8x8-2p-2f-coop-v3"])
+def test_a_native_env_declares_masks_exactly_where_it_gives_them(env_id):
+    """Replay buffers and `list envs --describe` read a group's `mask_source`; the env's
+    observations must agree with it."""
+    env = native_class(env_id)({}, 2, "cpu")
+    ob = env.reset(0)
+    for g in env.info.groups:
+        given = ob.masks.get(g.name) is not None
+        assert given == (g.mask_source is not None), (env_id, g.name, g.mask_source)
+
+
 # ---------------------------------------------------------------- every algorithm that fits
 
 
 def quick(algo: str, env_id: str, params: dict) -> dict:
     info = registered_algos()[algo]
+    backend = "native" if env_id in NATIVE_ONLY else "pettingzoo"
     return {
         "seeds": [0],
-        "env": {"id": env_id, "backend": "pettingzoo", "params": params},
+        "env": {"id": env_id, "backend": backend, "params": params},
         "algo": {"name": algo, **QUICK[info.on_policy]},
         "model": {"hidden": [16]},
         "train": {"total_env_steps": 120, "eval_every": 0, "eval_episodes": 2},

@@ -380,7 +380,9 @@ class GroupInfo:
     n_actions: int  # discrete: number of actions; continuous: action dimension
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
-    mask_source: str | None = None  # "obs" (dict observation) | "info" | None
+    # Where action masks come from: "obs" (a dict observation), "info" (the infos), "env" (a
+    # native env that has no other backend computes them), None (no masks).
+    mask_source: str | None = None
 
     @property
     def n_agents(self) -> int:

@@ -24,7 +24,7 @@ deviation) and the heuristic draws one per enemy (which visible unit to walk tow
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -148,7 +148,10 @@ class Smax(NativeEnv):
         # What `_push_apart` adds to pairwise distances: 1 on the diagonal, and SMAX's 1e-6.
         self._self_distance = torch.eye(self.N, **like) + 1e-6
         self.obs_dim = UNIT_FEATURES * (self.N - 1) + OWN_FEATURES
-        allies = group("ally", self.A, self.obs_dim, self.E_units + MOVES)
+        # The env computes its own action masks (JaxMARL's `get_avail_actions`).
+        allies = replace(
+            group("ally", self.A, self.obs_dim, self.E_units + MOVES), mask_source="env"
+        )
         return [allies], (OWN_FEATURES + 2) * self.N
 
     def _order(self, i: int) -> list[int]:
