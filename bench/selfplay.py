@@ -318,10 +318,16 @@ def tag(args) -> dict:
     }
 
 
+def held_out_kinds(cell: dict) -> dict[str, str]:
+    """The kinds of held-out prey of a recorded `tag` result and their labels (results from
+    before kinds were recorded held out MAPPO prey at the full budget only)."""
+    return cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+
+
 def tag_scores(cell: dict) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     """Per predator team (population, co-learning): each seed's mean return against every
     held-out prey, and the same against each kind of held-out prey."""
-    kinds = cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+    kinds = held_out_kinds(cell)
     kind_of = {run: key for key in kinds for run in cell["cells"][key]["run_ids"]}
     means, by_kind = {}, {}
     for key in ("population", "co_learning"):
@@ -348,7 +354,7 @@ def _pool(cell: dict) -> str:
 
 def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
     pool = cell["spec"]["groups"]["agent"]["pool"]
-    kinds = cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+    kinds = held_out_kinds(cell)
     means, by_kind = tag_scores(cell)
     rows = []
     for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
@@ -397,7 +403,7 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
         lines += ["Earlier runs (`bench/results/selfplay.jsonl`):", ""]
         for old in earlier:
             m, _ = tag_scores(old)
-            held_out = old.get("held_out", {"held_out": None})
+            held_out = held_out_kinds(old)
             n_prey = sum(len(old["cells"][k]["run_ids"]) for k in held_out)
             lines.append(
                 f"- {old['date']}, `{command('tag', old)}`: {len(old['spec']['seeds'])} seeds "

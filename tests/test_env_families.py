@@ -174,7 +174,7 @@ def test_the_description_has_one_group_masks_from_infos_and_concatenated_state()
     assert not info.state_from_env and info.state_dim == 2 * group.obs_dim
 
 
-@pytest.mark.parametrize("env_id", [*sorted(NATIVE), "lbf/Foraging-8x8-2p-2f-coop-v3"])
+@pytest.mark.parametrize("env_id", [*sorted(NATIVE), LBF])
 def test_a_native_env_declares_masks_exactly_where_it_gives_them(env_id):
     """Replay buffers and `list envs --describe` read a group's `mask_source`; the env's
     observations must agree with it."""
