@@ -105,7 +105,7 @@ EXTRA = {
 # Presets benchmarked as algorithms (`algos/NAME.yaml`): their values replace the family's.
 PRESETS = ("a2c", "ia2c")
 # Variants benchmarked as rows of their own: (algorithm or preset, settings beyond its own;
-# a "model" entry holds model settings).
+# a "model" entry holds model settings, a "num_envs" entry the parallel envs per seed).
 # HARL trains HASAC (and its MASAC baseline) on MPE with 20-step returns. A2C's learning rate
 # is searched in its paper (log-uniform over 1e-4..1e-2); the presets keep SB3's 7e-4, tuned
 # for 16 Atari envs, and lr 4e-3 is the step that suits 640-transition batches here.
@@ -124,6 +124,31 @@ VARIANTS = {
     ),
     "a2c-lr4e-3": ("a2c", {"lr": 4e-3}),
     "ia2c-lr4e-3": ("ia2c", {"lr": 4e-3}),
+    # JaxMARL's QMIX SMAX config (baselines/QLearning/config/alg/qmix_rnn_smax.yaml) on the
+    # SMAX GRU agents of width 128 (JaxMARL: 512): rounds of 128 steps of 16 envs, 8 updates
+    # of 32 stored 128-step trajectories (a buffer of 5000 of them), lr 5e-5, learning from
+    # 10k steps, targets copied every 10 rounds (80 updates), a mixer of width 64 with
+    # hypernetworks of 256 initialised at scale 0.001, epsilon annealed over a tenth of the
+    # budget (here 2M steps), raw rewards.
+    "qmix-smax": (
+        "qmix",
+        {
+            "num_envs": 16,
+            "rollout_steps": 128,
+            "updates": 8,
+            "batch_size": 32,
+            "sequence_length": 128,
+            "buffer_size": 640_000,
+            "learning_starts": 10_000,
+            "lr": 5e-5,
+            "target_update_every": 80,
+            "mixer_embed": 64,
+            "hypernet_hidden": 256,
+            "mixer_init_scale": 0.001,
+            "epsilon_anneal_steps": 200_000,
+            "reward_scaling": "none",
+        },
+    ),
 }
 
 
@@ -149,6 +174,7 @@ def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
     base, changed = VARIANTS.get(algo, (algo, {}))
     changed = dict(changed)
     own_model = changed.pop("model", None)
+    own_envs = changed.pop("num_envs", None)
     if base in PRESETS:
         family = {"num_envs": ON_POLICY["num_envs"], "algo": preset(base)}
     else:
@@ -166,6 +192,8 @@ def settings(algo: str, on_policy: bool, task: str | None = None) -> dict:
         )
     if own_model:
         family = {**family, "model": {**family.get("model", {}), **own_model}}
+    if own_envs:
+        family = {**family, "num_envs": own_envs}
     return {**family, "algo": {**family["algo"], **changed}}
 
 

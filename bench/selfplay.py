@@ -13,6 +13,9 @@ predators trained against one co-learning prey (the same spec without the pool),
 each. Held-out prey, from experiments with seeds of their own that neither team saw, of
 three kinds (`HELD_OUT`): co-learning MAPPO prey at the full budget, the same stopped early
 (a weaker, less settled prey), and IPPO prey (another learner's habits).
+With `--league N`, a co-learning experiment of N seeds of its own trains first and its
+final prey join the population's pool for the whole run (`groups.agent.pool.include`): a
+population of independently trained prey lineages beside the prey's own snapshots.
 `marlctl eval RUN --vs HELD_OUT,...` plays every predator team against every held-out prey
 (cross-play, stored with the runs); the table gives the predators' return against them, over
 all of them and per kind.
@@ -21,7 +24,7 @@ Each experiment runs in its own MLflow store under `bench/runs/selfplay/`; the r
 go to `bench/results/selfplay.jsonl` and the tables to `bench/results/selfplay.md`.
 
     .venv/bin/python bench/selfplay.py tictactoe
-    .venv/bin/python bench/selfplay.py tag
+    .venv/bin/python bench/selfplay.py tag [--league 3]
 """
 
 from __future__ import annotations
@@ -191,6 +194,8 @@ def tictactoe(args) -> dict:
 
 def command(part: str, cell: dict) -> str:
     given = "".join(f" --override {o}" for o in cell.get("overrides", []))
+    league = cell.get("cells", {}).get("league")
+    given += f" --league {len(league['run_ids'])}" if league else ""
     return f".venv/bin/python bench/selfplay.py {part}{given}"
 
 
@@ -266,12 +271,15 @@ def _backend(cell: dict) -> str:
 # ---------------------------------------------------------------- simple_tag
 
 
-def tag_bodies(overrides: list[str]) -> dict[str, dict]:
-    """The experiments of `tag`, as specs: the population's, the co-learning one's and each
-    held-out kind's."""
+def tag_bodies(overrides: list[str], league: int = 0) -> dict[str, dict]:
+    """The experiments of `tag`, as specs, in the order they run: the league's (with
+    `league` seeds), the population's, the co-learning one's and each held-out kind's."""
     _, base = composed("tag_population.yaml", overrides)
     co = {**base, "groups": {}, "name": "tag-co-learning"}
-    bodies = {"population": base, "co_learning": co}
+    bodies = {}
+    if league:
+        bodies["league"] = {**co, "name": "tag-league", "seeds": [200 + s for s in range(league)]}
+    bodies.update(population=base, co_learning=co)
     for k, (key, (_, changes)) in enumerate(HELD_OUT.items()):
         body = {**co, "name": f"tag-{key.replace('_', '-')}"}
         body["seeds"] = [100 + 10 * k + s for s in base["seeds"]]
@@ -284,11 +292,15 @@ def tag_bodies(overrides: list[str]) -> dict[str, dict]:
 def tag(args) -> dict:
     """Population-trained and co-learning predators against held-out prey: the experiments
     share one store, so that cross-play can name runs of each."""
-    bodies = tag_bodies(args.override)
+    bodies = tag_bodies(args.override, args.league)
     base = bodies["population"]
     folder = fresh("tag")
     cells = {}
     for key, body in bodies.items():
+        if key == "population" and "league" in cells:
+            # The league's prey join the population's pool beside its own snapshots.
+            league = [r["run_id"] for r in cells["league"]["summary"]["runs"]]
+            body["groups"]["agent"]["pool"]["include"] = league
         summary, wall = run_in(folder, key, body)
         cells[key] = {"summary": summary, "wall_s": wall}
     held = ",".join(cells[key]["summary"]["parent_run_id"] for key in HELD_OUT)
@@ -349,7 +361,22 @@ def _mean_ci(values: list[float]) -> str:
 
 def _pool(cell: dict) -> str:
     pool = cell["spec"]["groups"]["agent"]["pool"]
-    return f"{pool['sample']}, {pool['size']} kept, one per {pool['every']:,} steps"
+    league = len(pool.get("include", []))
+    return f"{pool['sample']}, {pool['size']} kept, one per {pool['every']:,} steps" + (
+        f", and {league} league prey" if league else ""
+    )
+
+
+def _league(cell: dict) -> str:
+    """How the population's league prey were trained, where it had them."""
+    league = cell["cells"].get("league")
+    if not league:
+        return ""
+    return (
+        f"; the league prey are the final prey of a co-learning experiment of "
+        f"{len(league['run_ids'])} seeds of their own ({league['parent'][:8]}), trained first "
+        f"and included in the pool for the whole run (`groups.agent.pool.include`)"
+    )
 
 
 def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
@@ -384,7 +411,8 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
         f"{cell['env_steps']:,} env steps per seed, seeds {cell['spec']['seeds']} "
         f"(`specs/tag_population.yaml`). Population: in {pool['share']:.0%} of the episodes a "
         f"snapshot of the prey plays it ({_pool(cell)}), so the predators learn against past "
-        "prey as well as the current one. Co-learning: the same spec without the pool. Held "
+        f"prey as well as the current one{_league(cell)}. Co-learning: the same spec without "
+        "the pool. Held "
         f"out: prey from experiments with seeds of their own, which neither team saw: "
         f"{described}. The return is the predators' mean per-agent return against each "
         f"held-out prey, {prey} prey per predator team, from `marlctl eval RUN --vs {parents}` "
@@ -422,6 +450,13 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=GAMES)
     parser.add_argument("--override", action="append", default=[], help="spec override")
     parser.add_argument("--table", action="store_true", help="rewrite the table only")
+    parser.add_argument(
+        "--league",
+        type=int,
+        default=0,
+        help="tag: prey of this many co-learning seeds of their own, trained first, join the "
+        "population's pool for the whole run",
+    )
     args = parser.parse_args()
     if not args.table:
         cell = tictactoe(args) if args.part == "tictactoe" else tag(args)

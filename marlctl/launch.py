@@ -80,7 +80,7 @@ def run_plan(
     uri = spec.tracking.uri
     tracking.check_reachable(uri)
     client = tracking.client_for(uri)
-    if spec.opponents:
+    if spec.opponents or any(pool.include for pool in spec.pools.values()):
         from marlctl.train.opponents import check_players
 
         check_players(loaded, plan, client)

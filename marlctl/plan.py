@@ -309,9 +309,11 @@ def compile_plan(
     for name, pool in spec.pools.items():
         if name in players:
             seats = "" if pool.seats == "all" else ", one seat"
+            n = len(pool.include)
+            league = f", and {n} included run{'s' * (n != 1)}" if n else ""
             players[name] += (
                 f"; {pool.share:.0%} of episodes by a snapshot ({pool.sample}, {pool.size} "
-                f"kept, one per {pool.every} steps{seats})"
+                f"kept, one per {pool.every} steps{seats}{league})"
             )
     return Plan(
         loaded.experiment,

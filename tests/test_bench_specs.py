@@ -110,10 +110,12 @@ def test_het_mass_rewards_the_light_agent_running_and_the_heavy_one_resting() ->
 def test_every_tag_experiment_compiles_and_no_held_out_prey_shares_a_seed(tmp_path: Path) -> None:
     import selfplay
 
-    bodies = selfplay.tag_bodies([])
-    assert list(bodies) == ["population", "co_learning", *selfplay.HELD_OUT]
+    bodies = selfplay.tag_bodies([], league=3)
+    assert list(bodies) == ["league", "population", "co_learning", *selfplay.HELD_OUT]
+    assert list(selfplay.tag_bodies([])) == list(bodies)[1:]
     seeds = [tuple(b["seeds"]) for k, b in bodies.items() if k != "population"]
-    assert len(set(seeds)) == len(seeds) and seeds[0] == tuple(bodies["population"]["seeds"])
+    assert len(set(seeds)) == len(seeds) and seeds[1] == tuple(bodies["population"]["seeds"])
+    assert len(bodies["league"]["seeds"]) == 3 and not bodies["league"].get("groups")
     plans = {}
     for key, body in bodies.items():
         body = {**body, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}

@@ -170,6 +170,24 @@ def test_the_qmix_mixer_starts_with_a_gain_near_one():
     assert 0.3 < float(gain) < 10.0, float(gain)
 
 
+def test_a_mixer_init_scale_starts_q_tot_near_zero_on_a_state_of_any_scale():
+    """SMAX's global state holds raw positions and cooldowns (tens): `nn.Linear`'s init
+    gives the mixer a gain of tens there, JaxMARL's 0.001 scale one near zero."""
+
+    def gain_and_value(**config):
+        trainer, env, _ = _trainer("qmix", (0,), **config)
+        state = 30.0 * torch.rand(1, 512, env.info.state_dim)
+        q = torch.zeros(1, 512, env.info.n_agents, requires_grad=True)
+        value = trainer.mixer(q, state)
+        value.sum().backward()
+        return float(q.grad.mean()), float(value.detach().abs().max())
+
+    gain, _ = gain_and_value()
+    assert gain > 10.0, gain
+    gain, value = gain_and_value(mixer_init_scale=0.001)
+    assert 0.0 <= gain < 1e-3 and value < 1e-3, (gain, value)
+
+
 def test_one_layer_hypernetworks_compute_the_papers_mixer():
     """`hypernet_layers: 1`: w1, w2 and b1 are linear maps of the state, and Q_tot is
     |W2 s|·elu(q·|W1 s| + B1 s) + V(s), as TorchRL's QMixer (BenchMARL's) computes it."""

@@ -105,13 +105,34 @@ def live(values: list[float]) -> nn.Module:
     return module
 
 
+class Member:
+    """Stands in for an included run's policy: every agent acts `value`."""
+
+    def __init__(self, value: int):
+        self.value = value
+        self.firsts: list = []
+
+    def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
+        self.firsts.append(first)
+        return torch.full(ob.obs["g"].shape[:2], self.value)
+
+
 def make_pool(
-    seats="all", sample="uniform", size=3, seeds=2, per_seed=4, n=2, share=1.0, stateless=True
+    seats="all",
+    sample="uniform",
+    size=3,
+    seeds=2,
+    per_seed=4,
+    n=2,
+    share=1.0,
+    stateless=True,
+    members=(),
 ):
-    cfg = PoolSpec(size=size, every=10, seats=seats, sample=sample, share=share)
+    include = [f"{i + 1:08x}" for i in range(len(members))]
+    cfg = PoolSpec(size=size, every=10, seats=seats, sample=sample, share=share, include=include)
     shadow = Shadow(size * seeds, stateless)
     generator = torch.Generator().manual_seed(0)
-    return Pool("g", cfg, n, shadow, seeds, seeds * per_seed, generator)
+    return Pool("g", cfg, n, shadow, seeds, seeds * per_seed, generator, list(members))
 
 
 def observation(rows: int, n: int = 2) -> Observation:
@@ -288,6 +309,51 @@ def test_a_pool_comes_back_from_its_checkpoint_state():
     assert torch.equal(fresh.slot, pool.slot)  # the same stream of draws goes on
 
 
+@pytest.mark.parametrize("stateless", [True, False])
+def test_an_included_runs_policy_plays_the_rows_drawn_for_it_beside_the_snapshots(stateless):
+    members = [Member(50), Member(60)]
+    pool = make_pool(size=3, seeds=2, per_seed=4, stateless=stateless, members=members)
+    pool.snapshot(live([10.0, 20.0]), 0)
+    # slot 0 a snapshot, slots 3 and 4 the included runs (after the 3 snapshot slots)
+    pool.slot = torch.tensor([0, 3, -1, 4, 4, -1, 0, 3])
+    first = torch.tensor([True, False, False, True, False, False, True, False])
+    actions = pool.actions(observation(8), first, torch.full((8, 2), 7))
+    assert actions[:, 0].tolist() == [10, 50, 7, 60, 60, 7, 20, 50]
+    # an included policy acts on every row each step, so that one with memory keeps it
+    assert all(torch.equal(m.firsts[0], first) for m in members)
+
+
+def test_included_runs_are_drawn_with_the_snapshots_and_never_leave():
+    for sample, expect in (("latest", {1, 3}), ("uniform", {0, 1, 3}), ("prioritised", {1, 3})):
+        pool = make_pool(sample=sample, size=3, seeds=1, per_seed=3000, members=[Member(5)])
+        if sample == "prioritised":
+            pool.snapshot(live([0.0]), 0)
+            pool.snapshot(live([1.0]), 10)
+            pool.win[0, :2] = torch.tensor([1.0, 0.5])  # slot 0 always beaten: never drawn
+        else:
+            for step in range(2):
+                pool.snapshot(live([float(step)]), step * 10)
+        pool.draw(torch.ones(3000, dtype=bool))
+        counts = torch.bincount(pool.slot, minlength=4).tolist()
+        assert {k for k, c in enumerate(counts) if c > 5} == expect, (sample, counts)
+    assert pool.metrics()[0]["pool/size/g"] == 3.0  # two snapshots and the included run
+    for step in range(2, 6):  # the snapshots turn over; the included run stays
+        pool.snapshot(live([float(step)]), step * 10)
+    assert pool.kept().tolist() == [True, True, True, True]
+    # a game against the included run moves its own win rate
+    pool.slot = torch.full((3000,), 3)
+    pool.baseline_seen[:] = True
+    before = pool.win[0, 3].item()
+    pool.record(torch.full((3000, 2), -1.0), torch.ones(3000, dtype=bool))
+    assert pool.win[0, 3].item() > before and pool.games[0, 3] == 3000
+
+
+def test_a_pool_of_included_runs_alone_draws_before_its_first_snapshot():
+    pool = make_pool(size=2, seeds=1, per_seed=8, members=[Member(5)])
+    pool.draw(torch.ones(8, dtype=bool))
+    assert pool.slot.tolist() == [2] * 8
+
+
 # ---------------------------------------------------------------- runs with a pool
 
 
@@ -310,6 +376,54 @@ def test_population_training_runs_logs_the_pool_and_checkpoints_its_snapshots():
     pool = state["pool"]["agent"]
     assert pool["taken"] == [400, 300] and pool["filled"] == 2 and pool["next_snapshot"] == 500
     assert all(v.shape[0] == 2 for v in pool["snapshots"].values())  # two snapshots of seed 1
+
+
+def test_a_pool_includes_the_policies_of_other_runs():
+    code, first = invoke("run", str(write(tag_spec(seeds=[5]), "first.yaml")))
+    assert code == 0, first
+    prey = first["runs"][0]["run_id"]
+    pool = {"size": 2, "every": 100, "include": [prey[:8], f"{prey}:latest"]}
+    path = write(tag_spec({"agent": {"pool": pool}}, name="league"))
+    code, out = invoke("run", str(path), "--dry-run")
+    assert code == 0, out
+    played = {g["name"]: g["played_by"] for g in out["plan"]["env"]["groups"]}
+    assert played["agent"].endswith("one per 100 steps, and 2 included runs)")
+    code, out = invoke("run", str(path))
+    assert code == 0, out
+    metrics = client().get_run(out["runs"][0]["run_id"]).data.metrics
+    assert metrics["pool/size/agent"] == 4.0  # two snapshots and the two included policies
+
+
+def test_a_pools_included_runs_are_checked_before_any_run_starts():
+    path = write(tag_spec({"agent": {"pool": {"include": ["abcd1234", "not-a-run"]}}}))
+    code, out = invoke("validate", str(path))
+    assert code == 2
+    (error,) = out["errors"]
+    assert error.startswith(f"{path}:{line_of(path, 'include:')}: groups.agent.pool.include")
+    assert "include: 'not-a-run' must be RUN_ID[:CHECKPOINT]" in error
+    code, out = invoke(
+        "validate", str(write(tag_spec({"agent": {"pool": {"include": ["abcd1234"] * 2}}})))
+    )
+    assert code == 2 and "names a run twice" in out["errors"][0]
+
+    path = write(tag_spec({"agent": {"pool": {"include": ["abcd1234"]}}}, name="nothing"))
+    code, out = invoke("run", str(path))
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, '- abcd1234')}: groups.agent.pool.include.0: no run id starts "
+        "with 'abcd1234'"
+    ]
+    assert not client().search_experiments(filter_string="name = 'nothing'")
+    # a run that also trained a group this run does not let learn
+    adversary = {"env": {"id": "mpe/simple_adversary", "backend": "native", "params": {}}}
+    code, first = invoke("run", str(write(tag_spec(**adversary), "first.yaml")))
+    assert code == 0, first
+    agents = first["runs"][0]["run_id"]
+    pool = {"seats": "one", "include": [agents]}
+    body = tag_spec({"adversary": {"scripted": "random"}, "agent": {"pool": pool}}, **adversary)
+    code, out = invoke("run", str(write(body)))
+    assert code == 2, out
+    assert "also trained group(s) adversary, which do not learn here" in " ".join(out["errors"])
 
 
 def test_a_killed_run_resumes_with_the_pool_it_had(tmp_path, monkeypatch):

@@ -102,6 +102,15 @@ class QMIXConfig(QLearningConfig):
         description="Hidden width of the hypernetworks that emit its weights "
         "(`hypernet_layers: 2`).",
     )
+    mixer_init_scale: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="null = the mixer's layers start as `nn.Linear` does (EPyMARL); a number "
+        "= orthogonal weights of that gain and zero biases in every layer (JaxMARL's "
+        "`MIXER_INIT_SCALE`, 0.001 on SMAX), so that Q_tot starts near zero on a global state "
+        "of any scale: SMAX's holds raw positions (up to 32) and cooldowns.",
+    )
 
 
 @register_algo(

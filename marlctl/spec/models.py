@@ -309,6 +309,24 @@ def _algo_union() -> Any:
 AlgoUnion = _algo_union()
 
 
+def check_run_ref(key: str, ref: str) -> None:
+    """ValueError unless `ref` reads RUN_ID[:CHECKPOINT]."""
+    run_id, _, checkpoint = ref.partition(":")
+    if not re.fullmatch(r"[0-9a-f]{4,32}", run_id):
+        raise ValueError(
+            f"{key}: '{ref}' must be RUN_ID[:CHECKPOINT], RUN_ID being a run id or the start "
+            "of one (4 to 32 hexadecimal digits)"
+        )
+    if ":" in ref and not checkpoint.strip():
+        raise ValueError(f"{key}: '{ref}' names no checkpoint after ':'")
+
+
+def run_ref(ref: str) -> tuple[str, str | None]:
+    """(run id or prefix, checkpoint or None) of RUN_ID[:CHECKPOINT]."""
+    run_id, _, checkpoint = ref.partition(":")
+    return run_id, checkpoint or None
+
+
 class PoolSpec(Strict):
     """Past snapshots of a learning group's policy that play the group in a share of the
     episodes: self-play (a symmetric game's one group against its own past) and population
@@ -349,6 +367,24 @@ class PoolSpec(Strict):
         "them, drawn per episode, and the learner the others (self-play in a symmetric game, "
         "whose one group holds every seat).",
     )
+    include: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="RUN_ID[:CHECKPOINT] of finished seed runs whose policy for this group "
+        "joins the pool for the whole run beside the snapshots, never evicted or updated, "
+        "drawn like them (latest: the newest snapshot and these): a league of policies "
+        "trained elsewhere, as PSRO's and AlphaStar's populations. Each run trained this "
+        "group on the same env, with the same agents and spaces; CHECKPOINT as in `frozen`.",
+    )
+
+    @field_validator("include")
+    @classmethod
+    def _run_refs(cls, value: list[str]) -> list[str]:
+        for ref in value:
+            check_run_ref("include", ref)
+        if len(set(value)) < len(value):
+            raise ValueError("names a run twice")
+        return value
 
 
 class GroupSpec(Strict):
@@ -376,8 +412,8 @@ class GroupSpec(Strict):
     frozen: str | None = Field(
         None,
         description="RUN_ID[:CHECKPOINT]: this group's trained policy from a finished seed run "
-        "of the tracking store, never updated; CHECKPOINT = latest (the last checkpoint), an "
-        "artifact path of the run, or none for its final policy. It acts as in its own run: "
+        "of the tracking store, never updated; CHECKPOINT = latest (the last checkpoint) or "
+        "an artifact path of the run; without it, its final policy. It acts as in its own run: "
         "sampling while this run trains, deterministically in evaluations.",
     )
     pool: PoolSpec | None = Field(
@@ -399,14 +435,7 @@ class GroupSpec(Strict):
                     f"scripted: '{self.scripted}' must be random or package.module:callable"
                 )
         if self.frozen is not None:
-            run_id, _, checkpoint = self.frozen.partition(":")
-            if not re.fullmatch(r"[0-9a-f]{4,32}", run_id):
-                raise ValueError(
-                    f"frozen: '{self.frozen}' must be RUN_ID[:CHECKPOINT], RUN_ID being a run "
-                    "id or the start of one (4 to 32 hexadecimal digits)"
-                )
-            if ":" in self.frozen and not checkpoint.strip():
-                raise ValueError(f"frozen: '{self.frozen}' names no checkpoint after ':'")
+            check_run_ref("frozen", self.frozen)
         if not self.learns and self.pool is not None:
             raise ValueError("a scripted or frozen group does not learn: it keeps no pool")
         return self
@@ -423,8 +452,7 @@ class GroupSpec(Strict):
     @property
     def frozen_run(self) -> tuple[str, str | None]:
         """(run id or prefix, checkpoint or None) of a frozen group."""
-        run_id, _, checkpoint = (self.frozen or "").partition(":")
-        return run_id, checkpoint or None
+        return run_ref(self.frozen or "")
 
 
 class Spec(Strict):

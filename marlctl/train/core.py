@@ -35,17 +35,18 @@ class BatchedMLP(nn.Module):
         out_gain: float,
         generators: list[torch.Generator],
         init: str = "orthogonal",
+        hidden_gain: float = math.sqrt(2),
     ):
-        """init: orthogonal (gain sqrt 2, `out_gain` on the last layer, zero biases; the PPO
-        implementations' choice) or torch (`nn.Linear`'s default: weights and biases uniform
-        in ±1/sqrt(fan_in), as in the pymarl/EPyMARL networks)."""
+        """init: orthogonal (gain `hidden_gain`, `out_gain` on the last layer, zero biases;
+        the PPO implementations' choice) or torch (`nn.Linear`'s default: weights and biases
+        uniform in ±1/sqrt(fan_in), as in the pymarl/EPyMARL networks)."""
         super().__init__()
         self.seeds, self.copies, self.activation = seeds, copies, ACTIVATIONS[activation]
         sizes = [n_in, *hidden, n_out]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for index, (a, b) in enumerate(itertools.pairwise(sizes)):
-            gain = out_gain if index == len(sizes) - 2 else math.sqrt(2)
+            gain = out_gain if index == len(sizes) - 2 else hidden_gain
             weight = torch.empty(seeds, copies, b, a)
             bias = torch.zeros(seeds, copies, b)
             for s in range(seeds):

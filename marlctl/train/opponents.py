@@ -23,7 +23,7 @@ from marlctl.envs.batch import Observation, Transition, Wrapper, only, transitio
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.errors import SpecError, one_line
 from marlctl.plan import learner_info
-from marlctl.spec.models import RANDOM_PLAYER, GroupSpec, Spec
+from marlctl.spec.models import RANDOM_PLAYER, Spec, run_ref
 from marlctl.train.actions import ActionBounds, uniform_probs
 from marlctl.train.core import inclusive_cumsum
 
@@ -137,14 +137,14 @@ def import_policy(path: str) -> Callable[..., Any]:
         raise ValueError(one_line(str(err))) from None
 
 
-def frozen_source(client, spec: Spec, info: EnvInfo, name: str, group: GroupSpec):
-    """(seed run id, its spec, its learners' EnvInfo, policy weights, artifact) of a frozen
-    group; ValueError saying what does not fit."""
+def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
+    """(seed run id, its spec, its learners' EnvInfo, policy weights, artifact) of group
+    `name`'s policy in run `ref` (RUN_ID[:CHECKPOINT]); ValueError saying what does not fit."""
     from marlctl import tracking
     from marlctl.spec import load_spec
     from marlctl.stored import SPEC_ARTIFACT, policy_weights, seed_runs
 
-    given, checkpoint = group.frozen_run
+    given, checkpoint = run_ref(ref)
     try:
         run_id = tracking.resolve_run_id(client, given, "frozen")
         run = client.get_run(run_id)
@@ -210,8 +210,8 @@ def _describe(g: GroupInfo | None) -> str:
 
 
 def check_players(loaded, plan, client) -> None:
-    """Before any run starts: every scripted policy imports and every frozen run fits its
-    group; SpecError with the spec's FILE:LINE otherwise."""
+    """Before any run starts: every scripted policy imports, and every frozen run and every
+    run a pool includes fits its group; SpecError with the spec's FILE:LINE otherwise."""
     spec, prov = loaded.spec, loaded.provenance
     problems = []
     for name, group in spec.opponents.items():
@@ -219,10 +219,25 @@ def check_players(loaded, plan, client) -> None:
             if group.scripted not in (None, RANDOM_PLAYER):
                 import_policy(group.scripted)
             elif group.frozen is not None:
-                frozen_source(client, spec, plan.env, name, group)
+                frozen_source(client, spec, plan.env, name, group.frozen)
         except ValueError as err:
             key = "scripted" if group.scripted is not None else "frozen"
             problems.append(prov.problem(f"groups.{name}.{key}", str(err)))
+    learning = {g.name for g in learner_info(plan.env, spec).groups}
+    for name, pool in spec.pools.items():
+        for index, ref in enumerate(pool.include):
+            try:
+                run_id, _, their_info, _, _ = frozen_source(client, spec, plan.env, name, ref)
+                # It acts on what the learners see: every group its policies read must learn.
+                missing = [g.name for g in their_info.groups if g.name not in learning]
+                if missing:
+                    raise ValueError(
+                        f"run '{run_id}' also trained group(s) {', '.join(missing)}, which "
+                        "do not learn here: include a run whose other learning groups learn "
+                        "here too"
+                    )
+            except ValueError as err:
+                problems.append(prov.problem(f"groups.{name}.pool.include.{index}", str(err)))
     if problems:
         raise SpecError(problems)
 
@@ -250,8 +265,7 @@ def frozen_player(
     from marlctl.stored import load_into
     from marlctl.train.runner import build_trainer
 
-    group = GroupSpec(frozen=ref)
-    _, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, group)
+    _, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, ref)
     trainer = build_trainer(theirs, their_info, rows, device, total_iterations=1)
     load_into(trainer, weights, artifact)
     return FrozenPlayer(trainer, name)

@@ -13,6 +13,10 @@ one group holds every seat, the learner playing the others). The agents a snapsh
 are inactive for the learners in that episode: their actions are replaced and they leave
 every loss, so a group learns only from the episodes it plays itself.
 
+A pool may also include other runs' policies for the group (`include`: a league, as PSRO's
+and AlphaStar's populations): they sit in slots after the snapshots', are drawn like them
+and are never evicted or updated; each acts on every row, as a frozen group does.
+
 Who won an episode against a snapshot: with `seats: one`, the learner's seats or the
 snapshot's, by their mean return in it; with `seats: all`, the snapshot's return for the
 group against what the learner returns for it (a running mean over its own episodes). A
@@ -79,9 +83,12 @@ class Pool:
         seeds: int,
         rows: int,
         generator: torch.Generator,
+        members: list | None = None,
     ):
         self.name, self.cfg, self.shadow = name, cfg, shadow
+        self.members = members or []  # the included runs' players, slots K, K + 1, ...
         self.K, self.S, self.rows, self.n = cfg.size, seeds, rows, n_agents
+        self.T = self.K + len(self.members)
         self.device = shadow.device
         dev = self.device
         self.generator = generator
@@ -90,8 +97,8 @@ class Pool:
         self.next_snapshot = 0
         self.slot = torch.full((rows,), -1, dtype=torch.long, device=dev)  # -1 = the learner
         self.seat = torch.zeros(rows, dtype=torch.long, device=dev)  # seats: one
-        self.win = torch.full((seeds, self.K), 0.5, device=dev)  # learners' win rate
-        self.games = torch.zeros(seeds, self.K, device=dev)
+        self.win = torch.full((seeds, self.T), 0.5, device=dev)  # learners' win rate
+        self.games = torch.zeros(seeds, self.T, device=dev)
         self.returns = torch.zeros(rows, n_agents, device=dev)  # running episode returns
         self.baseline = torch.zeros(seeds, device=dev)  # the learner's group return
         self.baseline_seen = torch.zeros(seeds, dtype=torch.bool, device=dev)
@@ -126,13 +133,19 @@ class Pool:
             return pooled.expand(-1, self.n)
         return pooled & (self._agents == self.seat.unsqueeze(-1))
 
+    def kept(self) -> torch.Tensor:
+        """`[T]` bool: the slots that hold a policy (the snapshots taken, every included)."""
+        slots = torch.arange(self.T, device=self.device)
+        return (slots < self.filled) | (slots >= self.K)
+
     def weights(self) -> torch.Tensor:
-        """`[S, K]`: how likely each slot is drawn, per seed (unnormalised)."""
-        kept = (torch.arange(self.K, device=self.device) < self.filled).float()
-        kept = kept.expand(self.S, -1)
+        """`[S, T]`: how likely each slot is drawn, per seed (unnormalised)."""
+        kept = self.kept().float().expand(self.S, -1)
         if self.cfg.sample == "latest":
             latest = torch.zeros_like(kept)
-            latest[:, self.newest] = 1.0
+            latest[:, self.K :] = 1.0
+            if self.filled:
+                latest[:, self.newest] = 1.0
             return latest
         if self.cfg.sample == "uniform":
             return kept
@@ -141,7 +154,7 @@ class Pool:
 
     def draw(self, starting: torch.Tensor) -> None:
         """Who plays the episodes that start now in the rows `starting` `[rows]`."""
-        if self.filled == 0:
+        if self.filled == 0 and not self.members:
             return
         g, rows = self.generator, self.rows
         pooled = torch.rand(rows, generator=g, device=self.device) < self.cfg.share
@@ -158,8 +171,13 @@ class Pool:
             chosen = self.played_rows(ob, False)
         else:
             chosen = self.every_slot(ob, first, False)
+        chosen = chosen.to(own.dtype)
+        shape = (self.rows, *([1] * (own.dim() - 1)))
+        for k, member in enumerate(self.members, self.K):
+            theirs = member.act(ob, first, False).to(own.dtype)
+            chosen = torch.where((self.slot == k).view(shape), theirs, chosen)
         use = self.played().view(self.rows, self.n, *([1] * (own.dim() - 2)))
-        return torch.where(use, chosen.to(own.dtype), own)
+        return torch.where(use, chosen, own)
 
     def every_slot(self, ob: Observation, first: torch.Tensor | None, deterministic: bool):
         """Each row's snapshot actions `[rows, n, ...]`, from every snapshot acting on every
@@ -169,7 +187,7 @@ class Pool:
             tile(ob, self.K), deterministic, None if first is None else first.repeat(self.K)
         )[self.name]
         out = out.view(self.K, self.rows, *out.shape[1:])
-        index = self.slot.clamp_min(0).view(1, self.rows, *([1] * (out.dim() - 2)))
+        index = self.slot.clamp(0, self.K - 1).view(1, self.rows, *([1] * (out.dim() - 2)))
         return out.gather(0, index.expand(1, *out.shape[1:]))[0]
 
     def played_rows(self, ob: Observation, deterministic: bool) -> torch.Tensor:
@@ -179,8 +197,9 @@ class Pool:
         snapshot plays (rounded up to a power of two), so a step costs about one forward
         pass however large the pool."""
         S, K, rows = self.S, self.K, self.rows
-        # The shadow's seed of each row a snapshot plays; K * S for the learner's rows.
-        key = torch.where(self.slot >= 0, self.slot * S + self._row_seed, K * S)
+        # The shadow's seed of each row a snapshot plays; K * S for the other rows.
+        snapshot = (self.slot >= 0) & (self.slot < K)
+        key = torch.where(snapshot, self.slot * S + self._row_seed, K * S)
         count = torch.bincount(key, minlength=K * S + 1)
         # The host sets the batch's shape: a power of two, so that a compiled shadow meets a
         # few shapes only.
@@ -203,7 +222,7 @@ class Pool:
     def record(self, rewards: torch.Tensor, done: torch.Tensor) -> None:
         """Rewards `[rows, n]` of a step; the games against snapshots that ended `done`."""
         self.returns += rewards
-        S, K = self.S, self.K
+        S, T = self.S, self.T
         played = self.played().float()
         if self.cfg.seats == "one":
             theirs = (self.returns * played).sum(-1)
@@ -221,22 +240,23 @@ class Pool:
         tie = (mine - theirs).abs() <= 1e-6 * torch.maximum(mine.abs(), theirs.abs()).clamp_min(1)
         outcome = torch.where(tie, 0.5, (mine > theirs).float())
         ended = (done & (self.slot >= 0)).float()
-        games = nn.functional.one_hot(self.slot.clamp_min(0), K).float() * ended.unsqueeze(-1)
-        count = games.view(S, -1, K).sum(1)
-        wins = (games * outcome.unsqueeze(-1)).view(S, -1, K).sum(1)
+        games = nn.functional.one_hot(self.slot.clamp_min(0), T).float() * ended.unsqueeze(-1)
+        count = games.view(S, -1, T).sum(1)
+        wins = (games * outcome.unsqueeze(-1)).view(S, -1, T).sum(1)
         step = (WIN_RATE_STEP * count).clamp_max(1.0)
         self.win += step * (wins / count.clamp_min(1.0) - self.win)
         self.games += count
         self.returns *= (~done).unsqueeze(-1)
 
     def metrics(self) -> list[dict[str, float]]:
-        """Per seed: the learners' mean win rate over the kept snapshots, and their count."""
-        if self.filled == 0:
+        """Per seed: the learners' mean win rate over the pool's policies, and their count."""
+        kept = self.kept()
+        size = int(kept.sum())
+        if size == 0:
             return [{} for _ in range(self.S)]
-        rates = self.win[:, : self.filled].mean(-1).tolist()
+        rates = self.win[:, kept].mean(-1).tolist()
         return [
-            {f"pool/win_rate/{self.name}": r, f"pool/size/{self.name}": float(self.filled)}
-            for r in rates
+            {f"pool/win_rate/{self.name}": r, f"pool/size/{self.name}": float(size)} for r in rates
         ]
 
     # ------------------------------------------------------------ checkpoints
@@ -351,10 +371,14 @@ def _shadow_seeds(seeds: list[int], size: int) -> tuple[int, ...]:
     )
 
 
-def with_pool(env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torch.device):
-    """`env` with the spec's pools, or `env` itself when no group keeps one."""
+def with_pool(
+    env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torch.device, client=None
+):
+    """`env` with the spec's pools, or `env` itself when no group keeps one; `client` (the
+    tracking store) loads the runs a pool includes."""
     if not spec.pools:
         return env
+    from marlctl.train.opponents import frozen_player
     from marlctl.train.runner import build_trainer
 
     sizes = {g.name: g.n_agents for g in learners.groups}
@@ -364,5 +388,11 @@ def with_pool(env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torc
     pools = []
     for name, cfg in spec.pools.items():
         shadow = build_trainer(spec, learners, per_seed, device, 1, _shadow_seeds(seeds, cfg.size))
-        pools.append(Pool(name, cfg, sizes[name], shadow, len(seeds), env.num_envs, generator))
+        members = [
+            frozen_player(client, spec, env.info, name, ref, device, env.num_envs)
+            for ref in cfg.include
+        ]
+        pools.append(
+            Pool(name, cfg, sizes[name], shadow, len(seeds), env.num_envs, generator, members)
+        )
     return WithPool(env, pools)

@@ -34,8 +34,11 @@ class QMixer(nn.Module):
 
     Hypernetworks for w1 and w2 of `layers` layers, `nn.Linear`'s default initialisation, as
     in EPyMARL's `modules/mixers/qmix.py` (`hypernet_layers`). With two, the mixer's gain
-    d Q_tot / d Q_i starts near 1 to 3, in the range where the agents' own Q values sit
-    once rewards are standardised; one is the paper's and TorchRL's `QMixer`.
+    d Q_tot / d Q_i starts near 1 to 3 on a state of unit scale, in the range where the
+    agents' own Q values sit once rewards are standardised; one is the paper's and TorchRL's
+    `QMixer`. `init_scale` instead gives every layer of the mixer an orthogonal initialisation
+    of that gain and zero biases (JaxMARL's `MIXER_INIT_SCALE`): a small one starts Q_tot
+    near zero whatever the state's scale.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class QMixer(nn.Module):
         layers: int,
         hidden: int,
         generators: list[torch.Generator],
+        init_scale: float | None = None,
     ):
         super().__init__()
         self.n_agents, self.embed = n_agents, embed
@@ -57,6 +61,8 @@ class QMixer(nn.Module):
             "out_gain": 1.0,
             "init": "torch",
         }
+        if init_scale is not None:
+            common.update(init="orthogonal", out_gain=init_scale, hidden_gain=init_scale)
         widths = [hidden] * (layers - 1)
         self.hyper_w1 = BatchedMLP(seeds, 1, state_dim, widths, n_agents * embed, **common)
         self.hyper_b1 = BatchedMLP(seeds, 1, state_dim, [], embed, **common)
@@ -106,7 +112,7 @@ class QLearningTrainer(OffPolicyTrainer):
         if config.name == "qmix":
             self.mixer = QMixer(
                 S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_layers,
-                config.hypernet_hidden, self.init_generators,
+                config.hypernet_hidden, self.init_generators, config.mixer_init_scale,
             )  # fmt: skip
             networks["mixer"] = self.mixer
         online = nn.ModuleDict(networks)

@@ -350,7 +350,7 @@ def _train(
     try:
         env = with_opponents(env, spec, info, client, seeds, deterministic=False)
         eval_env = with_opponents(eval_env, spec, info, client, seeds, deterministic=True)
-        env = with_pool(env, spec, learners, seeds, device)
+        env = with_pool(env, spec, learners, seeds, device, client)
     except Exception:
         env.close()
         eval_env.close()
