@@ -371,9 +371,7 @@ def _shadow_seeds(seeds: list[int], size: int) -> tuple[int, ...]:
     )
 
 
-def with_pool(
-    env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torch.device, client=None
-):
+def with_pool(env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torch.device, client):
     """`env` with the spec's pools, or `env` itself when no group keeps one; `client` (the
     tracking store) loads the runs a pool includes."""
     if not spec.pools:
