@@ -117,6 +117,8 @@ class NativeEnv(SeededBatch):
     # Methods `compile` fuses: none by default. A step of a few operations (the matrix
     # games') runs slower compiled; list `observe`/`advance` where they hold many.
     pure_steps: tuple[str, ...] = ()
+    # Start states drawn ahead, per env row, on the CPU (see `_restart`).
+    ahead = 4
 
     def __init__(
         self,
@@ -139,6 +141,10 @@ class NativeEnv(SeededBatch):
             self.env_id, factory, tuple(groups), state_dim, True, agents, self.turn_based
         )
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        # Drawing ahead asks the host how many envs ended; on a GPU every step draws instead.
+        self.graph_safe = self.device.type != "cpu"
+        self._ahead: dict[str, torch.Tensor] = {}
+        self._taken = torch.zeros(0, dtype=torch.long)
         self._active = {
             g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
             for g in groups
@@ -181,6 +187,9 @@ class NativeEnv(SeededBatch):
     def reset(self, seed: int | Sequence[int]) -> Observation:
         self._seed(seed)
         self._assign(self.start(self.num_envs))
+        # None drawn ahead yet: a block draws its first when one of its episodes ends.
+        self._ahead = {}
+        self._taken = torch.full((len(self.generators),), self.num_envs * self.ahead)
         self.steps.zero_()
         return self._observation()
 
@@ -193,7 +202,10 @@ class NativeEnv(SeededBatch):
         final = self._observation()
         won = self.won if self.reports_wins else None  # set by `advance`
         done = terminated | truncated
-        self._assign(self.start(self.num_envs), done)
+        if self.graph_safe:
+            self._assign(self.start(self.num_envs), done)
+        else:
+            self._restart(done)
         self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
         return Transition(self._observation(), rewards, terminated, truncated, final, won=won)
 
@@ -201,7 +213,48 @@ class NativeEnv(SeededBatch):
         pass
 
     def make_graph_safe(self) -> None:
-        """Steps are graph-safe already: the same kernels every step, no host-side branch."""
+        """Step with the same kernels every step and no host-side branch, so that steps can
+        be captured in a CUDA graph: every step draws start states for all envs and keeps
+        those of the envs that ended (the random stream differs from the CPU's eager one)."""
+        self.graph_safe = True
+
+    def _restart(self, done: torch.Tensor) -> None:
+        """Start the envs that ended from start states drawn ahead: each seed block keeps
+        `ahead` states per env row, taken in row order and drawn anew (from the block's own
+        generator) when they run out. One `start` call serves many steps' resets, where
+        drawing `num_envs` fresh states each step is most of a small env's step; and a
+        block's stream depends only on its own episodes, so a seed in a batch still steps
+        exactly as it does alone."""
+        blocks = len(self.generators)
+        rows = self.num_envs // blocks
+        ended = done.view(blocks, rows)
+        counts = ended.sum(1)
+        if not bool(counts.any()):
+            return
+        size = self.ahead * rows
+        empty = (counts > 0) & (self._taken + counts > size)
+        for block in empty.nonzero().flatten().tolist():
+            drawn = self._draw_block(block, size)
+            if not self._ahead:
+                self._ahead = {k: v.repeat(blocks, *[1] * (v.dim() - 1)) for k, v in drawn.items()}
+            for key, value in drawn.items():
+                self._ahead[key][block * size : (block + 1) * size] = value
+            self._taken[block] = 0
+        # An ended row r of block b takes state `taken[b] + (ended rows of b before r)`; the
+        # others pick any state in their block, which `_assign` leaves unused.
+        order = ended.long().cumsum(1) - 1 + self._taken.unsqueeze(1)
+        pick = (order.clamp(0, size - 1) + torch.arange(blocks).unsqueeze(1) * size).flatten()
+        self._assign({k: v[pick] for k, v in self._ahead.items()}, done)
+        self._taken += counts
+
+    def _draw_block(self, block: int, n: int) -> dict[str, torch.Tensor]:
+        """`start(n)` drawn from seed block `block`'s generator alone."""
+        generators = self.generators
+        self.generators = [generators[block]]
+        try:
+            return self.start(n)
+        finally:
+            self.generators = generators
 
     def observe_now(self) -> Observation:
         return self._observation()
