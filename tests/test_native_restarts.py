@@ -90,3 +90,19 @@ def test_restarted_episodes_start_from_fresh_states_of_the_start_distribution():
         # Sampling noise at these counts stays under half the bound (the package-parity
         # test's bound for the same quantities).
         assert 0.5 * np.abs(a - b).sum() < (0.06 if "cell" in key else 0.04), key
+
+
+@pytest.mark.parametrize("env_id", ["smax/3m", "smax/smacv2_5_units", SHORT_LBF[0]])
+def test_reset_leaves_start_states_laid_out_as_restarts_leave_them(env_id):
+    """A compiled step guards on its inputs' strides: states laid out otherwise after the
+    first restart would recompile it in the middle of a run."""
+    env = native_class(env_id)({}, 8, "cpu")
+    state = env.start(8)
+    env.reset(0)
+    assert all(getattr(env, key).is_contiguous() for key in state), env_id
+    before = {key: getattr(env, key).stride() for key in state}
+    ob = env.reset(0)
+    generators = [torch.Generator().manual_seed(0)]
+    for _ in range(env.max_cycles):
+        ob = env.step(_actions(env, ob, generators)).next
+    assert {key: getattr(env, key).stride() for key in state} == before

@@ -186,7 +186,9 @@ class NativeEnv(SeededBatch):
 
     def reset(self, seed: int | Sequence[int]) -> Observation:
         self._seed(seed)
-        self._assign(self.start(self.num_envs))
+        # Contiguous as restarts leave them (a start state may be an expanded view), so
+        # that a compiled step's guards on the states' strides hold from the first step.
+        self._assign({k: v.contiguous() for k, v in self.start(self.num_envs).items()})
         # None drawn ahead yet: a block draws its first when one of its episodes ends.
         self._ahead = {}
         self._taken = torch.full((len(self.generators),), self.num_envs * self.ahead)
