@@ -6,13 +6,15 @@ Through the `lbforaging` package (`--backend pettingzoo`) or the native batched 
 3 seeds, 16 envs per seed, `marlctl run specs/lbf_mappo.yaml` (QMIX: the same spec with
 `algos=qmix`). Reports the final per-agent eval return (mean, 95% Student-t interval, every
 seed), the first eval at 0.9 of the maximum or more, and the wall-clock of the command;
-where both backends ran an algorithm for the same steps on this machine, the ratio of their
-wall-clocks. Writes `bench/results/lbf.md`; each finished cell is appended to
-`bench/results/lbf.jsonl` and skipped on a re-run.
+where both backends ran an algorithm for the same steps and envs on this machine, the ratio
+of their wall-clocks. `--num-envs` sets the envs per seed (16 by default). Writes
+`bench/results/lbf.md`; each finished cell is appended to `bench/results/lbf.jsonl` and
+skipped on a re-run.
 
     .venv/bin/python bench/lbf.py                       # both algorithms, 1M env steps each
     .venv/bin/python bench/lbf.py --backend native
     .venv/bin/python bench/lbf.py --algos qmix --steps 2000000
+    .venv/bin/python bench/lbf.py --backend native --num-envs 64
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ TASK = "lbf/Foraging-8x8-2p-2f-coop-v3"
 MAXIMUM = 1.0  # every food collected, rewards normalised and summed over the team
 
 
-def run(algo: str, steps: int, seeds: int, backend: str) -> dict:
-    folder = WORKDIR / f"lbf-{algo}-{backend}-{steps}"
+def envs(cell: dict) -> int:
+    """Envs per seed of a cell (cells from before the option ran 16)."""
+    return cell.get("num_envs", 16)
+
+
+def run(algo: str, steps: int, seeds: int, backend: str, num_envs: int) -> dict:
+    folder = WORKDIR / f"lbf-{algo}-{backend}-{steps}-{num_envs}"
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -50,6 +57,7 @@ def run(algo: str, steps: int, seeds: int, backend: str) -> dict:
         f"train.total_env_steps={steps}",
         f"train.eval_every={max(steps // 20, 1)}",
         "train.checkpoint_every=0",
+        f"hardware.num_envs={num_envs}",
         *native,
     ]
     summary, wall = marlctl_json(args, folder, f"{algo} on {TASK}")
@@ -62,6 +70,7 @@ def run(algo: str, steps: int, seeds: int, backend: str) -> dict:
         "machine": machine(),
         "measured": date.today().isoformat(),
         "steps": steps,
+        "num_envs": num_envs,
         "seeds": seeds,
         "mean": mean,
         "ci": half,
@@ -86,19 +95,20 @@ def table(cells: list[dict]) -> str:
         "",
         "`python bench/lbf.py` (spec `specs/lbf_mappo.yaml`; QMIX with `algos=qmix`): the "
         "`lbforaging` package through the PettingZoo backend (2 seeds side by side), or the "
-        "native batched env (`env.backend=native`, the 3 seeds as one batch), 16 envs per "
-        "seed, each algorithm at its defaults, EPyMARL's common reward (summed: a solved "
-        "episode returns 1.0 per agent), 64 deterministic eval episodes per point. "
+        "native batched env (`env.backend=native`, the 3 seeds as one batch), each "
+        "algorithm at its defaults, EPyMARL's common reward (summed: a solved episode "
+        "returns 1.0 per agent), 64 deterministic eval episodes per point. "
         "Wall-clock: the whole `marlctl run` command, every seed, nothing else running.",
         "",
-        "| algorithm | backend | env steps per seed | final return (mean ± 95% CI) | seeds | "
-        "of the maximum | first eval ≥ 0.9 (per seed) | wall-clock | measured | machine |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| algorithm | backend | envs per seed | env steps per seed | "
+        "final return (mean ± 95% CI) | seeds | of the maximum | first eval ≥ 0.9 (per seed) "
+        "| wall-clock | measured | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         solved = [first_solved(curve) for curve in c["curves"]]
         lines.append(
-            f"| {c['algo']} | {c['backend']} | {c['steps']:,} | "
+            f"| {c['algo']} | {c['backend']} | {envs(c)} | {c['steps']:,} | "
             f"{c['mean']:.3f} ± {c['ci']:.3f} | "
             + ", ".join(f"{r:.3f}" for r in c["returns"])
             + f" | {c['mean'] / MAXIMUM:.0%} | "
@@ -112,14 +122,14 @@ def table(cells: list[dict]) -> str:
         for b in cells
         if a["backend"] == "native"
         and b["backend"] == "pettingzoo"
-        and (a["algo"], a["steps"], a["seeds"], a["machine"])
-        == (b["algo"], b["steps"], b["seeds"], b["machine"])
+        and (a["algo"], a["steps"], envs(a), a["seeds"], a["machine"])
+        == (b["algo"], b["steps"], envs(b), b["seeds"], b["machine"])
     ]
     if ratios:
-        lines += ["", "Native against the package, same algorithm, steps and machine:", ""]
+        lines += ["", "Native against the package, same algorithm, steps, envs and machine:", ""]
         for a, b in ratios:
             lines.append(
-                f"- {a['algo']}, {a['steps']:,} env steps per seed: native "
+                f"- {a['algo']}, {a['steps']:,} env steps per seed, {envs(a)} envs: native "
                 f"{a['wall_s'] / 60:.1f} min, package {b['wall_s'] / 60:.1f} min, "
                 f"{a['wall_s'] / b['wall_s']:.2f} of the package's wall-clock"
             )
@@ -132,7 +142,8 @@ def table(cells: list[dict]) -> str:
             sum(curve[1][i] for curve in c["curves"]) / len(c["curves"])
             for i in range(min(len(curve[1]) for curve in c["curves"]))
         ]
-        lines.append(f"- {c['algo']}, {c['backend']}, {c['steps']:,} steps: " + ", ".join(
+        label = f"- {c['algo']}, {c['backend']}, {envs(c)} envs, {c['steps']:,} steps: "
+        lines.append(label + ", ".join(
             f"{s / 1e3:.0f}k {m:.2f}" for s, m in zip(steps, means, strict=False)
         ))  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -144,15 +155,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--backend", choices=("pettingzoo", "native"), default="pettingzoo")
+    parser.add_argument("--num-envs", type=int, default=16, help="envs per seed")
     args = parser.parse_args()
     done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
     here = machine()
     for algo in args.algos.split(","):
-        key = (algo, args.steps, args.seeds, args.backend, here)
-        if any((c["algo"], c["steps"], c["seeds"], c["backend"], c["machine"]) == key
+        key = (algo, args.steps, args.num_envs, args.seeds, args.backend, here)
+        if any((c["algo"], c["steps"], envs(c), c["seeds"], c["backend"], c["machine"]) == key
                for c in done):  # fmt: skip
             continue
-        cell = run(algo, args.steps, args.seeds, args.backend)
+        cell = run(algo, args.steps, args.seeds, args.backend, args.num_envs)
         done.append(cell)
         with DONE.open("a") as f:
             f.write(json.dumps(cell) + "\n")
