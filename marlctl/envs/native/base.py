@@ -164,7 +164,9 @@ class NativeEnv(SeededBatch):
         raise NotImplementedError
 
     def start(self, n: int) -> dict[str, torch.Tensor]:
-        """Start states of `n` envs (n = num_envs); each tensor's first dim runs over envs."""
+        """Start states of `n` envs; each tensor's first dim runs over envs. `n` is
+        `num_envs` at a reset, or a seed block's states drawn ahead (`_restart`) from its
+        generator alone: they may depend on `n` and the params, not on the current state."""
         raise NotImplementedError
 
     def observe(
