@@ -208,8 +208,8 @@ class NativeEnv(SeededBatch):
         done = terminated | truncated
         if self.graph_safe:
             self._assign(self.start(self.num_envs), done)
-        else:
-            self._restart(done)
+        elif not self._restart(done):  # no env ended: the next observation is the final one
+            return Transition(final, rewards, terminated, truncated, final, won=won)
         self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
         return Transition(self._observation(), rewards, terminated, truncated, final, won=won)
 
@@ -222,19 +222,19 @@ class NativeEnv(SeededBatch):
         those of the envs that ended (the random stream differs from the CPU's eager one)."""
         self.graph_safe = True
 
-    def _restart(self, done: torch.Tensor) -> None:
+    def _restart(self, done: torch.Tensor) -> bool:
         """Start the envs that ended from start states drawn ahead: each seed block keeps
         `ahead` states per env row, taken in row order and drawn anew (from the block's own
         generator) when they run out. One `start` call serves many steps' resets, where
         drawing `num_envs` fresh states each step is most of a small env's step; and a
         block's stream depends only on its own episodes, so a seed in a batch still steps
-        exactly as it does alone."""
+        exactly as it does alone. False where no env ended."""
         blocks = len(self.generators)
         rows = self.num_envs // blocks
         ended = done.view(blocks, rows)
         counts = ended.sum(1)
         if not bool(counts.any()):
-            return
+            return False
         size = self.ahead * rows
         empty = (counts > 0) & (self._taken + counts > size)
         for block in empty.nonzero().flatten().tolist():
@@ -250,6 +250,7 @@ class NativeEnv(SeededBatch):
         pick = (order.clamp(0, size - 1) + torch.arange(blocks).unsqueeze(1) * size).flatten()
         self._assign({k: v[pick] for k, v in self._ahead.items()}, done)
         self._taken += counts
+        return True
 
     def _draw_block(self, block: int, n: int) -> dict[str, torch.Tensor]:
         """`start(n)` drawn from seed block `block`'s generator alone."""
