@@ -3,11 +3,11 @@
 Through the `lbforaging` package (`--backend pettingzoo`) or the native batched env
 (`--backend native`, with the seeds trained as one batch), with EPyMARL's common reward
 (the team's sum, so a solved episode returns 1.0 per agent), each algorithm at its defaults,
-3 seeds, 16 envs per seed, `marlctl run specs/lbf_mappo.yaml` (QMIX: the same spec with
-`algos=qmix`). Reports the final per-agent eval return (mean, 95% Student-t interval, every
-seed), the first eval at 0.9 of the maximum or more, and the wall-clock of the command;
-where both backends ran an algorithm for the same steps and envs on this machine, the ratio
-of their wall-clocks. `--num-envs` sets the envs per seed (16 by default). Writes
+3 seeds, 16 envs per seed unless `--num-envs` says otherwise, `marlctl run
+specs/lbf_mappo.yaml` (QMIX: the same spec with `algos=qmix`). Reports the final per-agent
+eval return (mean, 95% Student-t interval, every seed), the first eval at 0.9 of the
+maximum or more, and the wall-clock of the command; where both backends ran an algorithm
+for the same steps and envs on this machine, the ratio of their wall-clocks. Writes
 `bench/results/lbf.md`; each finished cell is appended to `bench/results/lbf.jsonl` and
 skipped on a re-run.
 
