@@ -32,12 +32,12 @@ def _run(env_id: str, params: dict, seeds: list[int], rows: int, steps: int, saf
         env.make_graph_safe()
     generators = [torch.Generator().manual_seed(1000 + s) for s in seeds]
     ob = env.reset(seeds if len(seeds) > 1 else seeds[0])
+    group = env.info.groups[0].name
     seen, ends = [], 0
     for _ in range(steps):
         tr = env.step(_actions(env, ob, generators))
         ends += int((tr.terminated | tr.truncated).sum())
         ob = tr.next
-        group = env.info.groups[0].name
         seen.append(ob.obs[group].view(len(seeds), rows, *ob.obs[group].shape[1:]).clone())
     return torch.stack(seen), ends
 
@@ -98,10 +98,9 @@ def test_reset_leaves_start_states_laid_out_as_restarts_leave_them(env_id):
     first restart would recompile it in the middle of a run."""
     env = native_class(env_id)({}, 8, "cpu")
     state = env.start(8)
-    env.reset(0)
+    ob = env.reset(0)
     assert all(getattr(env, key).is_contiguous() for key in state), env_id
     before = {key: getattr(env, key).stride() for key in state}
-    ob = env.reset(0)
     generators = [torch.Generator().manual_seed(0)]
     for _ in range(env.max_cycles):
         ob = env.step(_actions(env, ob, generators)).next

@@ -143,8 +143,6 @@ class NativeEnv(SeededBatch):
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         # Drawing ahead asks the host how many envs ended; on a GPU every step draws instead.
         self.graph_safe = self.device.type != "cpu"
-        self._ahead: dict[str, torch.Tensor] = {}
-        self._taken = torch.zeros(0, dtype=torch.long)
         self._active = {
             g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
             for g in groups
@@ -192,7 +190,7 @@ class NativeEnv(SeededBatch):
         # that a compiled step's guards on the states' strides hold from the first step.
         self._assign({k: v.contiguous() for k, v in self.start(self.num_envs).items()})
         # None drawn ahead yet: a block draws its first when one of its episodes ends.
-        self._ahead = {}
+        self._ahead: dict[str, torch.Tensor] = {}
         self._taken = torch.full((len(self.generators),), self.num_envs * self.ahead)
         self.steps.zero_()
         return self._observation()
@@ -240,7 +238,9 @@ class NativeEnv(SeededBatch):
         for block in empty.nonzero().flatten().tolist():
             drawn = self._draw_block(block, size)
             if not self._ahead:
-                self._ahead = {k: v.repeat(blocks, *[1] * (v.dim() - 1)) for k, v in drawn.items()}
+                self._ahead = {
+                    k: v.new_empty((blocks * size, *v.shape[1:])) for k, v in drawn.items()
+                }
             for key, value in drawn.items():
                 self._ahead[key][block * size : (block + 1) * size] = value
             self._taken[block] = 0
