@@ -7,12 +7,15 @@ uniformly random legal moves and GAMES against a perfect (minimax) player, half 
 moving first, acting deterministically: its non-loss rate against random and its draw rate
 against minimax, per seed, with their mean and 95% interval.
 
-tag: simple_tag (native; 3 predators `adversary`, 1 prey `agent`, 2 obstacles) with MAPPO.
-Predators trained against a population of prey snapshots (`specs/tag_population.yaml`) and
-predators trained against one co-learning prey (the same spec without the pool), 3 seeds
-each. Held-out prey, from experiments with seeds of their own that neither team saw, of
-three kinds (`HELD_OUT`): co-learning MAPPO prey at the full budget, the same stopped early
-(a weaker, less settled prey), and IPPO prey (another learner's habits).
+tag: simple_tag (native; 3 predators `adversary`, 1 prey `agent`, 2 obstacles) with MAPPO
+(`specs/tag_population.yaml`) or, with `--spec tag_population_maddpg.yaml`, MADDPG.
+Predators trained against a population of prey snapshots (the spec) and predators trained
+against one co-learning prey (the same spec without the pool), 3 seeds each. Held-out prey,
+from experiments with seeds of their own that neither team saw, of three kinds
+(`held_out_prey`): co-learning prey of the spec's algorithm at the full budget, the same
+stopped early (a weaker, less settled prey), and prey of a related learner (`OTHER`: another
+learner's habits). Beside that, each predator team's final return against the prey it
+trained with (its own evaluation): the gap between the two is what co-learning overfits.
 With `--league N`, a co-learning experiment of N seeds of its own trains first and its
 final prey join the population's pool for the whole run (`groups.agent.pool.include`): a
 population of independently trained prey lineages beside the prey's own snapshots.
@@ -24,7 +27,7 @@ Each experiment runs in its own MLflow store under `bench/runs/selfplay/`; the r
 go to `bench/results/selfplay.jsonl` and the tables to `bench/results/selfplay.md`.
 
     .venv/bin/python bench/selfplay.py tictactoe
-    .venv/bin/python bench/selfplay.py tag [--league 3]
+    .venv/bin/python bench/selfplay.py tag [--league 3] [--spec tag_population_maddpg.yaml]
 """
 
 from __future__ import annotations
@@ -46,16 +49,27 @@ WORKDIR = ROOT / "bench" / "runs" / "selfplay"
 DONE = ROOT / "bench" / "results" / "selfplay.jsonl"
 OUT = ROOT / "bench" / "results" / "selfplay.md"
 GAMES = 1000
-# The held-out prey of `tag`: (label, how its experiment differs from the co-learning one).
-# Each trains seeds of its own (100 + 10 k + the spec's), so no predator team met its prey.
-HELD_OUT = {
-    "held_out": ("MAPPO, full budget", {}),
-    "held_out_early": (
-        "MAPPO, 300k steps",
-        {"train": {"total_env_steps": 300_000, "eval_every": 100_000, "checkpoint_every": 0}},
-    ),
-    "held_out_ippo": ("IPPO, full budget", {"algo": {"name": "ippo"}}),
-}
+TAG_SPEC = "tag_population.yaml"
+# The related learner whose prey `tag` also holds out, per algorithm of the spec: MAPPO's
+# critic without the global state, MADDPG's with TD3's twin critics.
+OTHER = {"mappo": "ippo", "maddpg": "matd3"}
+
+
+def held_out_prey(algo: str) -> dict[str, tuple[str, dict]]:
+    """The held-out prey of `tag` with `algo`: key -> (label, how its experiment differs from
+    the co-learning one). Each trains seeds of its own (100 + 10 k + the spec's), so no
+    predator team met its prey."""
+    if algo not in OTHER:
+        raise SystemExit(f"tag: no held-out learner for {algo}; one of {sorted(OTHER)}")
+    name, other = algo.upper(), OTHER[algo]
+    return {
+        "held_out": (f"{name}, full budget", {}),
+        "held_out_early": (
+            f"{name}, 300k steps",
+            {"train": {"total_env_steps": 300_000, "eval_every": 100_000, "checkpoint_every": 0}},
+        ),
+        f"held_out_{other}": (f"{other.upper()}, full budget", {"algo": {"name": other}}),
+    }
 
 
 def fresh(name: str) -> Path:
@@ -196,6 +210,8 @@ def command(part: str, cell: dict) -> str:
     given = "".join(f" --override {o}" for o in cell.get("overrides", []))
     league = cell.get("cells", {}).get("league")
     given += f" --league {len(league['run_ids'])}" if league else ""
+    spec = cell.get("spec_file", TAG_SPEC)
+    given += f" --spec {spec}" if spec != TAG_SPEC else ""
     return f".venv/bin/python bench/selfplay.py {part}{given}"
 
 
@@ -271,16 +287,16 @@ def _backend(cell: dict) -> str:
 # ---------------------------------------------------------------- simple_tag
 
 
-def tag_bodies(overrides: list[str], league: int = 0) -> dict[str, dict]:
+def tag_bodies(overrides: list[str], league: int = 0, spec: str = TAG_SPEC) -> dict[str, dict]:
     """The experiments of `tag`, as specs, in the order they run: the league's (with
     `league` seeds), the population's, the co-learning one's and each held-out kind's."""
-    _, base = composed("tag_population.yaml", overrides)
+    _, base = composed(spec, overrides)
     co = {**base, "groups": {}, "name": "tag-co-learning"}
     bodies = {}
     if league:
         bodies["league"] = {**co, "name": "tag-league", "seeds": [200 + s for s in range(league)]}
     bodies.update(population=base, co_learning=co)
-    for k, (key, (_, changes)) in enumerate(HELD_OUT.items()):
+    for k, (key, (_, changes)) in enumerate(held_out_prey(base["algo"]["name"]).items()):
         body = {**co, "name": f"tag-{key.replace('_', '-')}"}
         body["seeds"] = [100 + 10 * k + s for s in base["seeds"]]
         for section, values in changes.items():
@@ -292,9 +308,10 @@ def tag_bodies(overrides: list[str], league: int = 0) -> dict[str, dict]:
 def tag(args) -> dict:
     """Population-trained and co-learning predators against held-out prey: the experiments
     share one store, so that cross-play can name runs of each."""
-    bodies = tag_bodies(args.override, args.league)
+    bodies = tag_bodies(args.override, args.league, args.spec)
     base = bodies["population"]
-    folder = fresh("tag")
+    kinds = held_out_prey(base["algo"]["name"])
+    folder = fresh(store(args.spec))
     cells = {}
     for key, body in bodies.items():
         if key == "population" and "league" in cells:
@@ -303,7 +320,7 @@ def tag(args) -> dict:
             body["groups"]["agent"]["pool"]["include"] = league
         summary, wall = run_in(folder, key, body)
         cells[key] = {"summary": summary, "wall_s": wall}
-    held = ",".join(cells[key]["summary"]["parent_run_id"] for key in HELD_OUT)
+    held = ",".join(cells[key]["summary"]["parent_run_id"] for key in kinds)
     for key in ("population", "co_learning"):
         ours = cells[key]["summary"]
         out, wall = marlctl_json(
@@ -314,9 +331,11 @@ def tag(args) -> dict:
             m for m in out["matches"] if m["seat"] == "adversary" and m["run_id"] in mine
         ]
         cells[key]["eval_s"] = wall
+        cells[key]["own"] = own_curve(folder, [r["run_id"] for r in ours["runs"]])
     return {
         **cell("tag", args, base),
-        "held_out": {key: label for key, (label, _) in HELD_OUT.items()},
+        "spec_file": args.spec,
+        "held_out": {key: label for key, (label, _) in kinds.items()},
         "cells": {
             key: {
                 "wall_s": c["wall_s"],
@@ -324,16 +343,36 @@ def tag(args) -> dict:
                 "run_ids": [r["run_id"] for r in c["summary"]["runs"]],
                 "parent": c["summary"]["parent_run_id"],
                 "matches": c.get("matches", []),
+                **({"own": c["own"]} if "own" in c else {}),
             }
             for key, c in cells.items()
         },
     }
 
 
+def store(spec: str) -> str:
+    """The folder under `WORKDIR` of `tag`'s MLflow store with `spec`: `tag` for the MAPPO
+    spec, `tag_maddpg` for `tag_population_maddpg.yaml`."""
+    return "tag" + Path(spec).stem.removeprefix(Path(TAG_SPEC).stem)
+
+
+def own_curve(folder: Path, run_ids: list[str]) -> dict[str, list]:
+    """The predators' evaluations in their own runs (`eval/return/adversary`, against the
+    prey they trained with): the env steps of each, and per seed run its returns."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    runs = [
+        sorted(client.get_metric_history(r, "eval/return/adversary"), key=lambda m: m.step)
+        for r in run_ids
+    ]
+    return {"steps": [m.step for m in runs[0]], "returns": [[m.value for m in h] for h in runs]}
+
+
 def held_out_kinds(cell: dict) -> dict[str, str]:
     """The kinds of held-out prey of a recorded `tag` result and their labels (results from
     before kinds were recorded held out MAPPO prey at the full budget only)."""
-    return cell.get("held_out", {"held_out": HELD_OUT["held_out"][0]})
+    return cell.get("held_out", {"held_out": "MAPPO, full budget"})
 
 
 def tag_scores(cell: dict) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
@@ -379,20 +418,33 @@ def _league(cell: dict) -> str:
     )
 
 
+def _compared(means: dict[str, list[float]]):
+    """Population against co-learning: Welch's t-test of population above co-learning, and
+    the number of seeds whose population team scores above the co-learning team."""
+    from scipy import stats
+
+    pop, co = means["population"], means["co_learning"]
+    welch = stats.ttest_ind(pop, co, equal_var=False, alternative="greater")
+    return welch, sum(a > b for a, b in zip(pop, co, strict=True))
+
+
 def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
     pool = cell["spec"]["groups"]["agent"]["pool"]
     kinds = held_out_kinds(cell)
     means, by_kind = tag_scores(cell)
+    curves = {k: cell["cells"][k].get("own") for k in ("population", "co_learning")}
+    own = {k: c and [r[-1] for r in c["returns"]] for k, c in curves.items()}
     rows = []
     for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
         seeds = ", ".join(f"{v:.2f}" for v in means[key])
         kind_cells = "".join(f" {_mean_ci(by_kind[key][k])} |" for k in kinds)
         by = kind_cells if len(kinds) > 1 else ""
+        mine = f" {_mean_ci(own[key])} |" if own["co_learning"] else ""
         parent = cell["cells"][key]["parent"][:8]
-        rows.append(f"| {label} | {_mean_ci(means[key])} | {seeds} |{by} `{parent}` |")
-    better = sum(a > b for a, b in zip(means["population"], means["co_learning"], strict=True))
+        rows.append(f"| {label} | {_mean_ci(means[key])} | {seeds} |{by}{mine} `{parent}` |")
     (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
     gap, apart = pop - co, pop - pop_ci > co + co_ci
+    welch, better = _compared(means)
     held = {k: cell["cells"][k] for k in kinds}
     prey = sum(len(h["run_ids"]) for h in held.values())
     parents = ",".join(h["parent"][:8] for h in held.values())
@@ -402,35 +454,70 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
     header = "| predators trained against | return vs held-out prey (95% CI) | per seed |"
     if len(kinds) > 1:
         header += "".join(f" vs {label} |" for label in kinds.values())
+    if own["co_learning"]:
+        header += " vs its own prey |"
+    algo = cell["spec"]["algo"]["name"].upper()
     lines = [
-        "## simple_tag: predators trained against a prey population",
+        f"## simple_tag: {algo} predators trained against a prey population",
         "",
         f"`{command('tag', cell)}`, {cell['date']}, on {cell['machine']}.",
         "",
-        f"MAPPO on native simple_tag (3 predators, 1 prey, 2 obstacles), "
+        f"{algo} on native simple_tag (3 predators, 1 prey, 2 obstacles), "
         f"{cell['env_steps']:,} env steps per seed, seeds {cell['spec']['seeds']} "
-        f"(`specs/tag_population.yaml`). Population: in {pool['share']:.0%} of the episodes a "
+        f"(`specs/{cell.get('spec_file', TAG_SPEC)}`). Population: in {pool['share']:.0%} of "
+        "the episodes a "
         f"snapshot of the prey plays it ({_pool(cell)}), so the predators learn against past "
         f"prey as well as the current one{_league(cell)}. Co-learning: the same spec without "
         "the pool. Held "
         f"out: prey from experiments with seeds of their own, which neither team saw: "
         f"{described}. The return is the predators' mean per-agent return against each "
         f"held-out prey, {prey} prey per predator team, from `marlctl eval RUN --vs {parents}` "
-        "(cross-play, stored with the runs), then averaged per seed.",
+        "(cross-play, stored with the runs), then averaged per seed."
+        + (
+            " 'vs its own prey': the team's last evaluation in its own run, against the "
+            f"current prey it trained with ({cell['spec']['train']['eval_episodes']} episodes)."
+            if own["co_learning"]
+            else ""
+        ),
         "",
         header + " run |",
-        "|---|---|---|" + "---|" * (len(kinds) if len(kinds) > 1 else 0) + "---|",
+        "|---|---|---|"
+        + "---|" * ((len(kinds) if len(kinds) > 1 else 0) + bool(own["co_learning"]))
+        + "---|",
         *rows,
         "",
         f"Target: the population-trained predators beat the co-learning ones against held-out "
         f"prey (seed by seed: {better} of {len(means['population'])}; the means differ by "
-        f"{gap:+.2f}, {'beyond' if apart else 'inside'} their 95% intervals).",
+        f"{gap:+.2f}, {'beyond' if apart else 'inside'} their 95% intervals; Welch's t-test, "
+        f"population above co-learning: t = {welch.statistic:.2f}, one-sided p = "
+        f"{welch.pvalue:.3f}; median seeds {np.median(means['population']):.2f} and "
+        f"{np.median(means['co_learning']):.2f}).",
         "",
     ]
+    if own["co_learning"]:
+        mine = float(np.mean(own["co_learning"]))
+        lines[-1:-1] = [
+            "",
+            f"Against the prey they trained with, the co-learning predators return {mine:.2f}, "
+            f"{mine - co:+.2f} beside their return against held-out prey (a positive gap is "
+            "what they fit to that one prey and no other). Each team's return against its own "
+            "prey over training, mean over seeds (env steps: population, co-learning):",
+            "",
+            *(
+                f"- {step:,}: {a:.2f}, {b:.2f}"
+                for step, a, b in zip(
+                    curves["co_learning"]["steps"],
+                    np.mean(curves["population"]["returns"], axis=0),
+                    np.mean(curves["co_learning"]["returns"], axis=0),
+                    strict=True,
+                )
+            ),
+        ]
     if earlier:
         lines += ["Earlier runs (`bench/results/selfplay.jsonl`):", ""]
         for old in earlier:
             m, _ = tag_scores(old)
+            welch, better = _compared(m)
             held_out = held_out_kinds(old)
             n_prey = sum(len(old["cells"][k]["run_ids"]) for k in held_out)
             lines.append(
@@ -438,7 +525,8 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
                 f"of {old['env_steps']:,} steps, pool {_pool(old)}, {n_prey} held-out prey "
                 f"({len(held_out)} {'kinds' if len(held_out) > 1 else 'kind'}): "
                 f"population {_mean_ci(m['population'])}, co-learning "
-                f"{_mean_ci(m['co_learning'])}."
+                f"{_mean_ci(m['co_learning'])}; {better} of {len(m['population'])} seeds "
+                f"better, Welch's one-sided p = {welch.pvalue:.3f}."
             )
         lines.append("")
     return lines
@@ -449,6 +537,9 @@ def main() -> None:
     parser.add_argument("part", choices=["tictactoe", "tag"])
     parser.add_argument("--games", type=int, default=GAMES)
     parser.add_argument("--override", action="append", default=[], help="spec override")
+    parser.add_argument(
+        "--spec", default=TAG_SPEC, help="tag: the population's spec, a file of specs/"
+    )
     parser.add_argument("--table", action="store_true", help="rewrite the table only")
     parser.add_argument(
         "--league",
@@ -476,8 +567,11 @@ def write_table() -> None:
     if "tictactoe" in cells:
         *earlier, latest = cells["tictactoe"]
         lines += tictactoe_table(latest, earlier)
-    if "tag" in cells:
-        *earlier, latest = cells["tag"]
+    by_spec: dict[str, list[dict]] = {}
+    for cell in cells.get("tag", []):
+        by_spec.setdefault(cell.get("spec_file", TAG_SPEC), []).append(cell)
+    for runs in by_spec.values():
+        *earlier, latest = runs
         lines += tag_table(latest, earlier)
     OUT.write_text("\n".join(lines))
     print(OUT.read_text())
