@@ -418,6 +418,15 @@ def _league(cell: dict) -> str:
     )
 
 
+def _own_finals(cell: dict) -> str:
+    """The teams' last returns against their own prey, where the result has them."""
+    curves = [cell["cells"][k].get("own") for k in ("population", "co_learning")]
+    if not all(curves):
+        return ""
+    pop, co = (_mean_ci([r[-1] for r in c["returns"]]) for c in curves)
+    return f"; against their own prey {pop} and {co}"
+
+
 def _compared(means: dict[str, list[float]]):
     """Population against co-learning: Welch's t-test of population above co-learning, and
     the number of seeds whose population team scores above the co-learning team."""
@@ -526,7 +535,9 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
                 f"({len(held_out)} {'kinds' if len(held_out) > 1 else 'kind'}): "
                 f"population {_mean_ci(m['population'])}, co-learning "
                 f"{_mean_ci(m['co_learning'])}; {better} of {len(m['population'])} seeds "
-                f"better, Welch's one-sided p = {welch.pvalue:.3f}."
+                f"better, Welch's one-sided p = {welch.pvalue:.3f}; median seeds "
+                f"{np.median(m['population']):.2f} and {np.median(m['co_learning']):.2f}"
+                f"{_own_finals(old)}."
             )
         lines.append("")
     return lines

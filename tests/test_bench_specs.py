@@ -201,3 +201,8 @@ def test_the_tag_table_compares_both_teams_and_their_own_prey() -> None:
     assert "co-learning predators return 31.00, +19.50 beside" in text
     assert "trained with (64 episodes)" in text
     assert "- 0: 2.00, 2.00\n- 1,000: 25.00, 31.00" in text
+    earlier = "\n".join(selfplay.tag_table(cell, [cell])).split("Earlier runs")[1]
+    assert (
+        "3 of 3 seeds better, Welch's one-sided p = 0.000; median seeds 21.50 and 11.50" in earlier
+    )
+    assert "against their own prey 25.00 ± 0.00 and 31.00 ± 2.48." in earlier
