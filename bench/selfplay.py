@@ -418,13 +418,13 @@ def _league(cell: dict) -> str:
     )
 
 
-def _own_finals(cell: dict) -> str:
-    """The teams' last returns against their own prey, where the result has them."""
-    curves = [cell["cells"][k].get("own") for k in ("population", "co_learning")]
-    if not all(curves):
-        return ""
-    pop, co = (_mean_ci([r[-1] for r in c["returns"]]) for c in curves)
-    return f"; against their own prey {pop} and {co}"
+def own_finals(cell: dict) -> dict[str, list[float]] | None:
+    """Per team (population, co-learning), each seed's last return against its own prey; None
+    for a result recorded before `tag` kept those curves."""
+    curves = {k: cell["cells"][k].get("own") for k in ("population", "co_learning")}
+    if not all(curves.values()):
+        return None
+    return {k: [r[-1] for r in c["returns"]] for k, c in curves.items()}
 
 
 def _compared(means: dict[str, list[float]]):
@@ -438,19 +438,24 @@ def _compared(means: dict[str, list[float]]):
 
 
 def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
+    """The section of `cell`'s spec: `cell` as the table (a result with its own-prey curves),
+    `earlier` results of the same spec a line each."""
     pool = cell["spec"]["groups"]["agent"]["pool"]
     kinds = held_out_kinds(cell)
     means, by_kind = tag_scores(cell)
-    curves = {k: cell["cells"][k].get("own") for k in ("population", "co_learning")}
-    own = {k: c and [r[-1] for r in c["returns"]] for k, c in curves.items()}
+    curves = {k: cell["cells"][k]["own"] for k in ("population", "co_learning")}
+    own = own_finals(cell)
+    mine = float(np.mean(own["co_learning"]))
     rows = []
     for key, label in (("population", "prey population"), ("co_learning", "one co-learning prey")):
         seeds = ", ".join(f"{v:.2f}" for v in means[key])
         kind_cells = "".join(f" {_mean_ci(by_kind[key][k])} |" for k in kinds)
         by = kind_cells if len(kinds) > 1 else ""
-        mine = f" {_mean_ci(own[key])} |" if own["co_learning"] else ""
         parent = cell["cells"][key]["parent"][:8]
-        rows.append(f"| {label} | {_mean_ci(means[key])} | {seeds} |{by}{mine} `{parent}` |")
+        rows.append(
+            f"| {label} | {_mean_ci(means[key])} | {seeds} |{by} {_mean_ci(own[key])} | "
+            f"`{parent}` |"
+        )
     (pop, pop_ci), (co, co_ci) = t_interval(means["population"]), t_interval(means["co_learning"])
     gap, apart = pop - co, pop - pop_ci > co + co_ci
     welch, better = _compared(means)
@@ -463,8 +468,7 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
     header = "| predators trained against | return vs held-out prey (95% CI) | per seed |"
     if len(kinds) > 1:
         header += "".join(f" vs {label} |" for label in kinds.values())
-    if own["co_learning"]:
-        header += " vs its own prey |"
+    header += " vs its own prey |"
     algo = cell["spec"]["algo"]["name"].upper()
     lines = [
         f"## simple_tag: {algo} predators trained against a prey population",
@@ -481,18 +485,12 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
         f"out: prey from experiments with seeds of their own, which neither team saw: "
         f"{described}. The return is the predators' mean per-agent return against each "
         f"held-out prey, {prey} prey per predator team, from `marlctl eval RUN --vs {parents}` "
-        "(cross-play, stored with the runs), then averaged per seed."
-        + (
-            " 'vs its own prey': the team's last evaluation in its own run, against the "
-            f"current prey it trained with ({cell['spec']['train']['eval_episodes']} episodes)."
-            if own["co_learning"]
-            else ""
-        ),
+        "(cross-play, stored with the runs), then averaged per seed. 'vs its own prey': the "
+        "team's last evaluation in its own run, against the current prey it trained with "
+        f"({cell['spec']['train']['eval_episodes']} episodes).",
         "",
         header + " run |",
-        "|---|---|---|"
-        + "---|" * ((len(kinds) if len(kinds) > 1 else 0) + bool(own["co_learning"]))
-        + "---|",
+        "|---|---|---|" + "---|" * ((len(kinds) if len(kinds) > 1 else 0) + 1) + "---|",
         *rows,
         "",
         f"Target: the population-trained predators beat the co-learning ones against held-out "
@@ -502,26 +500,22 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
         f"{welch.pvalue:.3f}; median seeds {np.median(means['population']):.2f} and "
         f"{np.median(means['co_learning']):.2f}).",
         "",
+        f"Against the prey they trained with, the co-learning predators return {mine:.2f}, "
+        f"{mine - co:+.2f} beside their return against held-out prey (a positive gap is "
+        "what they fit to that one prey and no other). Each team's return against its own "
+        "prey over training, mean over seeds (env steps: population, co-learning):",
+        "",
+        *(
+            f"- {step:,}: {a:.2f}, {b:.2f}"
+            for step, a, b in zip(
+                curves["co_learning"]["steps"],
+                np.mean(curves["population"]["returns"], axis=0),
+                np.mean(curves["co_learning"]["returns"], axis=0),
+                strict=True,
+            )
+        ),
+        "",
     ]
-    if own["co_learning"]:
-        mine = float(np.mean(own["co_learning"]))
-        lines[-1:-1] = [
-            "",
-            f"Against the prey they trained with, the co-learning predators return {mine:.2f}, "
-            f"{mine - co:+.2f} beside their return against held-out prey (a positive gap is "
-            "what they fit to that one prey and no other). Each team's return against its own "
-            "prey over training, mean over seeds (env steps: population, co-learning):",
-            "",
-            *(
-                f"- {step:,}: {a:.2f}, {b:.2f}"
-                for step, a, b in zip(
-                    curves["co_learning"]["steps"],
-                    np.mean(curves["population"]["returns"], axis=0),
-                    np.mean(curves["co_learning"]["returns"], axis=0),
-                    strict=True,
-                )
-            ),
-        ]
     if earlier:
         lines += ["Earlier runs (`bench/results/selfplay.jsonl`):", ""]
         for old in earlier:
@@ -537,7 +531,12 @@ def tag_table(cell: dict, earlier: list[dict]) -> list[str]:
                 f"{_mean_ci(m['co_learning'])}; {better} of {len(m['population'])} seeds "
                 f"better, Welch's one-sided p = {welch.pvalue:.3f}; median seeds "
                 f"{np.median(m['population']):.2f} and {np.median(m['co_learning']):.2f}"
-                f"{_own_finals(old)}."
+                + (
+                    f"; against their own prey {_mean_ci(own['population'])} and "
+                    f"{_mean_ci(own['co_learning'])}."
+                    if (own := own_finals(old))
+                    else "."
+                )
             )
         lines.append("")
     return lines
