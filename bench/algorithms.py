@@ -279,8 +279,29 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
     path.write_text(yaml.safe_dump(spec_for(algo, task, steps, seeds, on_policy, hw)))
     summary, wall = marlctl_json(["run", str(path)], folder, f"{algo} on {task}")
     returns = [r["final_return"] for r in summary["runs"] if r["final_return"] is not None]
-    mean, half = t_interval(returns)
     run_ids = [r["run_id"] for r in summary["runs"]]
+    row = cell_row(algo, task, steps, on_policy, hw["device"], machine(hw["device"]), folder,
+                   run_ids, returns)  # fmt: skip
+    return row | {
+        "env_steps": max(r["env_steps"] for r in summary["runs"]),
+        "wall_s": wall,
+        "ok": summary["ok"],
+    }
+
+
+def cell_row(
+    algo: str,
+    task: str,
+    steps: int,
+    on_policy: bool,
+    device: str,
+    where: str,
+    folder: Path,
+    run_ids: list[str],
+    returns: list[float],
+) -> dict:
+    """A cell's record, less how far and how long it ran: returns, settings, curves."""
+    mean, half = t_interval(returns)
     row = {
         "algo": algo,
         "task": task,
@@ -290,17 +311,45 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
         "budget": steps,
         "settings": settings(algo, on_policy, task),
         "defaults": defaults(algo),
-        "device": hw["device"],
-        "machine": machine(hw["device"]),
-        "env_steps": max(r["env_steps"] for r in summary["runs"]),
-        "wall_s": wall,
+        "device": device,
+        "machine": where,
         "curves": curves(folder, run_ids),
-        "ok": summary["ok"],
     }
     if reports_wins(task):
         row["win_curves"] = curves(folder, run_ids, "eval/win_rate")
         row["win_rates"] = [c[1][-1] for c in row["win_curves"] if c[1]]
     return row
+
+
+def stopped(algo: str, task: str, steps: int, on_policy: bool, folder: Path, where: str) -> dict:
+    """The cell of a run stopped before its budget (interrupted, or out of time on a machine
+    held for a limited time), from its MLflow store in `folder`: each seed's last evaluation
+    stands as its final one, the env steps are those of that evaluation, and the wall-clock
+    is the experiment run's. `where` describes the machine it ran on. The row says it
+    stopped."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    (experiment,) = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        f"tags.`marlctl.role` = 'experiment' and attributes.run_name = 'bench-{algo}-{task}'",
+    )
+    seeds = client.search_runs(
+        [experiment.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{experiment.info.run_id}'",
+    )
+    seeds = sorted(seeds, key=lambda r: int(r.data.tags["marlctl.seed"]))
+    run_ids = [r.info.run_id for r in seeds]
+    last = [c[1][-1] for c in curves(folder, run_ids)]
+    device = experiment.data.params.get("hardware.device", "cpu")
+    row = cell_row(algo, task, steps, on_policy, device, where, folder, run_ids, last)
+    reasons = sorted({r.data.tags.get("marlctl.error", r.info.status) for r in seeds})
+    return row | {
+        "env_steps": min(c[0][-1] for c in row["curves"]),
+        "wall_s": (experiment.info.end_time - experiment.info.start_time) / 1000,
+        "ok": True,
+        "stopped": "; ".join(reasons),
+    }
 
 
 # ---------------------------------------------------------------- reference points
@@ -441,11 +490,24 @@ def main() -> None:
     parser.add_argument(
         "--table", action="store_true", help="only write the table of the cells recorded so far"
     )
+    parser.add_argument(
+        "--from-store",
+        type=Path,
+        help="record the one cell asked for from this MLflow store folder, of a run stopped "
+        "before its budget (on a machine held for a limited time), instead of training it",
+    )
+    parser.add_argument("--machine", help="with --from-store: the machine the run ran on")
     args = parser.parse_args()
     hw = {"device": args.device, "threads_per_run": args.threads}
     done = load_done()
     shown = [a for a in sys.argv[1:] if a not in ("--note", args.note, "--table")]
+    for option in ("--from-store", "--machine"):  # the table names the training command
+        if option in shown:
+            at = shown.index(option)
+            del shown[at : at + 2]
     command = " ".join([".venv/bin/python bench/algorithms.py", *shown])
+    if args.from_store and not args.machine:
+        parser.error("--from-store needs --machine: the machine the stored run ran on")
     cells = []
     for task in args.envs.split(","):
         for algo in args.algos.split(","):
@@ -457,13 +519,23 @@ def main() -> None:
         algo, task, steps, on = item
         config = settings(algo, on, task)
         row = done.get(key(algo, task, steps, args.seeds, config, defaults(algo)))
-        if row is None and not args.table:
+        if row is not None or args.table:
+            return row
+        if args.from_store:
+            row = stopped(algo, task, steps, on, args.from_store, args.machine)
+            if len(row["returns"]) != args.seeds:
+                raise SystemExit(
+                    f"{args.from_store}: {len(row['returns'])} seeds, not {args.seeds}"
+                )
+        else:
             row = run(algo, task, steps, args.seeds, on, hw)
-            with DONE.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(json.dumps({k: v for k, v in row.items() if k != "curves"}), flush=True)
+        with DONE.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if "curves" not in k}), flush=True)
         return row
 
+    if args.from_store and len(cells) != 1:
+        parser.error("--from-store records one cell: name one algorithm and one task")
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = [row for row in pool.map(cell, cells) if row is not None]
     references = {task: random_play(task) for task in args.envs.split(",")}
@@ -549,9 +621,11 @@ def write_table(
                 if rates
                 else "| "
             )
+        steps = f"{r['env_steps']:,}" + (" (stopped)" if r.get("stopped") else "")
         lines.append(
             f"| {r['task']} | {r['algo']} | {r['mean']:.2f} | ± {r['ci']:.2f} | "
-            f"{min(r['returns']):.2f} | {win}{r['env_steps']:,} | {r['wall_s'] / 60:.1f} min | "
+            f"{min(r['returns']):.2f} | {win}{steps} | "
+            f"{r['wall_s'] / 60:.1f} min | "
             f"({machines.index(r['machine']) + 1}) |"
         )
     for task, points in references.items():
@@ -577,6 +651,13 @@ def write_table(
             " A win rate is the fraction of battles won in the episodes of the return beside it."
             if wins
             else ""
+        )
+        + "".join(
+            f" {r['task']} {r['algo']} (stopped): stopped before its budget of "
+            f"{r['budget']:,} env steps per seed ({r['stopped']}); each seed's last "
+            "evaluation stands as its final one."
+            for r in rows
+            if r.get("stopped")
         ),
     ]
     out.write_text("\n".join(lines) + "\n")

@@ -6,18 +6,21 @@ episode ends, for the same scenarios and numbers of envs, on this machine's CPU 
 with `--device cuda`), one after the other. JaxMARL runs as its authors benchmark it: a
 jitted `lax.scan` of the vmapped step (compilation excluded); marlctl as its trainers call
 the env (`marlctl.envs.native`), eager and compiled (`hardware.compile: true`: the step's
-random-free methods through torch.compile, compilation excluded). Env steps/s count one
-step of one env. Writes
-`bench/results/smax.md` (and `.jsonl`).
+random-free methods through torch.compile, compilation excluded), and on a GPU captured as a
+CUDA graph as a captured training iteration steps it (alone and compiled). JAX allocates
+GPU memory as it needs it (`XLA_PYTHON_CLIENT_PREALLOCATE=false`), beside torch's. Env
+steps/s count one step of one env. Writes `bench/results/smax.md` (and `.jsonl`).
 
     .venv/bin/python bench/smax.py                          # 3m and 27m_vs_30m, CPU
     .venv/bin/python bench/smax.py --scenarios 2s3z --num-envs 64,1024 --seconds 5
+    python bench/smax.py --device cuda --num-envs 1024,16384   # eager, CUDA graph, compiled
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from datetime import date
 from pathlib import Path
@@ -30,30 +33,58 @@ DONE = ROOT / "bench" / "results" / "smax.jsonl"
 SCAN = 16  # steps per jitted call on the JAX side
 
 
-def ours(scenario: str, num_envs: int, seconds: float, device: str, compiled: bool) -> float:
+MODES = {  # how marlctl's env steps: compiled (torch.compile), captured (CUDA graph)
+    "eager": (False, False),
+    "compiled": (True, False),
+    "graph": (False, True),
+    "graph_compiled": (True, True),
+}
+
+
+def ours(scenario: str, num_envs: int, seconds: float, device: str, mode: str) -> float | None:
+    """Env steps/s of marlctl's native env in `mode`; None where a CUDA graph cannot be
+    captured. Captured: `SCAN` steps per graph, as JaxMARL's jitted scan."""
     import torch
 
     from marlctl.envs.native import native_class
 
+    compiled, graph = MODES[mode]
     env = native_class(f"smax/{scenario}")({}, num_envs, device)
     if compiled:  # as `hardware.compile: true` runs it (compilation in the warm-up)
         env.compile()
-    env.reset(0)
     (group,) = env.info.groups
     shape = (num_envs, group.n_agents)
 
     def step():
         env.step({group.name: torch.randint(0, group.n_actions, shape, device=device)})
 
-    for _ in range(5):  # warm-up
-        step()
-    steps, start = 0, time.perf_counter()
+    call, per_call = step, 1
+    if graph:  # as a captured training iteration steps it
+        from marlctl.train.capture import IterationGraph
+
+        env.make_graph_safe()
+        captured = IterationGraph([env], list(env.generators), [])
+
+        def steps():
+            for _ in range(SCAN):
+                step()
+
+        call, per_call = (lambda: captured.run(steps)), SCAN
+    env.reset(0)
+    for _ in range(5):  # warm-up (and capture)
+        call()
+    if graph and (captured.graph is None or captured.failed):
+        return None
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        step()
-        steps += 1
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return steps * num_envs / (time.perf_counter() - start)
+        call()
+        calls += 1
+        if calls % 8 == 0:  # queued asynchronous calls must not run past the time limit
+            sync()
+    sync()
+    return calls * per_call * num_envs / (time.perf_counter() - start)
 
 
 def theirs(scenario: str, num_envs: int, seconds: float) -> float:
@@ -79,8 +110,10 @@ def theirs(scenario: str, num_envs: int, seconds: float) -> float:
         return key, state
 
     key = jax.random.PRNGKey(1)
-    key, state = run(key, state)  # compile
-    jax.block_until_ready(state)
+    # Two warm-up calls: the first compiles for `reset`'s state, the second once more for the
+    # state `step` returns (its arrays' weak types differ), after which calls reuse the code.
+    for _ in range(2):
+        key, state = jax.block_until_ready(run(key, state))
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         # Waited for call by call: dispatched asynchronously, calls would queue past the
@@ -90,28 +123,40 @@ def theirs(scenario: str, num_envs: int, seconds: float) -> float:
     return calls * SCAN * num_envs / (time.perf_counter() - start)
 
 
+KEYS = {"eager": "marlctl", "compiled": "marlctl_compiled", "graph": "marlctl_graph",
+        "graph_compiled": "marlctl_graph_compiled"}  # fmt: skip
+
+
 def table(cells: list[dict]) -> str:
+    def rate(cell: dict, mode: str) -> str:
+        value = cell.get(KEYS[mode])
+        return "—" if value is None else f"{value:,.0f}"
+
     lines = [
         "# Native SMAX and JaxMARL's SMAX: env-only throughput",
         "",
         "`python bench/smax.py`: `HeuristicEnemySMAX` with uniformly random ally actions, "
         "auto-reset, each tool one after the other on the same machine: JaxMARL 0.2.0 (JAX "
-        f"on the same device, a jitted scan of {SCAN} vmapped steps, compilation excluded) "
-        "and marlctl's native env stepped as its trainers step it: eager, and compiled as "
+        f"on the same device, a jitted scan of {SCAN} vmapped steps, compilation excluded: two "
+        "warm-up calls, as the second compiles again for the state `step` returns) "
+        "and marlctl's native env stepped as its trainers step it: eager, compiled as "
         "`hardware.compile: true` compiles it (the step's random-free methods through "
-        "torch.compile; compilation excluded). Env steps/s: steps of one env (each moves "
-        "every unit, 8 world steps). The ratio takes marlctl's faster mode.",
+        "torch.compile), and on a GPU captured as a CUDA graph of "
+        f"{SCAN} steps as a captured training iteration runs it, alone and compiled; "
+        "compilation and capture excluded, '—' not measured. Env steps/s: steps of one env "
+        "(each moves every unit, 8 world steps). The ratio takes marlctl's fastest mode.",
         "",
-        "| scenario | device | envs | marlctl eager | marlctl compiled | JaxMARL | "
-        "marlctl / JaxMARL | measured | machine |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | device | envs | marlctl eager | marlctl compiled | CUDA graph | "
+        "CUDA graph, compiled | JaxMARL | marlctl / JaxMARL | measured | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        best = max(c["marlctl"], c["marlctl_compiled"])
+        best = max(c[k] for k in KEYS.values() if c.get(k) is not None)
         lines.append(
-            f"| {c['scenario']} | {c['device']} | {c['num_envs']:,} | {c['marlctl']:,.0f} | "
-            f"{c['marlctl_compiled']:,.0f} | {c['jaxmarl']:,.0f} | "
-            f"{best / c['jaxmarl']:.2f} | {c['measured']} | {c['machine']} |"
+            f"| {c['scenario']} | {c['device']} | {c['num_envs']:,} | "
+            + " | ".join(rate(c, mode) for mode in KEYS)
+            + f" | {c['jaxmarl']:,.0f} | {best / c['jaxmarl']:.2f} | {c['measured']} | "
+            f"{c['machine']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -122,29 +167,43 @@ def main() -> None:
     parser.add_argument("--num-envs", default="64,256,1024,4096")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--modes",
+        help=f"marlctl's modes, of {', '.join(MODES)} (default: eager,compiled on a CPU, "
+        "eager,graph,graph_compiled on a GPU)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--table", action="store_true", help="only write the table")
     args = parser.parse_args()
+    done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    if args.table:
+        OUT.write_text(table(done))
+        return
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     import torch
 
     torch.set_num_threads(args.threads)
     if args.device == "cpu":
         jax.config.update("jax_platforms", "cpu")
-    done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    default = "eager,compiled" if args.device == "cpu" else "eager,graph,graph_compiled"
+    modes = (args.modes or default).split(",")
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"--modes: unknown {', '.join(sorted(unknown))}")
     here = machine(args.device)
     for scenario in args.scenarios.split(","):
         for n in (int(x) for x in args.num_envs.split(",")):
-            cell = {
-                "scenario": scenario,
-                "device": args.device,
-                "num_envs": n,
-                "marlctl": ours(scenario, n, args.seconds, args.device, False),
-                "marlctl_compiled": ours(scenario, n, args.seconds, args.device, True),
+            cell = {"scenario": scenario, "device": args.device, "num_envs": n}
+            for mode in modes:
+                cell[KEYS[mode]] = ours(scenario, n, args.seconds, args.device, mode)
+            if args.device.startswith("cuda"):  # JAX's memory beside torch's
+                torch.cuda.empty_cache()
+            cell |= {
                 "jaxmarl": theirs(scenario, n, args.seconds),
                 "measured": date.today().isoformat(),
                 "machine": here,
             }
-            print(json.dumps(cell))
+            print(json.dumps(cell), flush=True)
             key = (scenario, args.device, n, here)
             done = [c for c in done if (c["scenario"], c["device"], c["num_envs"],
                                         c["machine"]) != key] + [cell]  # fmt: skip

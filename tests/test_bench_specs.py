@@ -206,3 +206,21 @@ def test_the_tag_table_compares_both_teams_and_their_own_prey() -> None:
         "3 of 3 seeds better, Welch's one-sided p = 0.000; median seeds 21.50 and 11.50" in earlier
     )
     assert "against their own prey 25.00 ± 0.00 and 31.00 ± 2.48." in earlier
+
+
+def test_a_stopped_cell_is_read_from_its_store_as_the_finished_run_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell recorded from its MLflow store (a run stopped before its budget) takes each
+    seed's last evaluation as final: on a run that finished, the same returns, curves and
+    env steps that the finished run's own record has."""
+    monkeypatch.setattr(algorithms, "WORKDIR", tmp_path)
+    hw = {"device": "cpu", "threads_per_run": 1}
+    ran = algorithms.run("mappo", "simple_spread", 6_400, 2, True, hw)
+    assert ran["ok"] and len(ran["returns"]) == 2
+    folder = tmp_path / "mappo-simple_spread"
+    read = algorithms.stopped("mappo", "simple_spread", 6_400, True, folder, "a machine")
+    for field in ("returns", "mean", "curves", "env_steps", "settings", "budget", "device"):
+        assert read[field] == ran[field], field
+    assert read["machine"] == "a machine" and read["stopped"] == "FINISHED"
+    assert 0 < read["wall_s"] <= ran["wall_s"]

@@ -68,6 +68,10 @@ CASES = {
         {"env": {"params": {"continuous_actions": True}}},
     ),
     "masac": ("masac", "mpe/simple_spread", (0,), {}),
+    # SMAX: action masks, a world-state critic, a heterogeneous team (2s3z), recurrent agents
+    "mappo-2s3z-recurrent": ("mappo", "smax/2s3z", (0, 1), {"model": {"recurrent": "gru"}}),
+    "qmix-3m": ("qmix", "smax/3m", (1,), {"algo": {"target_update_every": 3}}),
+    "ippo-lbf": ("ippo", "lbf/Foraging-8x8-2p-2f-coop-v3", (0, 1), {}),
 }
 
 
@@ -281,11 +285,14 @@ def test_replay_counters_on_the_device_add_and_sample_as_the_host_ones_do(length
 
 @cuda
 def test_a_capture_that_fails_runs_eagerly_and_says_why():
-    from types import SimpleNamespace
-
     from marlctl.train.capture import IterationGraph
 
-    state = SimpleNamespace(x=torch.zeros(3, device="cuda"), count=0)
+    class State:  # a root, as the trainer is: hashable, by identity
+        def __init__(self):
+            self.x = torch.zeros(3, device="cuda")
+            self.count = 0
+
+    state = State()
 
     def step() -> torch.Tensor:
         state.count += 1
