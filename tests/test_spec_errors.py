@@ -459,6 +459,12 @@ CASES = {
         "unknown key; did you mean 'seeds'?",
         overrides=("seedz=[0]",),
     ),
+    "override-of-a-field-under-a-section-the-file-leaves-out": Case(
+        {"spec.yaml": BASE},
+        "<overrides>:1: groups.agent.scripted:",
+        "not in the spec; to add it write +groups.agent.scripted=...",
+        overrides=("groups.agent.scripted=random",),
+    ),
     "override-bad-value": Case(
         {"spec.yaml": BASE},
         "<overrides>:1: algo.lr:",
@@ -806,3 +812,14 @@ def test_a_preset_name_with_a_newline_and_control_characters_is_reported_on_one_
     first, summary = result.output.strip().splitlines()
     assert first == f"{path}:1: Could not load 'bad\\nname\\x8e'."
     assert summary == "1 problem; nothing was run."
+
+
+def test_a_name_override_names_a_spec_that_leaves_its_name_out(tmp_path: Path) -> None:
+    """`name` is a top-level field with a default (the file's stem): `name=...` sets it
+    without `+`, as `algo.lr=...` sets a field the file leaves to its default."""
+    write(tmp_path / "spec.yaml", BASE)
+    result = invoke("run", str(tmp_path / "spec.yaml"), "name=renamed", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan"]["experiment"] == "renamed"
+    result = invoke("run", str(tmp_path / "spec.yaml"), "--dry-run", "--json")
+    assert json.loads(result.stdout)["plan"]["experiment"] == "spec"

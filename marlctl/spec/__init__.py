@@ -410,6 +410,7 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
     from marlctl.spec.models import HardwareSpec, ModelSpec, TrackingSpec, TrainSpec
 
     skeleton: dict[str, Any] = {
+        "name": None,
         "seeds": [0],
         "model": ModelSpec().model_dump(),
         "train": TrainSpec().model_dump(),
@@ -461,6 +462,8 @@ def _unknown_key_problem(key: str, index: int) -> Problem:
     bare = key.lstrip("+~")
     parent, _, leaf = bare.rpartition(".")
     options = model_fields_at(parent.split(".") if parent else [])
+    if leaf in options:  # a field the spec may have, under a section the file leaves out
+        return Problem(OVERRIDES, index, bare, f"not in the spec; to add it write +{bare}=...")
     close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'?" if close else f"to add a new key write +{bare}=..."
     return Problem(OVERRIDES, index, bare, f"unknown key; {hint}")
