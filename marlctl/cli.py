@@ -811,7 +811,7 @@ def _cross_play(
                     "cross-play plays each run's final policy on its own backend and "
                     "eval episodes; leave it out with --vs",
                 )
-        others = [part.strip() for part in vs.split(",") if part.strip()]
+        others = list(dict.fromkeys(part.strip() for part in vs.split(",") if part.strip()))
         if not others:
             raise SpecError.at("--vs", "name one or more run ids, separated by commas")
         from marlctl.crossplay import cross_play

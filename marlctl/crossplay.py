@@ -39,9 +39,9 @@ class Match:
     win_rate: float | None = None  # the seat run's, where the env says who won
 
 
-# What a stored record must be, field by field (strict: a number stays a number), so that
-# an artifact edited or written by another version is left out, not half-read.
-_RECORD = TypeAdapter(list[Match], config=ConfigDict(strict=True))
+# What a stored record must be, field by field (strict: a number stays a finite number), so
+# that an artifact edited or written by another version is left out, not half-read.
+_RECORD = TypeAdapter(list[Match], config=ConfigDict(strict=True, allow_inf_nan=False))
 
 
 @dataclass
@@ -84,7 +84,7 @@ def cross_play(
     from mlflow.exceptions import MlflowException
 
     from marlctl.evaluation import _evaluate_one
-    from marlctl.stored import seed_runs
+    from marlctl.stored import finished, not_finished, seed_runs
 
     tracking.check_store(tracking_uri, writes=True)
     client = tracking.client_for(tracking_uri)
@@ -98,6 +98,9 @@ def cross_play(
         runs = seed_runs(client, run)
         if not runs:
             raise SpecError.at(where, f"run '{found}' has no finished seed runs")
+        for seed_run in runs:  # a seed run named itself
+            if not finished(seed_run):
+                raise SpecError.at(where, not_finished(seed_run))
         return runs
 
     ours = seeds_of(run_id, "RUN_ID")
@@ -135,6 +138,13 @@ def cross_play(
                             result.win_rate,
                         )
                     )
+    if not matches:
+        groups = ", ".join(sorted({g for found in learned.values() for g in found}))
+        raise SpecError.at(
+            "--vs",
+            f"no match to play: each run learned only group {groups}; a match needs an "
+            "opponent that learned a group other than the seat",
+        )
     _store(client, matches)
     return CrossPlay(matches)
 

@@ -188,6 +188,9 @@ def _evaluate_one(
     except ValueError as err:
         env.close()
         raise SpecError.at("RUN_ID", f"run '{run_id}': its opponents: {err}") from None
+    except SpecError:
+        env.close()
+        raise
     try:
         (result,) = evaluate(trainer, env, episodes, [chosen_seed])
     finally:

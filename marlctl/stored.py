@@ -14,6 +14,7 @@ SPEC_ARTIFACT = "spec.yaml"
 CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
 LATEST = "latest"
+PRUNED_TAG = "marlctl.pruned_at_step"
 
 
 def seed_runs(client, run) -> list:
@@ -38,19 +39,43 @@ def seed_runs(client, run) -> list:
             else:
                 frontier.append(child.info.run_id)
     return sorted(
-        (
-            c
-            for c in found
-            if c.info.status == "FINISHED" and "marlctl.pruned_at_step" not in c.data.tags
-        ),
+        (c for c in found if finished(c)),
         key=lambda c: (int(c.data.tags.get("marlctl.seed", 0)), c.info.start_time or 0),
     )
 
 
-def policy_weights(client, run_id: str, checkpoint: str | None, tmp: str) -> tuple[dict, str]:
-    """The policy weights to evaluate and where they came from."""
+def finished(run) -> bool:
+    """Whether a seed run trained to its budget: FINISHED, not pruned."""
+    return run.info.status == "FINISHED" and PRUNED_TAG not in run.data.tags
+
+
+def not_finished(run) -> str:
+    """What to say of a seed run that failed, was killed, still runs or was pruned."""
+    status = "PRUNED" if PRUNED_TAG in run.data.tags else run.info.status
+    return f"run '{run.info.run_id}' did not finish training ({status}): name a finished run"
+
+
+def load_tensors(path: str, artifact: str) -> Any:
+    """A checkpoint's contents, read with `weights_only=True` (tensors and plain containers,
+    never code); ValueError naming `artifact` when the file is not such a checkpoint."""
     import torch
 
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:
+        # PyTorch's own message opens with advice to load the file unsafely: keep its reason.
+        text = str(err).partition("WeightsUnpickler error:")[2] or str(err)
+        why = one_line(text.split("Please use", 1)[0].split("Check the documentation", 1)[0])
+        message = f"cannot load '{artifact}': not a PyTorch checkpoint of tensors"
+        raise ValueError(f"{message} ({why or type(err).__name__})") from None
+
+
+def policy_weights(
+    client, run_id: str, checkpoint: str | None, tmp: str, files_too: bool = True
+) -> tuple[dict, str]:
+    """The policy weights to evaluate and where they came from. `files_too`: a checkpoint
+    that is no artifact of the run may be a file on this machine (`eval --checkpoint`; a
+    spec's `frozen` names the run's artifacts only)."""
     files = {
         f.path
         for folder in ("policy", "checkpoints")
@@ -66,24 +91,22 @@ def policy_weights(client, run_id: str, checkpoint: str | None, tmp: str) -> tup
         if artifact not in files:
             raise SpecError.at("--checkpoint", f"run '{run_id}' has no {artifact}")
         source = client.download_artifacts(run_id, artifact, tmp)
-    elif Path(checkpoint).is_file():
+    elif files_too and Path(checkpoint).is_file():
         artifact = source = checkpoint
     else:
         known = ", ".join(sorted(files)) or "none"
-        raise SpecError.at(
-            "--checkpoint",
-            f"'{checkpoint}' is neither an artifact of run '{run_id}' ({known}) nor a file",
-        )
+        listed = f"an artifact of run '{run_id}' ({known})"
+        what = f"neither {listed} nor a file" if files_too else f"not {listed}"
+        raise SpecError.at("--checkpoint", f"'{checkpoint}' is {what}")
     try:
-        state = torch.load(source, weights_only=True, map_location="cpu")
-    except Exception as err:
-        why = one_line(str(err)) or type(err).__name__
-        message = f"cannot load '{artifact}': not a PyTorch checkpoint of tensors ({why})"
-        raise SpecError.at("--checkpoint", message) from None
+        state = load_tensors(source, artifact)
+    except ValueError as err:
+        raise SpecError.at("--checkpoint", str(err)) from None
     if isinstance(state, dict) and "policies" in state:
         return state["policies"], artifact
-    if isinstance(state, dict) and isinstance(state.get("trainer"), dict):
-        return state["trainer"]["policies"], artifact
+    trainer = state.get("trainer") if isinstance(state, dict) else None
+    if isinstance(trainer, dict) and "policies" in trainer:
+        return trainer["policies"], artifact
     raise SpecError.at("--checkpoint", f"'{artifact}' holds no marlctl policy weights")
 
 

@@ -96,6 +96,7 @@ def test_eval_chooses_weights(trained, tmp_path):
     hostile = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "hostile.pt"))
     assert hostile.exit_code == 2 and "cannot load" in hostile.output
     assert "Traceback" not in hostile.output and not marker.exists()
+    assert "weights_only" not in hostile.output  # PyTorch's advice to load it unsafely
 
     torch.save({"policies": {"actor.w": torch.zeros(3)}}, tmp_path / "other.pt")
     other = run_cli("eval", run_id, "--checkpoint", str(tmp_path / "other.pt"))

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from games import client, invoke, line_of, runner, tag_spec, write
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from marlctl.cli import app
 from marlctl.envs.batch import Observation
@@ -131,6 +133,61 @@ def test_a_scripted_policy_with_the_wrong_shape_is_a_clear_error():
         player.act(observation(6, group()), None, False)
 
 
+def rows_of(values) -> st.SearchStrategy:
+    """Six rows of two agents' actions."""
+    return st.lists(st.lists(values, min_size=2, max_size=2), min_size=6, max_size=6)
+
+
+ANY_RETURN = st.one_of(
+    st.none(),
+    st.text(max_size=3),
+    st.integers(-3, 7),
+    st.floats(allow_nan=True, allow_infinity=True),
+    rows_of(st.integers(0, 2)),
+    rows_of(st.sampled_from([0.0, 1.0, 2.0])),
+    rows_of(st.one_of(st.integers(-3, 5), st.floats(-1, 4), st.just(float("nan")))),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(returned=ANY_RETURN)
+def test_a_scripted_policy_plays_its_actions_as_they_are_or_fails_naming_itself(returned):
+    """Whatever the function returns, the group plays exactly those actions (whole numbers
+    of its action range, one per agent) or the step fails with a message naming the policy:
+    nothing is truncated, wrapped round or passed on to fail inside the env."""
+    from marlctl.train.opponents import ScriptedPlayer
+
+    player = ScriptedPlayer(group(), lambda obs, mask, g: returned, "mine:policy")
+    try:
+        actions = player.act(observation(6, group()), None, False)
+    except RuntimeError as err:
+        assert str(err).startswith("scripted policy 'mine:policy' of group 'g' returned ")
+    else:
+        assert actions.dtype == torch.long and actions.shape == (6, 2)
+        assert torch.equal(actions.double(), torch.as_tensor(returned, dtype=torch.double))
+        assert bool(((actions >= 0) & (actions < 3)).all())
+
+
+def test_a_scripted_policy_that_raises_or_exits_or_plays_nan_fails_naming_itself():
+    from marlctl.train.opponents import ScriptedPlayer
+
+    def raises(obs, mask, g):
+        raise ValueError("no idea")
+
+    def exits(obs, mask, g):
+        raise SystemExit(3)
+
+    for fn, why in ((raises, "ValueError: no idea"), (exits, "SystemExit: 3")):
+        player = ScriptedPlayer(group(), fn, "mine:policy")
+        with pytest.raises(RuntimeError) as caught:
+            player.act(observation(6, group()), None, False)
+        assert str(caught.value) == f"scripted policy 'mine:policy' of group 'g' raised {why}"
+    box = group(discrete=False, actions=2)
+    player = ScriptedPlayer(box, lambda obs, mask, g: torch.full((6, 2, 2), float("nan")), "m:p")
+    with pytest.raises(RuntimeError, match="returned actions that are not finite numbers"):
+        player.act(observation(6, box), None, False)
+
+
 # ---------------------------------------------------------------- training against players
 
 
@@ -208,6 +265,56 @@ def test_a_frozen_run_must_name_one_seed_on_the_same_env_with_the_same_group():
     assert "trained on env 'mpe/simple_tag', not 'mpe/simple_adversary'" in out["errors"][0]
 
 
+def replace_artifact(run_id: str, artifact: str, content: bytes | dict) -> None:
+    """Overwrite `artifact` (folder/name) of a run with bytes, or with `torch.save`d data."""
+    folder, _, name = artifact.rpartition("/")
+    local = Path("replaced", run_id, name)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        local.write_bytes(content)
+    else:
+        torch.save(content, local)
+    client().log_artifact(run_id, str(local), artifact_path=folder or None)
+
+
+def test_a_frozen_run_that_did_not_finish_or_whose_files_are_broken_is_refused_at_its_line():
+    code, first = invoke("run", str(write(tag_spec(seeds=[0, 1, 2, 3]), "first.yaml")))
+    assert code == 0, first
+    failed, garbage, unfit, not_yaml = seed_run_ids(first)
+    client().set_terminated(failed, "FAILED")
+    replace_artifact(garbage, "policy/final.pt", b"not a checkpoint")
+    replace_artifact(unfit, "policy/final.pt", {"policies": {"actor.w": torch.zeros(3)}})
+    replace_artifact(not_yaml, "spec.yaml", b"env: [unclosed\n")
+    elsewhere = Path("elsewhere.pt").resolve()
+    torch.save({"policies": {}}, elsewhere)
+    refused = {
+        failed: f"run '{failed}' did not finish training (FAILED): name a finished run",
+        garbage: f"run '{garbage}': cannot load 'policy/final.pt': not a PyTorch checkpoint",
+        unfit: f"run '{unfit}': 'policy/final.pt' does not fit this run's networks",
+        not_yaml: f"its stored spec does not load: run {not_yaml} spec.yaml:1: invalid YAML",
+        # A spec names its run's artifacts, never a file of the machine that runs it.
+        f"{unfit}:{elsewhere}": f"'{elsewhere}' is not an artifact of run '{unfit}' (",
+    }
+    for ref, message in refused.items():
+        path = write(tag_spec({"agent": {"frozen": ref}}, name="against"))
+        code, out = invoke("run", str(path))
+        assert code == 2, out
+        (error,) = out["errors"]
+        where = f"{path}:{line_of(path, 'frozen:')}: groups.agent.frozen: "
+        assert error.startswith(where + message), error
+        assert "weights_only" not in error  # PyTorch's advice to load it unsafely
+    assert not client().search_experiments(filter_string="name = 'against'")
+
+
+def test_bench_checks_the_frozen_groups_before_it_measures():
+    path = write(tag_spec({"agent": {"frozen": "abcd1234"}}))
+    code, out = invoke("bench", str(path), "--num-envs", "4", "--seconds", "0.1")
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, 'frozen:')}: groups.agent.frozen: no run id starts with 'abcd1234'"
+    ]
+
+
 def test_a_stored_spec_naming_a_scripted_policy_runs_it_only_where_it_is_trusted():
     code, out = invoke("run", str(write(tag_spec({"agent": {"scripted": "toy_envs:still"}}))))
     assert code == 0, out
@@ -263,6 +370,52 @@ def test_cross_play_refuses_options_it_does_not_use_and_runs_it_cannot_play():
     assert code == 2 and out["errors"] == ["--vs: no run id starts with 'ffff0000'"]
 
 
+def test_cross_play_reads_each_run_named_by_vs_once(monkeypatch):
+    import marlctl.crossplay
+
+    asked = []
+
+    def cross_play(run_id, others, *rest):
+        asked.append(others)
+        return marlctl.crossplay.CrossPlay([])
+
+    monkeypatch.setattr(marlctl.crossplay, "cross_play", cross_play)
+    listed = ",".join([" abcd5678", "", "abcd5678 ", "ef01ab", "abcd5678"] * 500)
+    code, _ = invoke("eval", "abcd1234", "--vs", listed)
+    assert code == 0 and asked == [["abcd5678", "ef01ab"]]
+
+
+def test_cross_play_names_the_run_that_cannot_play_and_refuses_runs_with_nothing_to_play():
+    predators = tag_spec({"agent": {"scripted": "random"}}, seeds=[0, 1])
+    code, first = invoke("run", str(write(predators, "a.yaml")))
+    assert code == 0, first
+    a, b = seed_run_ids(first)
+    # Both learned the predators only: neither has a policy for the other group.
+    code, out = invoke("eval", a, "--vs", b)
+    assert code == 2
+    assert out["errors"] == [
+        "--vs: no match to play: each run learned only group adversary; a match needs an "
+        "opponent that learned a group other than the seat"
+    ]
+    code, second = invoke("run", str(write(tag_spec(name="tag-b", seeds=[0, 1, 2]), "b.yaml")))
+    assert code == 0, second
+    broken, not_yaml, failed = seed_run_ids(second)
+    replace_artifact(broken, "policy/final.pt", b"not a checkpoint")
+    replace_artifact(not_yaml, "spec.yaml", b"env: [unclosed\n")
+    client().set_terminated(failed, "FAILED")
+    refused = {
+        broken: f"--vs: group 'agent': run '{broken}': cannot load 'policy/final.pt': not a",
+        not_yaml: f"run {not_yaml}:1: invalid YAML",  # the run, not the file it was read from
+        failed: f"--vs: run '{failed}' did not finish training (FAILED): name a finished run",
+    }
+    for other, message in refused.items():
+        code, out = invoke("eval", a, "--vs", other)
+        assert code == 2, out
+        (error,) = out["errors"]
+        assert error.startswith(message), error
+    assert not list(Path("mlruns").glob("**/crossplay/*.json"))
+
+
 def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
     code, first = invoke("run", str(write(tag_spec(), "a.yaml")))
     assert code == 0, first
@@ -271,10 +424,20 @@ def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
     (a,), (b,) = seed_run_ids(first), seed_run_ids(second)
     code, played = invoke("eval", a, "--vs", b)
     assert code == 0, played
-    # A record edited by hand (a score that is text) is left out, not read halfway.
-    tampered = dict(played["matches"][0], score="high")
-    Path("tampered.json").write_text(json.dumps([tampered]))
-    client().log_artifact(tampered["run_id"], "tampered.json", artifact_path="crossplay")
+    # Records edited by hand are left out, not read halfway: a score that is text or no
+    # number, a record that claims the seat of another run than the one it is stored with.
+    first_match = played["matches"][0]
+    seat_run = first_match["run_id"]
+    other = b if seat_run == a else a
+    forged = [
+        dict(first_match, score="high"),
+        dict(first_match, score=float("nan")),
+        dict(first_match, run_id="0" * 32),
+        dict(first_match, run_id=other, opponent=seat_run),
+    ]
+    for index, record in enumerate(forged):
+        Path(f"tampered{index}.json").write_text(json.dumps([record]))
+        client().log_artifact(seat_run, f"tampered{index}.json", artifact_path="crossplay")
     code, report = invoke("report")
     assert code == 0, report
     crossplay = report["crossplay"]

@@ -469,6 +469,45 @@ def test_a_killed_run_resumes_with_the_pool_it_had(tmp_path, monkeypatch):
     assert pool["taken"] == list(range(0, 40_001, 1000))
 
 
+def test_resuming_from_a_corrupt_checkpoint_or_pool_state_fails_saying_what_is_wrong():
+    from pathlib import Path
+
+    from marlctl.stored import CHECKPOINT
+
+    body = tag_spec(
+        {"agent": {"pool": {"size": 2, "every": 100}}},
+        seeds=[0, 1],
+        train={"checkpoint_every": 400},
+    )
+    code, out = invoke("run", str(write(body)))
+    assert code == 0, out
+    corrupt, broken = (r["run_id"] for r in out["runs"])
+    store = client()
+    state = torch.load(store.download_artifacts(broken, CHECKPOINT, "."), weights_only=True)
+    state["pool"]["agent"]["snapshots"] = "none"
+    for run_id, name in ((corrupt, "a"), (broken, "b")):
+        local = Path(name, "latest.pt")
+        local.parent.mkdir()
+        if run_id == corrupt:
+            local.write_bytes(b"not a checkpoint")
+        else:
+            torch.save(state, local)
+        store.log_artifact(run_id, str(local), artifact_path="checkpoints")
+    reasons = {
+        corrupt: "ValueError: cannot load 'checkpoints/latest.pt': not a PyTorch checkpoint of "
+        "tensors (",
+        broken: "ValueError: the pools' state in checkpoints/latest.pt does not fit this run's "
+        "pools: ",
+    }
+    for run_id, reason in reasons.items():
+        store.set_terminated(run_id, "KILLED")  # as a killed run is left
+        code, out = invoke("run", "--resume", run_id)
+        assert code == 1, out
+        (resumed,) = [r for r in out["runs"] if r["run_id"] == run_id]
+        assert resumed["status"] == "FAILED" and resumed["error"].startswith(reason)
+        assert "weights_only" not in resumed["error"]
+
+
 def test_self_play_on_tic_tac_toe_keeps_one_seat_for_the_learner():
     body = {
         "name": "ttt",

@@ -39,6 +39,16 @@ def test_an_unknown_algorithm_or_field_in_a_group_is_named_with_a_suggestion():
     ]
 
 
+def test_a_group_algorithm_named_without_a_mapping_says_how_to_write_it():
+    path = write(tag_spec({"adversary": {"algo": "maddpg"}}))
+    code, out = invoke("validate", str(path))
+    assert code == 2
+    assert out["errors"] == [
+        f"{path}:{line_of(path, 'algo: maddpg')}: groups.adversary.algo: must be a mapping "
+        "with a name, such as {name: maddpg}"
+    ]
+
+
 def test_teams_need_rollouts_that_divide_each_other():
     path = write(tag_spec({"adversary": {"algo": {**MADDPG, "rollout_steps": 7}}}))
     code, out = invoke("validate", str(path))

@@ -209,7 +209,12 @@ def _cross_play(client, seeds: list[RunRecord]) -> CrossPlayTable | None:
     from marlctl.crossplay import ratings, stored_matches
 
     chosen = {r.run_id: r for r in seeds}
-    matches = [m for r in seeds for m in stored_matches(client, r.run_id) if m.opponent in chosen]
+    matches = [
+        m
+        for r in seeds
+        for m in stored_matches(client, r.run_id)
+        if m.run_id == r.run_id and m.opponent in chosen  # a record names its own run
+    ]
     if not matches:
         return None
     named = {

@@ -11,7 +11,7 @@ import difflib
 import itertools
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +77,26 @@ def load_spec(
     """Load, compose and validate; raise SpecError listing every problem found.
 
     `stored` names where the file came from when it was read from a tracking store (a run
-    id): such a spec may not import an env factory this machine does not trust.
+    id): such a spec may not import an env factory this machine does not trust, and its
+    problems name it, not the temporary file it was downloaded to.
     """
     spec_path = Path(path)
-    source = load_source(spec_path)
-    if stored is not None:
-        _refuse_untrusted_factory(source, stored)
-    provenance = Provenance(source)
-    composed, provenance = _compose(source, list(overrides), provenance)
-    _replace_env_params(composed, provenance)
-    notes = _drop_foreign_env_params(composed, provenance)
-    spec = _validate(composed, provenance)
+    try:
+        source = load_source(spec_path)
+        if stored is not None:
+            _refuse_untrusted_factory(source, stored)
+        provenance = Provenance(source)
+        composed, provenance = _compose(source, list(overrides), provenance)
+        _replace_env_params(composed, provenance)
+        notes = _drop_foreign_env_params(composed, provenance)
+        spec = _validate(composed, provenance)
+    except SpecError as err:
+        if stored is None:
+            raise
+        shown = str(spec_path)
+        raise SpecError(
+            [replace(p, file=stored) if p.file == shown else p for p in err.problems]
+        ) from None
     return LoadedSpec(spec, spec.model_dump(mode="json"), provenance, notes)
 
 
@@ -580,6 +589,8 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
                 f"must be a mapping with a name; to use the preset '{data['algo']}' "
                 f"write algos={data['algo']} (or `- algos: {data['algo']}` in defaults)"
             )
+        elif at is not None and loc[at:] == ["algo"] and isinstance(algo_data, str):
+            message = f"must be a mapping with a name, such as {{name: {algo_data}}}"
         elif kind in ("int_parsing", "float_parsing") and item.get("input") in ("true", "false"):
             message = f"must be a number, not {item['input']}"  # see marlctl.strict
         else:

@@ -12,12 +12,13 @@ deterministically in evaluations.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import yaml
 
 from marlctl.envs.batch import Observation, Transition, Wrapper, only, transition_for
 from marlctl.envs.registry import EnvInfo, GroupInfo
@@ -71,22 +72,45 @@ class ScriptedPlayer:
     def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
         g = self.group
         obs = ob.obs[g.name]
-        actions = torch.as_tensor(self.fn(obs, ob.masks[g.name], g), device=obs.device)
+        who = f"scripted policy '{self.name}' of group '{g.name}'"
+        # One that calls exit() fails its run too: ending the process would leave it open.
+        try:
+            returned = self.fn(obs, ob.masks[g.name], g)
+        except (Exception, SystemExit) as err:
+            raise RuntimeError(f"{who} raised {type(err).__name__}: {one_line(str(err))}") from err
+        try:
+            actions = torch.as_tensor(returned, device=obs.device)
+        except (TypeError, ValueError, RuntimeError):
+            kind = "None" if returned is None else f"a {type(returned).__name__}"
+            raise RuntimeError(f"{who} returned {kind}, not a tensor of actions") from None
         rows = obs.shape[0]
         want = (rows, g.n_agents) if g.discrete else (rows, g.n_agents, g.n_actions)
         if tuple(actions.shape) != want:
             raise RuntimeError(
-                f"scripted policy '{self.name}' of group '{g.name}' returned actions of shape "
-                f"{tuple(actions.shape)}; expected {want}"
+                f"{who} returned actions of shape {tuple(actions.shape)}; expected {want}"
             )
-        return actions.long() if g.discrete else actions.float()
+        # The function runs on the host every step already: reading one flag back is cheap.
+        if g.discrete:
+            valid = (actions >= 0) & (actions < g.n_actions)
+            if actions.is_floating_point():
+                valid &= actions == actions.floor()
+            if not bool(valid.all()):
+                bad = actions[~valid][0].item()
+                raise RuntimeError(
+                    f"{who} returned the action {bad:g}; expected whole numbers from 0 to "
+                    f"{g.n_actions - 1}"
+                )
+            return actions.long()
+        if not bool(torch.isfinite(actions).all()):
+            raise RuntimeError(f"{who} returned actions that are not finite numbers")
+        return actions.float()
 
 
 class FrozenPlayer:
-    """Group `name`'s policy in another run's trainer, loaded once and never updated."""
+    """Group `name`'s policy in seed run `run_id`'s trainer, loaded once and never updated."""
 
-    def __init__(self, trainer, name: str):
-        self.trainer, self.name = trainer, name
+    def __init__(self, trainer, name: str, run_id: str):
+        self.trainer, self.name, self.run_id = trainer, name, run_id
         self.groups = [g.name for g in trainer.info.groups]
 
     def act(self, ob: Observation, first, deterministic: bool) -> torch.Tensor:
@@ -142,7 +166,8 @@ def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
     `name`'s policy in run `ref` (RUN_ID[:CHECKPOINT]); ValueError saying what does not fit."""
     from marlctl import tracking
     from marlctl.spec import load_spec
-    from marlctl.stored import SPEC_ARTIFACT, policy_weights, seed_runs
+    from marlctl.spec.source import load_source
+    from marlctl.stored import SPEC_ARTIFACT, finished, not_finished, policy_weights, seed_runs
 
     given, checkpoint = run_ref(ref)
     try:
@@ -162,29 +187,38 @@ def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
             + (f": {listed}" if listed else "")
         )
     seed_run = seeds[0]
+    seed_id = seed_run.info.run_id
+    if not finished(seed_run):
+        raise ValueError(not_finished(seed_run))
+    shown = f"run {seed_id} {SPEC_ARTIFACT}"  # not the temporary file's path
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(seed_run.info.run_id, SPEC_ARTIFACT, tmp)
+            path = client.download_artifacts(seed_id, SPEC_ARTIFACT, tmp)
         except Exception:
-            raise ValueError(f"run '{seed_run.info.run_id}' has no {SPEC_ARTIFACT}") from None
-        stored = yaml.safe_load(open(path)) or {}
-        stored_env = (stored.get("env") or {}).get("id")
+            raise ValueError(f"run '{seed_id}' has no {SPEC_ARTIFACT}") from None
+        try:
+            stored = load_source(Path(path), shown).data
+        except SpecError as err:
+            raise ValueError(f"its stored spec does not load: {err.problems[0]}") from None
+        env = stored.get("env")
+        stored_env = env.get("id") if isinstance(env, dict) else None
         if stored_env != spec.env.id:
-            raise ValueError(
-                f"run '{seed_run.info.run_id}' trained on env '{stored_env}', not '{spec.env.id}'"
-            )
+            raise ValueError(f"run '{seed_id}' trained on env '{stored_env}', not '{spec.env.id}'")
         # The env is the one this spec names, so its factory is trusted here; the frozen
         # run's own players are never called.
         try:
             theirs = load_spec(path, ["hardware.device=cpu", "hardware.devices=null"]).spec
         except SpecError as err:
-            raise ValueError(f"its stored spec does not load: {err.problems[0]}") from None
+            problem = dataclasses.replace(err.problems[0], file=shown)
+            raise ValueError(f"its stored spec does not load: {problem}") from None
         try:
-            weights, artifact = policy_weights(client, seed_run.info.run_id, checkpoint, tmp)
+            weights, artifact = policy_weights(client, seed_id, checkpoint, tmp, files_too=False)
         except SpecError as err:
-            raise ValueError(err.problems[0].message) from None
+            message = err.problems[0].message
+            named = message if seed_id in message else f"run '{seed_id}': {message}"
+            raise ValueError(named) from None
     if name in theirs.opponents:
-        raise ValueError(f"group '{name}' did not learn in run '{seed_run.info.run_id}'")
+        raise ValueError(f"group '{name}' did not learn in run '{seed_id}'")
     from marlctl.envs.registry import probe
 
     their_info = learner_info(probe(theirs.env.id, dict(theirs.env.params)), theirs)
@@ -192,10 +226,10 @@ def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
     found = next((g for g in their_info.groups if g.name == name), None)
     if found is None or _spaces(found) != _spaces(mine):
         raise ValueError(
-            f"group '{name}' of run '{seed_run.info.run_id}' has other agents or spaces than "
+            f"group '{name}' of run '{seed_id}' has other agents or spaces than "
             f"this env's ({_describe(found)} against {_describe(mine)})"
         )
-    return seed_run.info.run_id, theirs, their_info, weights, artifact
+    return seed_id, theirs, their_info, weights, artifact
 
 
 def _spaces(g: GroupInfo) -> tuple:
@@ -211,15 +245,17 @@ def _describe(g: GroupInfo | None) -> str:
 
 def check_players(loaded, plan, client) -> None:
     """Before any run starts: every scripted policy imports, and every frozen run and every
-    run a pool includes fits its group; SpecError with the spec's FILE:LINE otherwise."""
+    run a pool includes fits its group, its weights loaded into its networks; SpecError
+    with the spec's FILE:LINE otherwise."""
     spec, prov = loaded.spec, loaded.provenance
+    cpu = torch.device("cpu")
     problems = []
     for name, group in spec.opponents.items():
         try:
             if group.scripted not in (None, RANDOM_PLAYER):
                 import_policy(group.scripted)
             elif group.frozen is not None:
-                frozen_source(client, spec, plan.env, name, group.frozen)
+                frozen_player(client, spec, plan.env, name, group.frozen, cpu, 1)
         except ValueError as err:
             key = "scripted" if group.scripted is not None else "frozen"
             problems.append(prov.problem(f"groups.{name}.{key}", str(err)))
@@ -227,14 +263,14 @@ def check_players(loaded, plan, client) -> None:
     for name, pool in spec.pools.items():
         for index, ref in enumerate(pool.include):
             try:
-                run_id, _, their_info, _, _ = frozen_source(client, spec, plan.env, name, ref)
+                player = frozen_player(client, spec, plan.env, name, ref, cpu, 1)
                 # It acts on what the learners see: every group its policies read must learn.
-                missing = [g.name for g in their_info.groups if g.name not in learning]
+                missing = [g for g in player.groups if g not in learning]
                 if missing:
                     raise ValueError(
-                        f"run '{run_id}' also trained group(s) {', '.join(missing)}, which "
-                        "do not learn here: include a run whose other learning groups learn "
-                        "here too"
+                        f"run '{player.run_id}' also trained group(s) {', '.join(missing)}, "
+                        "which do not learn here: include a run whose other learning groups "
+                        "learn here too"
                     )
             except ValueError as err:
                 problems.append(prov.problem(f"groups.{name}.pool.include.{index}", str(err)))
@@ -265,10 +301,13 @@ def frozen_player(
     from marlctl.stored import load_into
     from marlctl.train.runner import build_trainer
 
-    _, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, ref)
+    run_id, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, ref)
     trainer = build_trainer(theirs, their_info, rows, device, total_iterations=1)
-    load_into(trainer, weights, artifact)
-    return FrozenPlayer(trainer, name)
+    try:
+        load_into(trainer, weights, artifact)
+    except SpecError as err:
+        raise ValueError(f"run '{run_id}': {err.problems[0].message}") from None
+    return FrozenPlayer(trainer, name, run_id)
 
 
 def with_opponents(
@@ -282,10 +321,15 @@ def with_opponents(
 ):
     """`env` as the learners see it, or `env` itself when every group learns. `against`
     (group -> a seed run) puts other runs' policies in groups of the learners' own, whose
-    actions they then replace (cross-play)."""
+    actions they then replace (cross-play: a run that cannot play is `--vs`'s problem)."""
     if not spec.opponents and not against:
         return env
     players = build_players(spec, info, client, env.device, seeds, env.num_envs)
     for name, run_id in (against or {}).items():
-        players[name] = frozen_player(client, spec, info, name, run_id, env.device, env.num_envs)
+        try:
+            players[name] = frozen_player(
+                client, spec, info, name, run_id, env.device, env.num_envs
+            )
+        except ValueError as err:
+            raise SpecError.at("--vs", f"group '{name}': {err}") from None
     return WithOpponents(env, learner_info(info, spec), players, deterministic)

@@ -29,13 +29,12 @@ from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.registry import EnvInfo
 from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
-from marlctl.stored import CHECKPOINT, POLICY
+from marlctl.stored import CHECKPOINT, POLICY, PRUNED_TAG, load_tensors
 from marlctl.train.core import EpisodeStats, per_seed_outcomes
 from marlctl.train.opponents import with_opponents
 from marlctl.train.pool import WithPool, with_pool
 
 EVAL_ENVS = 32
-PRUNED_TAG = "marlctl.pruned_at_step"
 RESUMED_TAG = "marlctl.resumed_from_step"
 COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA graph, ...
 
@@ -357,7 +356,13 @@ def _train(
         raise
     pool = env if isinstance(env, WithPool) else None
     if pool is not None and pool_states is not None:
-        pool.load_seed_states(pool_states)
+        try:
+            pool.load_seed_states(pool_states)
+        except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as err:
+            env.close()
+            eval_env.close()
+            message = f"the pools' state in {CHECKPOINT} does not fit this run's pools: {err}"
+            raise ValueError(message) from err
     # Separate seed streams for training (re-drawn on resume) and evaluation: env copies of
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]
@@ -557,4 +562,4 @@ def _load_checkpoint(client, run_id: str) -> dict | None:
         return None
     with staging() as tmp:
         path = client.download_artifacts(run_id, CHECKPOINT, str(tmp))
-        return torch.load(path, weights_only=True, map_location="cpu")
+        return load_tensors(path, CHECKPOINT)
