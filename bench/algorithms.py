@@ -280,8 +280,8 @@ def run(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: dict)
     summary, wall = marlctl_json(["run", str(path)], folder, f"{algo} on {task}")
     returns = [r["final_return"] for r in summary["runs"] if r["final_return"] is not None]
     run_ids = [r["run_id"] for r in summary["runs"]]
-    row = cell_row(algo, task, steps, on_policy, hw["device"], machine(hw["device"]), folder,
-                   run_ids, returns)  # fmt: skip
+    where = machine(hw["device"])
+    row = cell_row(algo, task, steps, on_policy, hw["device"], where, folder, run_ids, returns)
     return row | {
         "env_steps": max(r["env_steps"] for r in summary["runs"]),
         "wall_s": wall,
@@ -624,8 +624,7 @@ def write_table(
         steps = f"{r['env_steps']:,}" + (" (stopped)" if r.get("stopped") else "")
         lines.append(
             f"| {r['task']} | {r['algo']} | {r['mean']:.2f} | ± {r['ci']:.2f} | "
-            f"{min(r['returns']):.2f} | {win}{steps} | "
-            f"{r['wall_s'] / 60:.1f} min | "
+            f"{min(r['returns']):.2f} | {win}{steps} | {r['wall_s'] / 60:.1f} min | "
             f"({machines.index(r['machine']) + 1}) |"
         )
     for task, points in references.items():
