@@ -15,7 +15,7 @@ from typing import Any
 from marlctl.algos import registered_algos
 from marlctl.envs.registry import EnvInfo, probe
 from marlctl.errors import SpecError
-from marlctl.spec import LoadedSpec, env_problem
+from marlctl.spec import LoadedSpec, env_problem, native_params_problem
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_memory_mb() -> float | None:
+    """This machine's memory in MiB, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+        return None
+
+
 # Agent rows one gradient step computes, from which a second torch thread pays. Measured on
 # 2 cores: QMIX at its batch of 256 (768 rows on simple_spread) ran 9% slower with two
 # threads, MAPPO at 16 envs (1,200 rows) 7% faster, QMIX at a batch of 2,048 45% faster.
@@ -119,10 +127,14 @@ def compile_plan(
     spec, prov = loaded.spec, loaded.provenance
     problems = []
     if env_info is None:
+        params = dict(spec.env.params)
+        problem = native_params_problem(spec.env.id, spec.env.backend, params, prov)
+        if problem is not None:
+            raise SpecError([problem])
         try:
-            env_info = probe(spec.env.id, dict(spec.env.params))
+            env_info = probe(spec.env.id, params)
         except Exception as err:
-            raise SpecError([env_problem(spec.env.id, err, prov, dict(spec.env.params))]) from None
+            raise SpecError([env_problem(spec.env.id, err, prov, params)]) from None
     algo = registered_algos()[spec.algo.name]
     from marlctl.envs.native import native_only_problem, native_problem
 
@@ -278,14 +290,28 @@ def compile_plan(
         from marlctl.spec import sort_problems
 
         raise SpecError(sort_problems(problems))
+    seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
     threads = hw.threads_per_run
     if threads == "auto":
-        seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
         threads = auto_threads(spec, env_info, cores // concurrent, seeds_per_process)
     rollout = longest  # a round of every team's iterations
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)
     memory = _estimate_memory_mb(loaded, env_info, rollout)
+    # The estimate leaves out activations and the env itself: a run whose estimate alone
+    # exceeds the memory would be killed, or take the machine down with it, once it fills up.
+    ram = physical_memory_mb()
+    if "cpu" in pool[: len(spec.seeds)] and ram and memory * seeds_per_process > ram:
+        raise SpecError(
+            [
+                prov.problem(
+                    "hardware.num_envs",
+                    f"{hw.num_envs:,} envs need an estimated {memory * seeds_per_process:,.0f} "
+                    f"MiB per run process for rollouts and networks, more than this machine's "
+                    f"{ram:,.0f} MiB of memory; lower hardware.num_envs",
+                )
+            ]
+        )
     runs = tuple(
         RunPlan(
             i,

@@ -225,13 +225,13 @@ def test_params_set_for_the_new_env_are_still_checked(notes) -> None:
         app, ["validate", str(SPREAD), "env.id=mpe/simple_tag", "+env.params.M=1"]
     )
     assert result.exit_code == 2
-    assert "<overrides>:2: env.params: env 'mpe/simple_tag' rejected its params" in result.output
-    assert "unexpected keyword argument 'M'" in result.output
+    assert "<overrides>:2: env.params.M: not a parameter of env 'mpe/simple_tag'" in result.output
     # N was written for simple_spread, but set again here: it is meant for simple_tag.
     result = runner.invoke(
         app, ["validate", str(SPREAD), "env.id=mpe/simple_tag", "env.params.N=4"]
     )
-    assert result.exit_code == 2 and "unexpected keyword argument 'N'" in result.output
+    assert result.exit_code == 2
+    assert "env.params.N: not a parameter of env 'mpe/simple_tag'" in result.output
 
 
 def test_an_env_id_in_the_spec_file_drops_the_params_of_its_env_preset(tmp_path, notes) -> None:

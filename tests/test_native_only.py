@@ -70,7 +70,8 @@ def test_a_native_only_env_is_registered_probed_and_listed(tmp_path: Path, monke
     assert result.exit_code == 2
     assert "env.backend: 'matrix/climbing' exists only natively" in result.output
     result = runner.invoke(app, ["validate", str(spec), "+env.params.k=-3"])
-    assert result.exit_code == 2 and "rejected its params" in result.output
+    assert result.exit_code == 2
+    assert "env.params.k: not a parameter of env 'matrix/climbing'" in result.output
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -86,3 +87,46 @@ def test_learners_find_an_equilibrium_of_the_climbing_game(
     assert result.exit_code == 0, result.output
     returns = [r["final_return"] for r in json.loads(result.stdout)["runs"]]
     assert statistics.median(returns) >= 4.5, returns
+
+
+NATIVE_SPEC = """\
+env:
+  id: {env}
+  backend: native
+  params:
+    {param}
+algo:
+  name: mappo
+"""
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("max_cycles: true", "max_cycles must be a whole number of at least 1, not true"),
+        ("max_cycles: 2.5", "max_cycles must be a whole number of at least 1, not 2.5"),
+        ("map_width: .nan", "map_width must be a finite number above 8, not nan"),
+        ("map_height: abc", "map_height must be a finite number above 8, not 'abc'"),
+        ("map_width: 1.0e+30", "map_width 1e+30: the slowest unit moves 0.140625 per world"),
+        ("time_per_step: .inf", "time_per_step must be a finite number above 0, not inf"),
+        (
+            "world_steps_per_env_step: 1000000000",
+            "world_steps_per_env_step must be a whole number from 1 to 1,000, not 1000000000",
+        ),
+        ("won_battle_bonus: .nan", "won_battle_bonus must be a finite number, not nan"),
+        ("walls_cause_death: 'no'", "walls_cause_death must be true or false, not 'no'"),
+        ("attack_mode: sideways", "attack_mode must be closest or random, not 'sideways'"),
+        ("atack_mode: random", "not a parameter of env 'smax/3m'; did you mean 'attack_mode'?"),
+        ("k: -.inf", "k must be a finite number, not -inf"),
+    ],
+)
+def test_a_wrong_native_param_is_named_at_its_line(
+    tmp_path: Path, param: str, message: str
+) -> None:
+    spec = tmp_path / "native.yaml"
+    env = "matrix/penalty" if param.startswith("k:") else "smax/3m"
+    spec.write_text(NATIVE_SPEC.format(env=env, param=param))
+    result = runner.invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    key = param.partition(":")[0]
+    assert f"native.yaml:5: env.params.{key}: {message}" in result.output.replace("\n", " ")

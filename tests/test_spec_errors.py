@@ -373,9 +373,8 @@ CASES = {
               name: mappo
             """
         },
-        "spec.yaml:3: env.params:",
-        "env 'mpe/simple_spread' rejected its params",
-        also=("unexpected keyword argument 'foo'",),
+        "spec.yaml:4: env.params.foo:",
+        "not a parameter of env 'mpe/simple_spread'; its parameters: N, ",
     ),
     # ------------------------------------------------------------- plan (cross-field, machine)
     "eval-every-exceeds-budget": Case(
@@ -498,8 +497,8 @@ CASES = {
     ),
     "override-env-params-rejected": Case(
         {"spec.yaml": WITH_PRESETS},
-        "<overrides>:1: env.params:",
-        "env 'mpe/simple_spread' rejected its params",
+        "<overrides>:1: env.params.foo:",
+        "not a parameter of env 'mpe/simple_spread'",
         overrides=("+env.params.foo=1",),
     ),
     "override-misspelt-preset": Case(
@@ -524,6 +523,43 @@ if GPUS == 0:
     )
 
 
+# A native env's params: each wrong one named where it is, before the env is built.
+NATIVE_LBF = """
+env:
+  id: lbf/Foraging-8x8-2p-2f-coop-v3
+  backend: native
+  params:
+    {param}
+algo:
+  name: mappo
+"""
+for _name, _param, _head, _fragment in (
+    ("lbf-players-bool", "players: true", "players", "must be a whole number of at least 1"),
+    ("lbf-players-zero", "players: 0", "players", "not 0"),
+    ("lbf-more-players-than-cells", "players: 65", "players", "do not fit on a 8x8 grid"),
+    ("lbf-field-size-scalar", "field_size: 8", "field_size", "must be [rows, columns]"),
+    ("lbf-field-size-nan", "field_size: [.nan, 8]", "field_size", "not nan"),
+    ("lbf-penalty-string", "penalty: abc", "penalty", "must be a finite number"),
+    ("lbf-flag-string", "force_coop: 'yes'", "force_coop", "must be true or false"),
+    ("lbf-no-food", "max_num_food: 0", "max_num_food", "of at least 1"),
+    ("lbf-levels-wrong-length", "min_player_level: [1, 2, 3]", "min_player_level", "list of 2"),
+):
+    CASES[_name] = Case(
+        {"spec.yaml": NATIVE_LBF.format(param=_param)},
+        f"spec.yaml:5: env.params.{_head}:",
+        _fragment,
+    )
+CASES["env-param-typo"] = Case(
+    {
+        "spec.yaml": BASE.replace(
+            "  id: mpe/simple_spread\n", "  id: mpe/simple_spread\n  params: {Nn: 4}\n"
+        )
+    },
+    "spec.yaml:3: env.params.Nn:",
+    "not a parameter of env 'mpe/simple_spread'; did you mean 'N'?",
+)
+
+
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_bad_spec_is_reported_with_file_line_and_key(case: Case, tmp_path: Path) -> None:
     for name, text in case.files.items():
@@ -536,6 +572,17 @@ def test_bad_spec_is_reported_with_file_line_and_key(case: Case, tmp_path: Path)
     for fragment in case.also:
         assert fragment in line, line
     assert "nothing was run" in result.output
+
+
+def test_num_envs_whose_rollouts_outgrow_the_memory_are_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr("marlctl.plan.physical_memory_mb", lambda: 1_000.0)
+    write(tmp_path / "spec.yaml", BASE + "hardware:\n  num_envs: 100000\n")
+    result = invoke("validate", "spec.yaml")
+    assert_clean_exit(result, 2)
+    find_problem(result.output, "spec.yaml:9: hardware.num_envs:", "more than this machine's 1,000")
+    assert invoke("validate", "spec.yaml", "hardware.num_envs=100").exit_code == 0
 
 
 def test_several_errors_are_all_reported_sorted_by_line(tmp_path: Path) -> None:

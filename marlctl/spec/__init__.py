@@ -628,6 +628,9 @@ def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]
     params = env.get("params", {})
     if not isinstance(params, dict):
         return []
+    problem = native_params_problem(env["id"], env.get("backend"), params, provenance)
+    if problem is not None:
+        return [problem]
     from marlctl.envs.registry import probe
 
     try:
@@ -635,6 +638,20 @@ def _env_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem]
     except Exception as err:
         return [env_problem(env["id"], err, provenance, params)]
     return []
+
+
+def native_params_problem(
+    env_id: str, backend: Any, params: dict[str, Any], provenance: Provenance
+) -> Problem | None:
+    """What keeps a native env from running with `params`, found before the env is probed:
+    an `lbf/` task is probed through its package, which takes values the native env cannot
+    (and fails on some with the package's own words)."""
+    from marlctl.envs.native import is_native, native_problem
+
+    if backend != "native" or not is_native(env_id):
+        return None
+    problem = native_problem(env_id, params)
+    return None if problem is None else provenance.problem(*problem)
 
 
 def env_problem(
@@ -648,6 +665,11 @@ def env_problem(
     if isinstance(err, ProbeTimeout):
         return provenance.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):
+        unknown = _UNEXPECTED_KEYWORD.search(str(err))
+        if unknown and unknown[1] in (params or {}):
+            return provenance.problem(
+                f"env.params.{unknown[1]}", _unknown_env_param(env_id, unknown[1])
+            )
         return provenance.problem("env.params", f"env '{env_id}' rejected its params: {err}")
     # A message that starts with the name of a param the spec sets is about that param.
     first = str(err).split(" ", 1)[0]
@@ -656,6 +678,28 @@ def env_problem(
     # The user's factory may raise anything; report it, never a traceback.
     message = f"building env '{env_id}' failed: {type(err).__name__}: {err}"
     return provenance.problem("env", message)
+
+
+_UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
+
+
+def _unknown_env_param(env_id: str, name: str) -> str:
+    """A param the env does not take, with the one it likely means or those it takes."""
+    from marlctl.envs.registry import env_params
+
+    try:
+        taken = [k for k in env_params(env_id).defaults if k != "render_mode"]
+    except Exception:  # a factory whose parameters cannot be read: say what is known
+        taken = []
+    close = difflib.get_close_matches(name, taken, n=1, cutoff=0.6)
+    hint = (
+        f"; did you mean '{close[0]}'?"
+        if close
+        else f"; its parameters: {', '.join(taken)}"
+        if taken
+        else ""
+    )
+    return f"not a parameter of env '{env_id}'{hint}"
 
 
 def sort_problems(problems: list[Problem]) -> list[Problem]:

@@ -13,6 +13,8 @@ import importlib
 import re
 from typing import Any
 
+from marlctl.envs.native.params import choice, flag, integer, number
+
 NATIVE: dict[str, str] = {
     "mpe/simple": "marlctl.envs.native.simple:Simple",
     "mpe/simple_spread": "marlctl.envs.native.simple_spread:SimpleSpread",
@@ -116,6 +118,59 @@ def foraging_unsupported(params: dict[str, Any]) -> str | None:
     return None
 
 
+def foraging_params(p: dict[str, Any]) -> dict[str, Any]:
+    """Foraging keywords `p` (a task's, with `env.params` over them) read with their types;
+    a ValueError names the first one that is wrong. Levels come back as lists of whole
+    numbers, one per player or food. Pure: validation reads a spec's params with it."""
+    players = integer("players", p["players"], 1)
+    size = p["field_size"]
+    if not isinstance(size, list | tuple) or len(size) != 2:
+        raise ValueError(f"field_size must be [rows, columns], not {size!r}")
+    # Food spawns on inner cells only: a grid needs one at least.
+    rows, cols = (integer("field_size", x, 3) for x in size)
+    if players > rows * cols:
+        raise ValueError(f"players {players} do not fit on a {rows}x{cols} grid")
+    foods = integer("max_num_food", p["max_num_food"], 1)
+
+    def levels(name: str, count: int, low: int) -> list[int]:
+        value = p[name]
+        values = list(value) if isinstance(value, list | tuple) else [value] * count
+        if len(values) != count:
+            raise ValueError(f"{name} must be a number or a list of {count}, not {value!r}")
+        return [integer(name, v, low) for v in values]
+
+    out = {
+        **p,
+        "players": players,
+        "field_size": (rows, cols),
+        "max_num_food": foods,
+        "min_player_level": levels("min_player_level", players, 0),
+        "max_player_level": levels("max_player_level", players, 0),
+        "min_food_level": levels("min_food_level", foods, 0),
+        "max_food_level": None
+        if p["max_food_level"] is None
+        else levels("max_food_level", foods, 0),
+        "sight": integer("sight", p["sight"]),
+        "max_episode_steps": integer("max_episode_steps", p["max_episode_steps"]),
+        "penalty": number("penalty", p["penalty"]),
+        "reward_scalarisation": choice(
+            "reward_scalarisation", p.get("reward_scalarisation", "sum"), ("sum", "mean")
+        ),
+    }
+    for name in ("force_coop", "normalize_reward", "common_reward", "grid_observation",
+                 "observe_agent_levels"):  # fmt: skip
+        if name in p:
+            out[name] = flag(name, p[name])
+    for kind, top in (("player", out["max_player_level"]), ("food", out["max_food_level"])):
+        low = out[f"min_{kind}_level"]
+        for i, (a, b) in enumerate(zip(low, top or low, strict=True)):
+            if a > b:
+                raise ValueError(
+                    f"min_{kind}_level must be at most max_{kind}_level ({a} > {b} for {kind} {i})"
+                )
+    return out
+
+
 def is_native(env_id: str) -> bool:
     """Whether `env_id` runs under `backend: native`: a listed task, or a task of a native
     family (`lbf/<task>`)."""
@@ -132,9 +187,14 @@ def native_problem(env_id: str, params: dict[str, Any]) -> tuple[str, str] | Non
             f"no native implementation of '{env_id}' (native: {have}, and the lbf/ tasks)",
         )
     if env_id.startswith("lbf/"):
-        key = foraging_unsupported({**foraging_task(env_id.partition("/")[2]), **params})
+        merged = {**foraging_task(env_id.partition("/")[2]), **params}
+        key = foraging_unsupported(merged)
         if key is not None:
             return f"env.params.{key}", FORAGING_UNSUPPORTED[key]
+        try:
+            foraging_params(merged)
+        except ValueError as err:
+            return f"env.params.{str(err).split(' ', 1)[0]}", str(err)
     for key, reason in UNSUPPORTED.items():
         if params.get(key):
             return f"env.params.{key}", f"not supported with backend: native ({reason})"

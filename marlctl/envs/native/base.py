@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.native.params import integer
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.envs.signature import FactoryParams, method_params
 
@@ -129,9 +130,7 @@ class NativeEnv(SeededBatch):
         seeds: int = 1,
     ):
         params = dict(params)
-        self.max_cycles = int(params.pop("max_cycles", self.max_cycles))
-        if self.max_cycles < 1:
-            raise ValueError(f"max_cycles must be at least 1, not {self.max_cycles}")
+        self.max_cycles = integer("max_cycles", params.pop("max_cycles", self.max_cycles), 1)
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
         self._seed_blocks(seeds)
         groups, state_dim = self.build(**params)

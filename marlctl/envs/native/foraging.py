@@ -36,7 +36,12 @@ from typing import Any
 
 import torch
 
-from marlctl.envs.native import FORAGING_UNSUPPORTED, foraging_task, foraging_unsupported
+from marlctl.envs.native import (
+    FORAGING_UNSUPPORTED,
+    foraging_params,
+    foraging_task,
+    foraging_unsupported,
+)
 from marlctl.envs.native.base import NativeEnv, group
 from marlctl.envs.signature import FactoryParams
 
@@ -52,14 +57,6 @@ def task_class(env_id: str) -> type[Foraging]:
     if kwargs is None:
         raise ValueError(f"'{env_id}' is not a level-based foraging task name")
     return type("Foraging", (Foraging,), {"env_id": env_id, "task": kwargs})
-
-
-def _per(value: Any, count: int, name: str) -> torch.Tensor:
-    """A scalar, or a list of `count` values, as `count` integers."""
-    values = list(value) if isinstance(value, list | tuple) else [value] * count
-    if len(values) != count:
-        raise ValueError(f"{name} must be a number or a list of {count}, not {value!r}")
-    return torch.tensor([int(v) for v in values])
 
 
 class Foraging(NativeEnv):
@@ -89,34 +86,21 @@ class Foraging(NativeEnv):
         key = foraging_unsupported(p)
         if key is not None:
             raise ValueError(f"{key}: {FORAGING_UNSUPPORTED[key]}")
-        if p["reward_scalarisation"] not in ("sum", "mean"):
-            raise ValueError(
-                f"reward_scalarisation must be sum or mean, not {p['reward_scalarisation']!r}"
-            )
-        rows, cols = (int(x) for x in p["field_size"])
-        P, F = int(p["players"]), int(p["max_num_food"])
-        if rows < 3 or cols < 3 or P < 1 or F < 1 or P > rows * cols:
-            raise ValueError(f"field_size {rows}x{cols} with {P} players and {F} foods")
+        p = foraging_params(p)
+        (rows, cols), P, F = p["field_size"], p["players"], p["max_num_food"]
         self.rows, self.cols, self.P, self.F = rows, cols, P, F
-        self.sight = int(p["sight"])
-        self.max_cycles = int(p["max_episode_steps"])
-        self.force_coop, self.penalty = bool(p["force_coop"]), float(p["penalty"])
-        self.normalize = bool(p["normalize_reward"])
-        self.common = bool(p["common_reward"])
+        self.sight = p["sight"]
+        self.max_cycles = p["max_episode_steps"]
+        self.force_coop, self.penalty = p["force_coop"], p["penalty"]
+        self.normalize = p["normalize_reward"]
+        self.common = p["common_reward"]
         self.mean_reward = p["reward_scalarisation"] == "mean"
         dev = self.device
-        self.player_min = _per(p["min_player_level"], P, "min_player_level").to(dev)
-        self.player_max = _per(p["max_player_level"], P, "max_player_level").to(dev)
-        self.food_min = _per(p["min_food_level"], F, "min_food_level").to(dev)
-        self.food_max = (
-            None
-            if p["max_food_level"] is None
-            else _per(p["max_food_level"], F, "max_food_level").to(dev)
-        )
-        if (self.player_min > self.player_max).any() or self.player_min.min() < 0:
-            raise ValueError("min_player_level must be at most max_player_level, and >= 0")
-        if self.food_max is not None and (self.food_min > self.food_max).any():
-            raise ValueError("min_food_level must be at most max_food_level")
+        self.player_min = torch.tensor(p["min_player_level"], device=dev)
+        self.player_max = torch.tensor(p["max_player_level"], device=dev)
+        self.food_min = torch.tensor(p["min_food_level"], device=dev)
+        top = p["max_food_level"]
+        self.food_max = None if top is None else torch.tensor(top, device=dev)
         self.moves = torch.tensor(MOVES, device=dev)
         self.unseen = torch.tensor([-1, -1, 0], device=dev)  # (row, col, level) of no one
         self.player_index = torch.arange(P, device=dev)

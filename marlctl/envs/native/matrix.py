@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from marlctl.envs.native.base import NativeEnv, group
+from marlctl.envs.native.params import number
 
 CLIMBING = [[11.0, -30.0, 0.0], [-30.0, 7.0, 6.0], [0.0, 0.0, 5.0]]
 
@@ -66,6 +67,6 @@ class Penalty(MatrixGame):
     env_id = "matrix/penalty"
 
     def payoff(self, k: float = -100.0) -> list[list[float]]:
-        if not k <= 0:
+        if number("k", k) > 0:
             raise ValueError(f"k must be 0 or below, not {k}")
         return penalty(float(k))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from marlctl.envs.native.base import NativeEnv, group
+from marlctl.envs.native.params import choice, flag, integer, number
 
 # Unit types: marine, marauder, stalker, zealot, zergling, hydralisk.
 TYPE_NAMES = ("marine", "marauder", "stalker", "zealot", "zergling", "hydralisk")
@@ -43,6 +44,9 @@ N_TYPES = len(TYPE_NAMES)
 MOVES = 5  # four directions and stop; attack k is action MOVES + k
 UNIT_FEATURES = 7 + N_TYPES  # health, dx, dy, last move x, y, last attack, cooldown, type
 OWN_FEATURES = 4 + N_TYPES  # health, x, y, cooldown, type
+# SMAX's default is 8; far more makes each step's random numbers (one per world step, unit
+# and env) outgrow the memory before the step's time does.
+MAX_WORLD_STEPS = 1_000
 
 
 @dataclass(frozen=True)
@@ -109,19 +113,32 @@ class Smax(NativeEnv):
     ):
         """SMAX's keywords (`max_cycles` is its `max_steps`), and the enemy heuristic's:
         `enemy_shoots` and `attack_mode` (closest or random unit in range)."""
-        if attack_mode not in ("closest", "random"):
-            raise ValueError(f"attack_mode must be closest or random, not {attack_mode!r}")
-        if world_steps_per_env_step < 1 or time_per_step <= 0:
-            raise ValueError("world_steps_per_env_step must be >= 1 and time_per_step > 0")
-        if map_width <= 8 or map_height <= 8:
-            raise ValueError("map_width and map_height must be above 8")
+        self.random_attack = choice("attack_mode", attack_mode, ("closest", "random")) == "random"
+        # A step draws `world_steps_per_env_step` random numbers per unit and env, at once.
+        self.world_steps = integer(
+            "world_steps_per_env_step", world_steps_per_env_step, 1, MAX_WORLD_STEPS
+        )
+        self.tps = number("time_per_step", time_per_step, above=0.0)
+        self.width = number("map_width", map_width, above=8.0)
+        self.height = number("map_height", map_height, above=8.0)
+        # Positions are float32: a move no larger than their spacing at the map's far edge
+        # is lost to rounding, and units stand still.
+        slowest = min(VELOCITY) * self.tps
+        if max(self.width, self.height) * 2.0**-23 >= slowest:
+            name = "map_width" if self.width >= self.height else "map_height"
+            size = max(self.width, self.height)
+            if size <= 32.0:  # no larger than SMAX's own map: the time step is too small
+                name, size = "time_per_step", self.tps
+            raise ValueError(
+                f"{name} {size:g}: the slowest unit moves {slowest:g} per world step, which "
+                f"float32 positions on a {self.width:g} x {self.height:g} map lose to rounding"
+            )
+        self.bonus = number("won_battle_bonus", won_battle_bonus)
+        self.walls_kill = flag("walls_cause_death", walls_cause_death)
+        self.see_enemy_actions = flag("see_enemy_actions", see_enemy_actions)
+        self.enemy_shoots = flag("enemy_shoots", enemy_shoots)
         sc = self.scenario
         self.A, self.E_units, self.N = sc.allies, sc.enemies, sc.allies + sc.enemies
-        self.width, self.height = float(map_width), float(map_height)
-        self.world_steps, self.tps = int(world_steps_per_env_step), float(time_per_step)
-        self.bonus, self.walls_kill = float(won_battle_bonus), bool(walls_cause_death)
-        self.see_enemy_actions, self.enemy_shoots = bool(see_enemy_actions), bool(enemy_shoots)
-        self.random_attack = attack_mode == "random"
         like = self._like
         for name, values in (("velocity", VELOCITY), ("attack", ATTACK),
                              ("attack_range", ATTACK_RANGE), ("sight", SIGHT),
