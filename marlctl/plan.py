@@ -16,6 +16,7 @@ from marlctl.algos import registered_algos
 from marlctl.envs.registry import EnvInfo, probe
 from marlctl.errors import SpecError
 from marlctl.spec import LoadedSpec, env_problem, native_params_problem
+from marlctl.spec.models import Spec
 
 
 @dataclass(frozen=True)
@@ -302,13 +303,18 @@ def compile_plan(
     # exceeds the memory would be killed, or take the machine down with it, once it fills up.
     ram = physical_memory_mb()
     if "cpu" in pool[: len(spec.seeds)] and ram and memory * seeds_per_process > ram:
+        need = f"{memory * seeds_per_process:,.0f} MiB per run process"
+        if _buffer_mb(spec, env_info) * 2 > memory:  # the replay buffer is most of it
+            key = "algo.buffer_size"
+            what = f"a replay buffer of {spec.algo.buffer_size:,} transitions"
+        else:
+            key, what = "hardware.num_envs", f"{hw.num_envs:,} envs"
         raise SpecError(
             [
                 prov.problem(
-                    "hardware.num_envs",
-                    f"{hw.num_envs:,} envs need an estimated {memory * seeds_per_process:,.0f} "
-                    f"MiB per run process for rollouts and networks, more than this machine's "
-                    f"{ram:,.0f} MiB of memory; lower hardware.num_envs",
+                    key,
+                    f"{what} need(s) an estimated {need} for rollouts, replay and networks, "
+                    f"more than this machine's {ram:,.0f} MiB of memory; lower {key}",
                 )
             ]
         )
@@ -529,10 +535,14 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         # decentralised critic reads the observation).
         per_env = g.n_agents * (g.obs_dim + g.n_actions + 8) + (env.state_dim if centralised else 0)
         floats += rollout * spec.hardware.num_envs * per_env
+    return round((params * 4 + floats) * 4 / 2**20 + _buffer_mb(spec, env), 2)
+
+
+def _buffer_mb(spec: Spec, env: EnvInfo) -> float:
+    """A replay buffer's floats in MiB (0 for on-policy algorithms): per stored transition
+    the observations, next observations, state and next state."""
     buffer = getattr(spec.algo, "buffer_size", 0)
-    if buffer:  # a stored transition: observations, next observations, state, next state
-        per_step = 2 * env.state_dim + sum(
-            g.n_agents * (2 * g.obs_dim + g.n_actions + 4) for g in env.groups
-        )
-        floats += buffer * per_step
-    return round((params * 4 + floats) * 4 / 2**20, 2)
+    per_step = 2 * env.state_dim + sum(
+        g.n_agents * (2 * g.obs_dim + g.n_actions + 4) for g in env.groups
+    )
+    return buffer * per_step * 4 / 2**20

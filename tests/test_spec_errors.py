@@ -583,6 +583,16 @@ def test_num_envs_whose_rollouts_outgrow_the_memory_are_refused(
     assert_clean_exit(result, 2)
     find_problem(result.output, "spec.yaml:9: hardware.num_envs:", "more than this machine's 1,000")
     assert invoke("validate", "spec.yaml", "hardware.num_envs=100").exit_code == 0
+    # Where the replay buffer is most of it, the buffer is named.
+    replay = BASE.replace("name: mappo", "name: qmix\n  buffer_size: 10000000")
+    write(tmp_path / "replay.yaml", replay)
+    result = invoke("validate", "replay.yaml")
+    assert_clean_exit(result, 2)
+    find_problem(
+        result.output,
+        "replay.yaml:5: algo.buffer_size:",
+        "a replay buffer of 10,000,000 transitions need(s) an estimated",
+    )
 
 
 def test_several_errors_are_all_reported_sorted_by_line(tmp_path: Path) -> None:
