@@ -123,13 +123,14 @@ def theirs(scenario: str, num_envs: int, seconds: float) -> float:
     return calls * SCAN * num_envs / (time.perf_counter() - start)
 
 
-KEYS = {"eager": "marlctl", "compiled": "marlctl_compiled", "graph": "marlctl_graph",
-        "graph_compiled": "marlctl_graph_compiled"}  # fmt: skip
+def field(mode: str) -> str:
+    """A cell's field for marlctl's figure in `mode` (eager's is plain `marlctl`)."""
+    return "marlctl" if mode == "eager" else f"marlctl_{mode}"
 
 
 def table(cells: list[dict]) -> str:
     def rate(cell: dict, mode: str) -> str:
-        value = cell.get(KEYS[mode])
+        value = cell.get(field(mode))
         return "—" if value is None else f"{value:,.0f}"
 
     lines = [
@@ -151,10 +152,10 @@ def table(cells: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        best = max(c[k] for k in KEYS.values() if c.get(k) is not None)
+        best = max(c[field(m)] for m in MODES if c.get(field(m)) is not None)
         lines.append(
             f"| {c['scenario']} | {c['device']} | {c['num_envs']:,} | "
-            + " | ".join(rate(c, mode) for mode in KEYS)
+            + " | ".join(rate(c, mode) for mode in MODES)
             + f" | {c['jaxmarl']:,.0f} | {best / c['jaxmarl']:.2f} | {c['measured']} | "
             f"{c['machine']} |"
         )
@@ -195,7 +196,7 @@ def main() -> None:
         for n in (int(x) for x in args.num_envs.split(",")):
             cell = {"scenario": scenario, "device": args.device, "num_envs": n}
             for mode in modes:
-                cell[KEYS[mode]] = ours(scenario, n, args.seconds, args.device, mode)
+                cell[field(mode)] = ours(scenario, n, args.seconds, args.device, mode)
             if args.device.startswith("cuda"):  # JAX's memory beside torch's
                 torch.cuda.empty_cache()
             cell |= {
