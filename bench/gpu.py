@@ -8,13 +8,21 @@ Measures on the first CUDA device, in one run:
    field by field in `JAXMARL_IPPO`): eager and captured (`marlctl bench`), and JaxMARL's
    own (`bench/gpu_jaxmarl.py --work ippo`), whose compile time is reported apart;
 3. the replay-based algorithms at 1,024 envs with the reproduction benchmark's
-   update-to-data ratio (`bench/algorithms.py`: 2 gradient steps per 32 env steps);
-4. `marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
+   update-to-data ratio (`bench/algorithms.py`: 2 gradient steps per 32 env steps): eager,
+   captured as a CUDA graph (`hardware.compile: auto`), and captured with their gradient
+   steps' losses compiled (`hardware.compile: true`);
+4. start-up: a tiny run (`marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
+   hardware.num_envs=4096 train.total_env_steps=4096 train.eval_every=0`), its wall-clock
+   seconds and the seconds from the command to its first env step (`perf/startup_s`);
+5. `marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
    hardware.num_envs=4096`: seconds from the command's start to the first evaluation at
    -15 or better.
 Writes `bench/results/gpu.md` and `bench/results/gpu.jsonl`. JaxMARL's rows need `jax` and
 the `jaxmarl` package importable (see `bench/gpu_jaxmarl.py`); without them they are left
 out and the table says so.
+
+`--device cpu --sections offpolicy startup` measures the same replay-based and start-up rows
+on the CPU, the baseline a GPU run must beat, into `bench/results/cpu_offpolicy.md`.
 
     python bench/gpu.py                       # about 8 minutes on an H100
     python bench/gpu.py --sections env ippo   # a part
@@ -48,7 +56,7 @@ JAXMARL_IPPO = (
     "algo.huber_delta=null", "algo.value_norm=false", "model.activation=tanh",
     "model.layer_norm=false",
 )  # fmt: skip
-OFF_POLICY = ("qmix", "vdn", "iql", "maddpg", "matd3", "masac")
+OFF_POLICY = ("qmix", "masac", "maddpg", "iql", "vdn", "matd3")
 
 
 def marlctl(*args: str) -> dict:
@@ -85,6 +93,47 @@ def merged(results: dict, key: str, kind: str) -> dict[tuple[int, str], dict]:
     """Points of the eager-and-graph bench and of the compiled one (its eager points are a
     second measurement of the first's; the first's are kept)."""
     return points(results.get(f"{key}_compiled", {}), kind) | points(results[key], kind)
+
+
+def offpolicy(algo: str, device: str, seconds: str, compile_mode: str) -> dict:
+    """`marlctl bench` of one replay-based algorithm at 1,024 envs with the reproduction
+    benchmark's ratio: 2 gradient steps of 256 per 32 env steps."""
+    return marlctl(
+        "bench", str(SPEC), f"algos={algo}", "~algo.epochs", "~algo.minibatches", "~algo.lr",
+        "~model.activation", "algo.batch_size=256", "algo.updates=64", "algo.gamma=0.9",
+        "--num-envs", "1024", "--seconds", seconds, f"hardware.device={device}",
+        f"hardware.compile={compile_mode}",
+    )  # fmt: skip
+
+
+def startup(device: str, runs: int = 3) -> dict:
+    """A tiny run, `runs` times in a fresh folder each (the first also creates the MLflow
+    store): wall-clock seconds and seconds from the command to the first env step."""
+    import shutil
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    args = ["run", str(SPEC), f"hardware.device={device}", "train.total_env_steps=4096",
+            "train.eval_every=0", "train.checkpoint_every=0"]  # fmt: skip
+    if device.startswith("cuda"):
+        args.append("hardware.num_envs=4096")
+    rows = []
+    folder = Path(tempfile.mkdtemp(prefix="marlctl-startup-"))
+    try:
+        for index in range(runs):
+            try:
+                summary, wall = marlctl_json(args, folder, "the start-up run")
+            except SystemExit as failure:
+                return {"error": str(failure)[-2000:]}
+            run_id = summary["runs"][0]["run_id"]
+            client = MlflowClient(summary["tracking_uri"])
+            history = client.get_metric_history(run_id, "perf/startup_s")
+            first = history[0].value if history else None
+            rows.append({"fresh_store": index == 0, "wall_s": wall, "first_step_s": first})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"command": "marlctl " + " ".join(args).replace(str(ROOT) + "/", ""), "runs": rows}
 
 
 def first_eval_under(limit: float = -15.0) -> dict:
@@ -158,26 +207,50 @@ HEADER = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", nargs="+", default=["env", "ippo", "offpolicy", "first_eval"])
+    parser.add_argument(
+        "--sections", nargs="+", default=["env", "ippo", "offpolicy", "startup", "first_eval"]
+    )
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--seconds", default="3")
     parser.add_argument("--offpolicy-algos", nargs="+", default=list(OFF_POLICY))
+    parser.add_argument(
+        "--offpolicy-modes", nargs="+", default=["auto", "true"], choices=["auto", "true"]
+    )
     parser.add_argument(
         "--merge",
         action="store_true",
         help="keep the other sections of the last record in gpu.jsonl (same machine)",
     )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        help="cpu: the replay-based and start-up sections on the CPU (their baseline)",
+    )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="rewrite the table from the results file, each section from its latest record",
+    )
     args = parser.parse_args()
+    on_cpu = args.device == "cpu"
+    out = OUT.with_name("cpu_offpolicy.md") if on_cpu else OUT
+    jsonl = JSONL.with_name("cpu_offpolicy.jsonl") if on_cpu else JSONL
+    if args.table:
+        write_table(latest_sections(jsonl), tuple(args.sizes), out)
+        print(out.read_text())
+        return
     import torch
 
-    if not torch.cuda.is_available():
+    if not on_cpu and not torch.cuda.is_available():
         sys.exit("bench/gpu.py needs a CUDA device")
+    if on_cpu:
+        args.sections = [s for s in args.sections if s in ("offpolicy", "startup")]
     WORKDIR.mkdir(parents=True, exist_ok=True)
     sizes = tuple(args.sizes)
     listed = ",".join(map(str, sizes))
-    results: dict = {"machine": machine("cuda"), "date": date.today().isoformat()}
-    if args.merge and JSONL.exists():
-        last = json.loads(JSONL.read_text().splitlines()[-1])
+    results: dict = {"machine": machine(args.device), "date": date.today().isoformat()}
+    if args.merge and jsonl.exists():
+        last = json.loads(jsonl.read_text().splitlines()[-1])
         if last["machine"] == results["machine"]:
             results = last | {"date": results["date"]}
     cuda = "hardware.device=cuda"
@@ -191,52 +264,80 @@ def main() -> None:
         results["ippo"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing)
         results["ippo_compiled"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing, compiled)
         results["ippo_jaxmarl"] = jaxmarl("ippo", sizes)
+    if "startup" in args.sections:
+        results["startup"] = startup(args.device)
     if "offpolicy" in args.sections:
-        # The reproduction benchmark's ratio: 2 gradient steps of 256 per 32 env steps.
-        results["offpolicy"] = results.get("offpolicy", {}) | {
-            algo: marlctl(
-                "bench",
-                str(SPEC),
-                f"algos={algo}",
-                "~algo.epochs",
-                "~algo.minibatches",
-                "~algo.lr",
-                "~model.activation",
-                "algo.batch_size=256",
-                "algo.updates=64",
-                "algo.gamma=0.9",
-                "--num-envs",
-                "1024",
-                "--seconds",
-                args.seconds,
-                cuda,
-            )  # fmt: skip
-            for algo in args.offpolicy_algos
-        }
+        done = results.setdefault("offpolicy", {})
+        # auto: eager and captured, every algorithm; then true: both again with compiled
+        # gradient steps (on a CPU, compiled alone), which takes longer to start.
+        for mode in args.offpolicy_modes:
+            for algo in args.offpolicy_algos:
+                done.setdefault(algo, {})[mode] = offpolicy(algo, args.device, args.seconds, mode)
+                write_table(results, sizes, out)  # what is measured stays if the rest cannot finish
     if "first_eval" in args.sections:
         results["first_eval"] = first_eval_under()
-    with JSONL.open("a") as sink:
+    with jsonl.open("a") as sink:
         sink.write(json.dumps(results) + "\n")
-    write_table(results, sizes)
-    print(OUT.read_text())
+    write_table(results, sizes, out)
+    print(out.read_text())
 
 
-def write_table(results: dict, sizes: tuple[int, ...]) -> None:
+# The sections of a record, each with the keys that hold it.
+SECTIONS = {
+    "env": ("env", "env_compiled", "env_jaxmarl"),
+    "ippo": ("ippo", "ippo_compiled", "ippo_jaxmarl"),
+    "offpolicy": ("offpolicy",),
+    "startup": ("startup",),
+    "first_eval": ("first_eval",),
+}
+
+
+def latest_sections(jsonl: Path) -> dict:
+    """Every section from the latest record of `jsonl` that holds it, with where and when it
+    was measured (`provenance`). Records whose section failed entirely are passed over."""
+    merged: dict = {"provenance": {}}
+    for line in jsonl.read_text().splitlines():
+        record = json.loads(line)
+        for section, keys in SECTIONS.items():
+            if section not in record or _failed(record[section]):
+                continue
+            merged.update({k: record[k] for k in keys if k in record})
+            merged["provenance"][section] = f"{record['date']} on {record['machine']}"
+            merged["machine"], merged["date"] = record["machine"], record["date"]
+    return merged
+
+
+def _failed(section) -> bool:
+    if not isinstance(section, dict):
+        return False
+    values = list(section.values())
+    return bool(values) and all(isinstance(v, dict) and "error" in v for v in values)
+
+
+def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
+    provenance = results.get("provenance", {})
+    where = f"{results['date']} on {results['machine']}"
+
+    def measured(section: str) -> list[str]:
+        return [f"Measured {provenance.get(section, where)}.", ""]
+
     lines = [
-        "# marlctl on one GPU, beside JaxMARL",
+        "# marlctl on the CPU: the baseline of the GPU table"
+        if results["machine"].endswith("no GPU used")
+        else "# marlctl on one GPU, beside JaxMARL",
         "",
-        f"Measured {results['date']} with `python bench/gpu.py` on {results['machine']}.",
-        "",
-        "Env steps per second (one env step = every agent acts once), after warm-up; "
-        "'capture s' is the one-off time to capture the CUDA graph, JaxMARL's compile time "
-        "is its `jit` compilation, both outside the throughput. Raw numbers: "
-        "`bench/results/gpu.jsonl`.",
+        "Written by `python bench/gpu.py` (`--table` rewrites it from the results file, each "
+        "section from its latest measurement). Env steps per second (one env step = every "
+        "agent acts once), after warm-up; 'capture s' is the one-off time to capture the CUDA "
+        "graph, JaxMARL's compile time is its `jit` compilation, both outside the throughput. "
+        f"Raw numbers: `bench/results/{out.with_suffix('.jsonl').name}`.",
         "",
     ]
     if "env" in results:
         lines += [
             "## Env only: simple_spread (N=3), random actions drawn on the device",
             "",
+            *measured("env"),
             *table(compare(merged(results, "env", "env"), results["env_jaxmarl"], sizes), HEADER),
             "",
         ]
@@ -245,6 +346,7 @@ def write_table(results: dict, sizes: tuple[int, ...]) -> None:
         lines += [
             "## IPPO with JaxMARL's hyperparameters (its `ippo_ff_mpe.py`)",
             "",
+            *measured("ippo"),
             f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
             "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call.",
             "",
@@ -254,22 +356,78 @@ def write_table(results: dict, sizes: tuple[int, ...]) -> None:
             "",
         ]
     if "offpolicy" in results:
+        cpu = _cpu_baseline() if not results["machine"].endswith("no GPU used") else {}
         rows = []
-        for algo, data in results["offpolicy"].items():
-            train = points(data, "train")
-            eager, graph = train.get((1024, "eager"), {}), train.get((1024, "CUDA graph"), {})
-            rows.append(
-                [algo, rate(eager.get("env_steps_per_s")), rate(graph.get("env_steps_per_s"))]
-            )
+        for algo, modes in results["offpolicy"].items():
+            auto = points(modes.get("auto", {}), "train")
+            compiled = points(modes.get("true", {}), "train")
+            cells = [
+                auto.get((1024, "eager"), {}),
+                auto.get((1024, "CUDA graph"), {}),
+                compiled.get((1024, "torch.compile"), {}),
+                compiled.get((1024, "CUDA graph, torch.compile"), {}),
+            ]
+            errors = [m["error"] for m in modes.values() if "error" in m]
+            failed = [
+                p["mode"] for p in (*auto.values(), *compiled.values()) if "failed" in p["mode"]
+            ]
+            best = max((c.get("env_steps_per_s", 0) for c in cells), default=0)
+            row = [algo, *(rate(c.get("env_steps_per_s")) for c in cells)]
+            row += [
+                f"{cells[1]['compile_s']:.1f}" if cells[1] else "—",
+                f"{cells[2]['fill_s']:.1f}" if cells[2].get("fill_s") else "—",
+            ]
+            if cpu:
+                row += [rate(cpu.get(algo)), ratio(best, cpu.get(algo))]
+            rows.append(row + ["; ".join(e[-200:] for e in errors + failed)])
+        header = ["algorithm", "eager", "CUDA graph", "compiled", "CUDA graph + compiled",
+                  "capture s", "compile s"]  # fmt: skip
+        if cpu:
+            header += ["2 CPU cores", "best / CPU"]
         lines += [
             "## Replay-based algorithms, 1,024 envs, 64 gradient steps of 256 per iteration",
             "",
+            *measured("offpolicy"),
             "The reproduction benchmark's update-to-data ratio (2 gradient steps per 32 env "
-            "steps); '—' = not captured yet.",
+            "steps), one seed, native simple_spread: `python bench/gpu.py --sections "
+            "offpolicy` (`marlctl bench ... algos=ALGO algo.batch_size=256 algo.updates=64 "
+            "--num-envs 1024` with `hardware.compile` auto, then true). Timed after the "
+            "buffer holds `learning_starts` transitions and the iteration is captured. "
+            "'compiled': the gradient steps' losses as compiled regions "
+            "(`marlctl.train.regions`); 'compile s': the iterations before timing with "
+            "them, compiling included; '—': not measured."
+            + (
+                " '2 CPU cores': the same command on the CPU (`bench/results/"
+                "cpu_offpolicy.md`), its best mode."
+                if cpu
+                else ""
+            ),
             "",
-            *table(rows, ["algorithm", "eager", "CUDA graph"]),
+            *table(rows, [*header, "note"]),
             "",
         ]
+    if "startup" in results:
+        data = results["startup"]
+        if "error" in data:
+            text = [f"failed: {data['error'][-300:]}"]
+        else:
+            text = [
+                f"`{data['command']}`, three times in a new folder (the first creates its "
+                "MLflow store):",
+                "",
+                *table(
+                    [
+                        [
+                            "yes" if r["fresh_store"] else "no",
+                            f"{r['wall_s']:.1f}",
+                            "—" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}",
+                        ]
+                        for r in data["runs"]
+                    ],
+                    ["new store", "wall s", "command to first env step s"],
+                ),
+            ]
+        lines += ["## Start-up", "", *measured("startup"), *text, ""]
     if "first_eval" in results:
         first = results["first_eval"]
         if "error" in first:
@@ -285,11 +443,31 @@ def write_table(results: dict, sizes: tuple[int, ...]) -> None:
         lines += [
             "## Time to a good policy",
             "",
+            *measured("first_eval"),
             "`marlctl run specs/spread_mappo_native.yaml hardware.device=cuda "
             f"hardware.num_envs=4096`: first evaluation at -15 or better {text}.",
             "",
         ]
-    OUT.write_text("\n".join(lines))
+    out.write_text("\n".join(lines))
+
+
+def _cpu_baseline() -> dict[str, float]:
+    """Each algorithm's fastest training on the CPU, from the CPU table's latest record."""
+    jsonl = JSONL.with_name("cpu_offpolicy.jsonl")
+    if not jsonl.exists():
+        return {}
+    found = {}
+    for algo, modes in latest_sections(jsonl).get("offpolicy", {}).items():
+        rates = [
+            p["env_steps_per_s"]
+            for m in modes.values()
+            if isinstance(m, dict)
+            for p in m.get("points", [])
+            if p["kind"] == "train"
+        ]
+        if rates:
+            found[algo] = max(rates)
+    return found
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ class Point:
     slow: bool = False  # one call took longer than the budget: larger sizes were skipped
     mode: str = "eager"  # "torch.compile", "CUDA graph", "CUDA graph, torch.compile"
     compile_s: float = 0.0  # compiling and capturing, not counted in `seconds`
+    # Iterations run before timing (collecting up to `learning_starts`, capturing), and
+    # their seconds: not counted in `seconds` either.
+    fill_iterations: int = 0
+    fill_s: float = 0.0
 
     @property
     def per_seed(self) -> float:
@@ -205,17 +209,45 @@ def _train_point(
             state["ob"], _ = trainer.train_iteration(env, state["ob"])
             trainer.stats.take()
 
-        # A captured run's first iteration is eager and its second is captured: both warm up.
-        warmup = 2 if graph else 1
-        iters, elapsed, slow, warm = _timed(iteration, seconds, device, warmup)
+        # Timed iterations are the steady state: a replay-based trainer's gradient steps have
+        # begun (iterations before `learning_starts` only collect), and a captured run's
+        # graph is replaying (its first iteration with updates runs eagerly, its second is
+        # captured).
+        start = time.perf_counter()
+        filling = 0
+        while not _steady(trainer, graph) and filling < MAX_FILL_ITERATIONS:
+            iteration()
+            filling += 1
+        _sync(device)
+        filled = time.perf_counter() - start
+        if graph and trainer.graph.failed:
+            mode = f"eager (capture failed: {trainer.graph.failed})"
+        iters, elapsed, slow, warm = _timed(iteration, seconds, device, warmup=1)
     finally:
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
-    compile_s = _compile_seconds(warm, warmup, iters, elapsed) if mode != "eager" else 0.0
+    compile_s = _compile_seconds(warm, 1, iters, elapsed) if mode != "eager" else 0.0
+    capture_s = trainer.graph.capture_seconds if graph else 0.0
     return Point(
         "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
-        slow, mode, compile_s,
+        slow, mode, compile_s + capture_s, filling, filled,
     )  # fmt: skip
+
+
+# Iterations a bench point runs before it times any: enough for a replay buffer to reach
+# `learning_starts` at the smallest sizes, not so many that a huge `learning_starts` stalls.
+MAX_FILL_ITERATIONS = 10_000
+
+
+def _steady(trainer, graph: bool) -> bool:
+    """Iterations now run as they will for the rest of training."""
+    ready = getattr(trainer, "ready", None)
+    if ready is not None and not ready():
+        return False
+    if graph:
+        captured = trainer.graph
+        return captured.graph is not None or captured.failed is not None
+    return trainer.iteration > 0
 
 
 def _timed(

@@ -31,7 +31,7 @@ def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **se
         "env": {"id": env_id, "backend": "native", **sections.get("env", {})},
         "algo": {"name": name, **algo, **sections.get("algo", {})},
         "model": sections.get("model", {}),
-        "hardware": {"device": "cuda"},
+        "hardware": {"device": "cuda", **sections.get("hardware", {})},
     }
     spec = Spec.model_validate(body)
     device = torch.device("cuda")
@@ -75,13 +75,21 @@ CASES = {
 }
 
 
+REPLAY_BASED = sorted(
+    k for k, v in CASES.items() if v[0] in ("qmix", "vdn", "maddpg", "matd3", "masac")
+)
+
+
 @cuda
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + [f"{name}-compiled" for name in REPLAY_BASED])
 def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
     """Same seeds, same graph-safe env: the replayed graph and the eager code give the same
     parameters and losses, iteration after iteration (the optimiser's captured form may
-    round differently in the last bits)."""
-    algo, env_id, seeds, sections = CASES[case]
+    round differently in the last bits). `-compiled`: both with `hardware.compile: true`,
+    whose replay-based gradient steps run compiled regions (`marlctl.train.regions`)."""
+    algo, env_id, seeds, sections = CASES[case.removesuffix("-compiled")]
+    if case.endswith("-compiled"):
+        sections = {**sections, "hardware": {"compile": True}}
     runs = []
     for graph in (False, True):
         trainer, env = _trainer(algo, env_id, 32, seeds, **sections)

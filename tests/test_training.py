@@ -445,6 +445,8 @@ def test_parallel_seeds_log_child_runs_under_one_parent(tmp_path, monkeypatch):
         assert child.data.tags["marlctl.spec_hash"] == children[0].data.tags["marlctl.spec_hash"]
         assert "eval/return_mean" in child.data.metrics
         assert "perf/env_steps_per_s" in child.data.metrics
+        # seconds from the run's process start to its first env step
+        assert 0 < child.data.metrics["perf/startup_s"] < 600
         names = {a.path for a in mlflow.list_artifacts(child.info.run_id)}
         assert {"spec.yaml", "checkpoints", "policy"} <= names
 
@@ -627,3 +629,29 @@ def test_readme_override_examples_are_valid():
         spec, *overrides = command
         result = run_cli("validate", str(TESTS.parent / spec), *overrides)
         assert result.exit_code == 0, (command, result.output)
+
+
+def test_a_run_that_compiles_nothing_never_imports_the_compiler():
+    """`torch._dynamo` costs about a second of start-up: a run without `hardware.compile:
+    true` trains, checkpoints and resumes with every algorithm's optimiser without it."""
+    script = """
+import sys, torch
+from marlctl.envs.native import native_class
+from marlctl.spec.models import Spec
+from marlctl.train.runner import build_trainer
+for name in ("mappo", "qmix", "masac", "hasac"):
+    env = native_class("mpe/simple_spread")({"N": 2}, 4, "cpu")
+    spec = Spec.model_validate({"env": {"id": "mpe/simple_spread", "params": {"N": 2}},
+        "algo": {"name": name, **({"rollout_steps": 8} if name == "mappo" else
+                 {"learning_starts": 8, "batch_size": 8})}})
+    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, (0,))
+    ob = env.reset(0)
+    for _ in range(4):
+        ob, _ = trainer.train_iteration(env, ob)
+    trainer.load_seed_states([trainer.seed_state(0)])
+    assert trainer.updates > 0, name
+print("torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

@@ -50,6 +50,10 @@ class Trainer:
         self._first = torch.ones(S, num_envs, dtype=torch.bool, device=self.device)
         self.bounds = action_bounds(info.groups, self.device)  # continuous groups' boxes
         self.graph = None  # a captured training iteration (`capture`)
+        # The draws `noise` records, and the numbers drawn ahead that it hands out instead,
+        # around a compiled region (`marlctl.train.regions`).
+        self._draws: list[tuple[torch.Size, bool, torch.dtype]] | None = None
+        self._tape: list[torch.Tensor] | None = None
 
     def restart_episodes(self) -> None:
         """The envs were reset: every episode starts afresh."""
@@ -72,13 +76,19 @@ class Trainer:
             {k: view(v) for k, v in ob.active.items()},
         )
 
-    def noise(self, shape: torch.Size, normal: bool) -> torch.Tensor:
+    def noise(
+        self, shape: torch.Size, normal: bool, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Per-seed random numbers, shape [S, ...], each seed from its own generator."""
+        if self._tape is not None:  # inside a compiled region: drawn before it (`Region`)
+            return self._tape.pop(0)
+        if self._draws is not None:
+            self._draws.append((torch.Size(shape), normal, dtype))
         draw = torch.randn if normal else torch.rand
         if len(self.generators) == 1:  # the same numbers as the stack below, without a copy
-            return draw(shape, generator=self.generators[0], device=self.device)
+            return draw(shape, generator=self.generators[0], device=self.device, dtype=dtype)
         return torch.stack(
-            [draw(shape[1:], generator=g, device=self.device) for g in self.generators]
+            [draw(shape[1:], generator=g, device=self.device, dtype=dtype) for g in self.generators]
         )
 
     def sample_categorical(self, probs: torch.Tensor) -> torch.Tensor:

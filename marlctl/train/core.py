@@ -114,10 +114,66 @@ def _upper_ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 
 def adam(params, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
-    """Adam as every algorithm uses it: one fused kernel over all parameters (per element, so
-    a seed's update does not depend on the seeds batched with it, up to the rounding of a
-    vector lane against the scalar tail on some CPUs)."""
-    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    """Adam as every replay-based algorithm uses it: one fused kernel over all parameters (per
+    element, so a seed's update does not depend on the seeds batched with it, up to the
+    rounding of a vector lane against the scalar tail on some CPUs)."""
+    return Adam(params, lr=lr, eps=eps, fused=True)
+
+
+class Adam(torch.optim.Adam):
+    """torch's Adam, stepped without `Adam.step`'s wrapper.
+
+    The wrapper imports `torch._dynamo` on its first call, for the graph breaks a compiled
+    optimiser step needs, and so do the bookkeeping methods torch marks as not compilable:
+    about a second of every run's start-up, for nothing, since no optimiser call is compiled
+    here (`hardware.compile` compiles networks and losses). The step is torch's own, on the
+    same state: the same numbers, and checkpoints either optimiser loads.
+    """
+
+    def __init__(self, *args, **kwargs):
+        _plain_optimizer_methods()
+        super().__init__(*args, **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        from torch.optim.adam import adam as adam_step
+
+        if closure is not None:
+            raise ValueError("marlctl's Adam takes no closure")
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
+            has_complex = self._init_group(
+                group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+            )
+            beta1, beta2 = group["betas"]
+            adam_step(
+                params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                amsgrad=group["amsgrad"], has_complex=has_complex, beta1=beta1, beta2=beta2,
+                lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                maximize=group["maximize"], foreach=group["foreach"],
+                capturable=group["capturable"], differentiable=False, fused=group["fused"],
+                decoupled_weight_decay=group.get("decoupled_weight_decay", False),
+            )  # fmt: skip
+
+
+@functools.cache
+def _plain_optimizer_methods() -> None:
+    """Let the functions torch wraps so that `torch.compile` skips them (`Optimizer`'s
+    `add_param_group`, `zero_grad`, `state_dict`, `load_state_dict`, and the functional
+    `adam`) run without importing the compiler: the wrapper imports it on the first call to
+    make the skipping version, and caches that on the function as `__dynamo_disable`
+    (`torch._compile._disable_dynamo`). Caching the plain function instead is what it would
+    call outside a compilation anyway. Where torch's wrappers are not as expected, nothing
+    changes."""
+    from torch.optim.adam import adam as adam_step
+
+    wrapped = [getattr(torch.optim.Optimizer, name) for name in (
+        "add_param_group", "zero_grad", "state_dict", "load_state_dict"
+    )] + [adam_step]  # fmt: skip
+    for function in wrapped:
+        plain = getattr(function, "__wrapped__", None)
+        if plain is not None and not hasattr(plain, "__dynamo_disable"):
+            setattr(plain, "__dynamo_disable", plain)
 
 
 class AgentAdam(torch.optim.Optimizer):

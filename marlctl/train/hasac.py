@@ -25,7 +25,7 @@ from marlctl.train.actions import masked_mean
 from marlctl.train.base import clip_grad_norm_per_seed
 from marlctl.train.core import AgentAdam
 from marlctl.train.hetero import Unit, pick_agent, positions, units_of
-from marlctl.train.masac import MASACTrainer
+from marlctl.train.masac import MASACTrainer, flat_batch
 
 
 class HASACTrainer(MASACTrainer):
@@ -33,6 +33,7 @@ class HASACTrainer(MASACTrainer):
 
     cfg: HASACConfig
     captured_by_default = False
+    compiled_regions = ("critic_loss",)  # the actors step one unit at a time, eagerly
 
     def __init__(self, config: HASACConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -43,8 +44,10 @@ class HASACTrainer(MASACTrainer):
         sample = self.sample(name, dist)
         return sample[1] if self.groups[name].discrete else sample[0]
 
-    def update_actors(self, b: dict, alpha, active: dict, obs: dict, taken: dict):
+    def update_actors(self, batch: dict[str, torch.Tensor]):
         cfg, S = self.cfg, len(self.seeds)
+        b = flat_batch(batch)
+        alpha, active, obs, _ = self.actor_inputs(b)
         names = list(self.groups)
         actors = [self.actors[name] for name in names]
         masks = {name: b.get(f"mask/{name}") for name in names}
@@ -79,6 +82,7 @@ class HASACTrainer(MASACTrainer):
                 with torch.no_grad():  # the unit's action under its new policy
                     new = self.joint_action(name, self.policy(name, o, mask, copy))
                     joint[name] = self.replace(joint[name], new, on, copy)
+        self.step_temperature(alpha_loss)
         return actor_loss, alpha_loss, entropy
 
     @staticmethod

@@ -26,7 +26,7 @@ from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
-from marlctl.train.base import clip_grad_norm_per_seed, freeze
+from marlctl.train.base import freeze
 from marlctl.train.core import adam
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.replay import Field
@@ -251,67 +251,25 @@ class MADDPGTrainer(OffPolicyTrainer):
         return critic.every_member(torch.cat([s, joint], -1)).squeeze(-1)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        cfg, S = self.cfg, len(self.seeds)
-
-        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, 1, B, ...] -> [S, B, ...]
-            return x.flatten(1, 2)
-
-        state, next_state = flat(batch["state"]), flat(batch["next_state"])
-        keep = 1.0 - flat(batch["terminated"]).to(state.dtype)
-        discount = flat(batch["discount"]).unsqueeze(-1)
-        taken = {
-            n: self.critic_action(g, flat(batch[f"action/{n}"])) for n, g in self.groups.items()
-        }
-        joint = self.joint.join(taken)
-
-        # ---- critics: y_i = r_i + gamma * Q'_i(s', mu'(o')) (min of the twins for MATD3)
-        next_joint = self.joint.join({n: self._target_action(n, batch, flat) for n in self.groups})
-        critic_loss = torch.zeros(S, device=self.device)
-        q_mean = torch.zeros(S, device=self.device)
-        weights = {}
-        for name in self.groups:
-            active = flat(batch[f"active/{name}"]).to(state.dtype)
-            weights[name] = active
-            with torch.no_grad():
-                next_q = self._q(self.target["critics"], name, next_state, next_joint).amin(-1)
-                alive = keep.unsqueeze(-1) * flat(batch[f"next_active/{name}"]).to(state.dtype)
-                y = flat(batch[f"reward/{name}"]) + discount * alive * next_q
-            q = self._q(self.critics, name, state, joint)  # [S, X, n, K]
-            error = ((q - y.unsqueeze(-1)) ** 2).sum(-1)
-            critic_loss = critic_loss + masked_mean(error, active)
-            q_mean = q_mean + masked_mean(q[..., 0].detach(), active) / len(self.groups)
+        cfg = self.cfg
+        critic_loss, q_mean = self.critic_loss(batch)
         critic_opt = self.optimizers["critic"]
         critic_opt.zero_grad(set_to_none=True)
         critic_loss.sum().backward()  # seeds share no parameter
-        grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
+        grad = self.clip_gradients(self.critic_params)
         critic_opt.step()
 
-        # ---- actors: ascend Q_i(s, a_1..mu_i(o_i)..a_N), every `policy_delay` updates
-        actor_loss = torch.zeros(S, device=self.device)
+        actor_loss = torch.zeros_like(critic_loss)
         delay = getattr(cfg, "policy_delay", 1)
         pairs = [(self.target["critics"], self.critics)]
         if self.updates % delay == 0:
             freeze(self.critic_params, True)  # the actor loss trains the actors only
-            outs, owns = {}, {}
-            for name, group in self.groups.items():
-                obs = flat(batch[f"obs/{name}"])
-                member = flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
-                outs[name], _ = self.actors[name](flat_obs(obs, group), member=member)
-                mask = batch.get(f"mask/{name}")
-                owns[name] = self._relaxed(name, outs[name], None if mask is None else flat(mask))
-            current = self.joint.join(owns) if cfg.actor_joint_action == "current" else None
-            for name in self.groups:
-                acted = self.joint.with_own(joint, name, owns[name]) if current is None else current
-                q = self._q(self.critics, name, state, acted)[..., 0]  # TD3: the first
-                regular = (outs[name] ** 2).mean(-1)
-                actor_loss = actor_loss + masked_mean(
-                    -q + cfg.policy_regularization * regular, weights[name]
-                )
+            actor_loss = self.actor_loss(batch)
             actor_opt = self.optimizers["actor"]
             actor_opt.zero_grad(set_to_none=True)
             actor_loss.sum().backward()
             freeze(self.critic_params, False)
-            clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
+            self.clip_gradients(self.actor_params)
             actor_opt.step()
         if self.updates % delay == 0 or cfg.target_update_every:  # hard copies: all at once
             pairs.append((self.target["actors"], self.actors))
@@ -322,3 +280,60 @@ class MADDPGTrainer(OffPolicyTrainer):
             "q": q_mean,
             "grad_norm": grad,
         }
+
+    compiled_regions = ("critic_loss", "actor_loss")
+
+    def _taken(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {
+            n: self.critic_action(g, _flat(batch[f"action/{n}"])) for n, g in self.groups.items()
+        }
+
+    def critic_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """y_i = r_i + gamma * Q'_i(s', mu'(o')) (the min of the twins for MATD3): the critics'
+        loss per seed `[S]` and the mean Q of the taken actions."""
+        S = len(self.seeds)
+        state, next_state = _flat(batch["state"]), _flat(batch["next_state"])
+        keep = 1.0 - _flat(batch["terminated"]).to(state.dtype)
+        discount = _flat(batch["discount"]).unsqueeze(-1)
+        joint = self.joint.join(self._taken(batch))
+        next_joint = self.joint.join({n: self._target_action(n, batch, _flat) for n in self.groups})
+        critic_loss = torch.zeros(S, device=self.device)
+        q_mean = torch.zeros(S, device=self.device)
+        for name in self.groups:
+            active = _flat(batch[f"active/{name}"]).to(state.dtype)
+            with torch.no_grad():
+                next_q = self._q(self.target["critics"], name, next_state, next_joint).amin(-1)
+                alive = keep.unsqueeze(-1) * _flat(batch[f"next_active/{name}"]).to(state.dtype)
+                y = _flat(batch[f"reward/{name}"]) + discount * alive * next_q
+            q = self._q(self.critics, name, state, joint)  # [S, X, n, K]
+            error = ((q - y.unsqueeze(-1)) ** 2).sum(-1)
+            critic_loss = critic_loss + masked_mean(error, active)
+            q_mean = q_mean + masked_mean(q[..., 0].detach(), active) / len(self.groups)
+        return critic_loss, q_mean
+
+    def actor_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Ascend Q_i(s, a_1..mu_i(o_i)..a_N): the actors' loss per seed `[S]`."""
+        cfg, S = self.cfg, len(self.seeds)
+        state = _flat(batch["state"])
+        joint = self.joint.join(self._taken(batch))
+        outs, owns = {}, {}
+        for name, group in self.groups.items():
+            obs = _flat(batch[f"obs/{name}"])
+            member = _flat(batch[f"member/{name}"]) if cfg.ensemble > 1 else None
+            outs[name], _ = self.actors[name](flat_obs(obs, group), member=member)
+            mask = batch.get(f"mask/{name}")
+            owns[name] = self._relaxed(name, outs[name], None if mask is None else _flat(mask))
+        current = self.joint.join(owns) if cfg.actor_joint_action == "current" else None
+        actor_loss = torch.zeros(S, device=self.device)
+        for name in self.groups:
+            acted = self.joint.with_own(joint, name, owns[name]) if current is None else current
+            q = self._q(self.critics, name, state, acted)[..., 0]  # TD3: the first
+            regular = (outs[name] ** 2).mean(-1)
+            active = _flat(batch[f"active/{name}"]).to(state.dtype)
+            actor_loss = actor_loss + masked_mean(-q + cfg.policy_regularization * regular, active)
+        return actor_loss
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """A sampled field `[S, 1, B, ...]` as `[S, B, ...]`."""
+    return x.flatten(1, 2)

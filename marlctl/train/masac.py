@@ -35,7 +35,7 @@ from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, masked_log_softmax, masked_mean, tanh_log_det
-from marlctl.train.base import clip_grad_norm_per_seed, freeze
+from marlctl.train.base import freeze
 from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
 
@@ -205,14 +205,34 @@ class MASACTrainer(OffPolicyTrainer):
     # ------------------------------------------------------------ update
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        cfg, S = self.cfg, len(self.seeds)
-        b = {k: v.flatten(1, 2) for k, v in batch.items()}  # [S, L, B, ...] -> [S, X, ...]
-        alpha = self.log_alpha.detach().exp()  # [S, G]
-        keep = 1.0 - b["terminated"].float()  # [S, X]
-        active = {name: b[f"active/{name}"].float() for name in self.groups}
-        obs = {name: flat_obs(b[f"obs/{name}"], g) for name, g in self.groups.items()}
+        critic_loss = self.critic_loss(batch)
+        self.optimizers["critic"].zero_grad(set_to_none=True)
+        critic_loss.sum().backward()  # seeds share no parameter
+        grad = self.clip_gradients(self.critic_params)
+        self.optimizers["critic"].step()
 
-        # Soft Bellman targets: next actions from the current policies, the smaller target Q.
+        # Actors against the updated critics; temperatures.
+        freeze(self.critic_params, True)  # the actor loss trains the actors only
+        actor_loss, alpha_loss, entropy = self.update_actors(batch)
+        freeze(self.critic_params, False)
+        self.update_targets([(self.target, self.critics)])
+        return {
+            "critic": critic_loss.detach(),
+            "actor": actor_loss.detach(),
+            "alpha": alpha_loss.detach(),
+            "entropy": entropy,
+            "grad_norm": grad,
+        }
+
+    compiled_regions = ("critic_loss", "actor_losses")
+
+    def critic_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Both critics regress on the soft Bellman target (next actions from the current
+        policies, the smaller target Q) at the stored joint action: their loss per seed."""
+        S = len(self.seeds)
+        b = flat_batch(batch)
+        alpha, active, _, taken = self.actor_inputs(b)
+        keep = 1.0 - b["terminated"].float()  # [S, X]
         with torch.no_grad():
             dists, samples = {}, {}
             for name, g in self.groups.items():
@@ -238,11 +258,6 @@ class MASACTrainer(OffPolicyTrainer):
                 targets[name] = (
                     b[f"reward/{name}"] + b["discount"].unsqueeze(-1) * bootstrap * value
                 )
-
-        # Critics: both regress on the same target, on the stored joint action.
-        taken = {
-            name: self.critic_action(g, b[f"action/{name}"]) for name, g in self.groups.items()
-        }
         critic_loss = torch.zeros(S, device=self.device)
         for name, g in self.groups.items():
             own = torch.zeros_like(taken[name]) if g.discrete else None
@@ -252,37 +267,55 @@ class MASACTrainer(OffPolicyTrainer):
                 q = q.gather(-1, index)
             error = (q.squeeze(-1) - targets[name].unsqueeze(-1)) ** 2
             critic_loss = critic_loss + masked_mean(error.sum(-1), active[name])
-        self.optimizers["critic"].zero_grad(set_to_none=True)
-        critic_loss.sum().backward()  # seeds share no parameter
-        grad = clip_grad_norm_per_seed(self.critic_params, cfg.max_grad_norm, S)
-        self.optimizers["critic"].step()
+        return critic_loss
 
-        # Actors against the updated critics; temperatures.
-        freeze(self.critic_params, True)  # the actor loss trains the actors only
-        actor_loss, alpha_loss, entropy = self.update_actors(b, alpha, active, obs, taken)
-        freeze(self.critic_params, False)
-        if cfg.autotune:
+    def actor_inputs(self, b: dict[str, torch.Tensor]):
+        """From a flat batch (`flat_batch`): the temperatures `[S, G]` (detached), and per
+        group the active flags, flat observations and taken actions as critics take them."""
+        alpha = self.log_alpha.detach().exp()
+        active = {name: b[f"active/{name}"].float() for name in self.groups}
+        obs = {name: flat_obs(b[f"obs/{name}"], g) for name, g in self.groups.items()}
+        taken = {
+            name: self.critic_action(g, b[f"action/{name}"]) for name, g in self.groups.items()
+        }
+        return alpha, active, obs, taken
+
+    def update_actors(self, batch: dict[str, torch.Tensor]):
+        """One step of every actor against the critics, the other agents' actions as stored
+        or, with `actor_joint_action: current`, drawn from their current policies, and of the
+        temperatures; the actor loss, the temperature loss and the policies' entropy, per
+        seed."""
+        actor_loss, alpha_loss, entropy = self.actor_losses(batch)
+        self.optimizers["actor"].zero_grad(set_to_none=True)
+        total = actor_loss.sum()
+        if self.cfg.autotune:
+            # One backward for both: they share no parameter (the actor loss reads alpha
+            # detached, the temperature loss the entropy detached), and a compiled region's
+            # saved tensors serve a single backward.
+            self.optimizers["alpha"].zero_grad(set_to_none=True)
+            total = total + alpha_loss.sum()
+        total.backward()
+        self.clip_gradients(self.actor_params)
+        self.optimizers["actor"].step()
+        if self.cfg.autotune:
+            self.optimizers["alpha"].step()
+        return actor_loss, alpha_loss, entropy
+
+    def step_temperature(self, alpha_loss: torch.Tensor) -> None:
+        """A gradient step of the temperatures on their loss (`autotune`)."""
+        if self.cfg.autotune:
             self.optimizers["alpha"].zero_grad(set_to_none=True)
             alpha_loss.sum().backward()
             self.optimizers["alpha"].step()
 
-        self.update_targets([(self.target, self.critics)])
-        return {
-            "critic": critic_loss.detach(),
-            "actor": actor_loss.detach(),
-            "alpha": alpha_loss.detach(),
-            "entropy": entropy,
-            "grad_norm": grad,
-        }
-
-    def update_actors(self, b: dict, alpha, active: dict, obs: dict, taken: dict):
-        """One step of every actor against the critics, the other agents' actions as stored
-        or, with `actor_joint_action: current`, drawn from their current policies; the actor
-        loss, the temperature loss (to step) and the policies' entropy, per seed."""
-        cfg, S = self.cfg, len(self.seeds)
+    def actor_losses(self, batch: dict[str, torch.Tensor]):
+        """`update_actors`' three losses, the actor loss with gradient."""
+        S = len(self.seeds)
+        b = flat_batch(batch)
+        alpha, active, obs, taken = self.actor_inputs(b)
         masks = {name: b.get(f"mask/{name}") for name in self.groups}
         joint, drawn = taken, dict.fromkeys(self.groups)
-        if cfg.actor_joint_action == "current":
+        if self.cfg.actor_joint_action == "current":
             for name in self.groups:
                 dist = self.policy(name, obs[name], masks[name])
                 drawn[name] = dist, self.sample(name, dist)
@@ -303,10 +336,6 @@ class MASACTrainer(OffPolicyTrainer):
             actor_loss = actor_loss + masked_mean(loss, active[name])
             alpha_loss = alpha_loss + self.temperature_loss(index, h, target, active[name])
             entropy = entropy + masked_mean(h, active[name]) / len(self.groups)
-        self.optimizers["actor"].zero_grad(set_to_none=True)
-        actor_loss.sum().backward()
-        clip_grad_norm_per_seed(self.actor_params, cfg.max_grad_norm, S)
-        self.optimizers["actor"].step()
         return actor_loss, alpha_loss, entropy
 
     def policy_loss(
@@ -362,3 +391,8 @@ class MASACTrainer(OffPolicyTrainer):
 
     def schedules(self) -> dict[str, torch.Tensor]:
         return {"train/alpha": self.log_alpha.detach().exp().mean(1)}
+
+
+def flat_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sampled fields `[S, L, B, ...]` as `[S, L * B, ...]`."""
+    return {k: v.flatten(1, 2) for k, v in batch.items()}

@@ -18,16 +18,13 @@ from marlctl.algos.offpolicy import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
-from marlctl.train.base import Trainer, next_observation
+from marlctl.train.base import Trainer, clip_grad_norm_per_seed, next_observation
 from marlctl.train.core import RunningMeanStd, per_seed, per_seed_outcomes
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
 
 class OffPolicyTrainer(Trainer):
     loss_keys: tuple[str, ...] = ()
-    # Captured with `hardware.compile: true` only, until the replay-based capture has been
-    # checked against eager iterations on a GPU (tests/test_capture.py).
-    captured_by_default = False
 
     def __init__(
         self,
@@ -47,6 +44,8 @@ class OffPolicyTrainer(Trainer):
         # (target, online) -> both parameter lists, gathered once: walking modules costs.
         self._pair_parameters: dict[tuple[int, int], tuple[list, list]] = {}
         S = len(self.seeds)
+        self._clip = clip_grad_norm_per_seed
+        self._compiled = False
         self.reward_stats = nn.ModuleDict({g.name: RunningMeanStd(S) for g in info.groups}).to(
             self.device
         )
@@ -70,6 +69,10 @@ class OffPolicyTrainer(Trainer):
                 self.cfg.buffer_size,
                 self.device,
                 self.generators,
+                # A compiled batch must not read host counts (each new one would compile
+                # anew); the trainer's draws can be made ahead of it (`Region`).
+                counters_on_device=True if self._compiled else None,
+                uniform=lambda shape, dtype: self.noise(shape, False, dtype),
             )
         return self.buffer
 
@@ -125,6 +128,26 @@ class OffPolicyTrainer(Trainer):
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    # Methods that compute a gradient step's losses from a batch, with no host-side state
+    # (counters, schedules) read inside: `hardware.compile: true` compiles each into one
+    # region, whose backward AOTAutograd compiles too. The optimiser steps, target updates
+    # and host-side branching (policy delays) stay outside, in `update`.
+    compiled_regions: tuple[str, ...] = ()
+
+    def compile(self) -> None:
+        from marlctl.train.regions import Region
+
+        if self.buffer is not None:
+            raise RuntimeError("compile a replay-based trainer before it collects")
+        self._compiled = True
+        for name in ("sampled_batch", *self.compiled_regions):
+            setattr(self, name, Region(self, getattr(self, name)))
+        self._clip = torch.compile(clip_grad_norm_per_seed, dynamic=False)
+
+    def clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """Clip each seed's gradient of `params` to `max_grad_norm`; the norms before, `[S]`."""
+        return self._clip(params, self.cfg.max_grad_norm, len(self.seeds))
+
     def prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A sampled batch as `update` reads it: rewards normalised (`reward`) and `discount`,
         the factor of each sample's bootstrapped value. With `n_step` > 1 each window
@@ -159,6 +182,10 @@ class OffPolicyTrainer(Trainer):
                 out[key] = value[:, :1]
         out["discount"] = gamma**steps
         return out
+
+    def sampled_batch(self) -> dict[str, torch.Tensor]:
+        """A batch for one gradient step: sampled from the buffer, then `prepare`d."""
+        return self.prepare(self.buffer.sample(self.cfg.batch_size, self.window))
 
     def reward(self, batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         """Group `name`'s sampled rewards, normalised as `reward_scaling` says."""
@@ -226,8 +253,7 @@ class OffPolicyTrainer(Trainer):
         totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
         if self.ready():
             for _ in range(self.cfg.updates):
-                batch = self.prepare(self.buffer.sample(self.cfg.batch_size, self.window))
-                losses = self.update(batch)
+                losses = self.update(self.sampled_batch())
                 self.after_update()
                 for key, value in losses.items():
                     totals[key] += value.detach() / self.cfg.updates

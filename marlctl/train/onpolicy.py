@@ -34,6 +34,7 @@ from marlctl.train.actions import (
 )
 from marlctl.train.base import Trainer, clip_grad_norm_per_seed
 from marlctl.train.core import (
+    Adam,
     RunningMeanStd,
     gae,
     per_seed,
@@ -224,7 +225,7 @@ class OnPolicyTrainer(Trainer):
     def make_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """One Adam: the actors' parameters in its first group, the critics' in its second."""
         cfg = self.cfg
-        self.optimizer = torch.optim.Adam(
+        self.optimizer = Adam(
             [
                 {"params": self.actor_params, "lr": cfg.lr},
                 {"params": self.critic_params, "lr": cfg.critic_lr or cfg.lr},

@@ -21,7 +21,6 @@ from marlctl.envs.batch import Observation
 from marlctl.envs.registry import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean, uniform_probs
-from marlctl.train.base import clip_grad_norm_per_seed
 from marlctl.train.core import BatchedMLP, adam
 from marlctl.train.networks import reset_where
 from marlctl.train.offpolicy import OffPolicyTrainer
@@ -221,7 +220,19 @@ class QLearningTrainer(OffPolicyTrainer):
         return h
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        cfg, S = self.cfg, len(self.seeds)
+        loss, q_mean = self.td_loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()  # seeds share no parameter
+        grad = self.clip_gradients(self.params)
+        self.optimizer.step()
+        self.update_targets([(self.target, self.policies["online"])])
+        return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}
+
+    compiled_regions = ("td_loss",)
+
+    def td_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The TD loss per seed `[S]` (with gradient) and the mean Q of the taken actions."""
+        cfg = self.cfg
         # Recurrent windows: the first `burn_in` steps only rebuild the hidden states, of the
         # online and of the target network each (R2D2); the loss covers the rest.
         start = cfg.burn_in_steps if self.recurrent else 0
@@ -280,12 +291,6 @@ class QLearningTrainer(OffPolicyTrainer):
             error = q_tot - (team_reward + discount * keep * next_tot).detach()
             weight = (a.sum(-1) > 0).to(error.dtype)
             taken = q_tot
-        loss = masked_mean(error**2, weight)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.sum().backward()  # seeds share no parameter
-        grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, S)
-        self.optimizer.step()
-        self.update_targets([(self.target, self.policies["online"])])
         with torch.no_grad():
             q_mean = masked_mean(taken, weight)
-        return {"td": loss.detach(), "q_taken": q_mean, "grad_norm": grad}
+        return masked_mean(error**2, weight), q_mean

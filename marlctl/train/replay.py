@@ -10,6 +10,7 @@ target bootstraps through a truncation and never through a termination.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -44,9 +45,12 @@ class ReplayBuffer:
         device: torch.device,
         generators: list[torch.Generator],
         counters_on_device: bool | None = None,
+        uniform: Callable[[torch.Size, torch.dtype], torch.Tensor] | None = None,
     ):
         """counters_on_device: keep the write position and fill level on the storage device
-        (default: where the storage is a GPU's)."""
+        (default: where the storage is a GPU's). uniform: draws `[S, ...]` uniform numbers,
+        each seed's row from its own generator (default: from `generators`), for sampling
+        with the counters on the device."""
         self.seeds, self.num_envs = seeds, num_envs
         self.steps = max(1, capacity // num_envs)
         self.device = torch.device(device)  # where samples are used
@@ -66,6 +70,7 @@ class ReplayBuffer:
         if pin:
             self.data = {k: v.pin_memory() for k, v in self.data.items()}
         self.generators = generators
+        self.uniform = uniform or self._uniform
         self.written = 0  # time steps written so far
         self._shift = 0  # head = (written + shift) % steps (not 0 after loading a full ring)
         self._rows = torch.arange(seeds, device=self.storage).view(seeds, 1, 1)
@@ -105,20 +110,16 @@ class ReplayBuffer:
         A window never spans the write head, where old and new data meet; it may span an
         episode boundary, which the stored flags mark.
         """
-        valid = min(self.written, self.steps)
-        if valid < length:
-            raise ValueError(f"{valid} stored steps cannot give windows of {length}")
         if self.on_device:  # uniform over the windows, counted on the device
+            # (no host count is read: a compiled or captured sample holds for any fill)
             valid = self._written_t.clamp(max=self.steps)
-            u = torch.stack(
-                [
-                    torch.rand(batch, generator=g, device=g.device, dtype=torch.float64)
-                    for g in self.generators
-                ]
-            )
+            u = self.uniform(torch.Size((self.seeds, batch)), torch.float64)
             draws = (u * ((valid - length + 1) * self.num_envs)).long()
             head = self._head_t
         else:
+            valid = min(self.written, self.steps)
+            if valid < length:
+                raise ValueError(f"{valid} stored steps cannot give windows of {length}")
             starts_per_env = valid - length + 1
             draws = torch.stack(
                 [
@@ -147,6 +148,13 @@ class ReplayBuffer:
         if self.storage != self.device:
             out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
         return out
+
+    def _uniform(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        draws = [
+            torch.rand(shape[1:], generator=g, device=g.device, dtype=dtype)
+            for g in self.generators
+        ]
+        return torch.stack(draws)
 
     def state_dict(self, index: int | None = None) -> dict:
         """The contents (seed `index`'s only, if given), oldest step first."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import random
 import signal
 import threading
@@ -18,6 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -143,7 +145,7 @@ def prepare_iterations(spec: Spec, trainer, env: BatchedEnv, capture: bool = Tru
     if not capture or spec.hardware.compile is False or trainer.device.type != "cuda":
         return plain
     if not (compiled or trainer.captured_by_default):
-        return f"{plain} (replay-based iterations are captured with hardware.compile=true)"
+        return f"{plain} (this algorithm's iterations are captured with hardware.compile=true)"
     reason = trainer.capture(env)
     if reason is not None:
         return f"{plain} ({reason})"
@@ -389,6 +391,10 @@ def _train(
         ob = env.reset(_reset_seed([_derive_seed(seed, 0, env_steps) for seed in seeds]))
         trainer.restart_episodes()
         started, start_steps = time.perf_counter(), env_steps
+        age = process_age()
+        if age is not None and not requests[0].resume:
+            for sink in sinks:  # how long the command took to reach its first env step
+                sink.log({"perf/startup_s": age}, env_steps)
         last_return: list[float | None] = [None] * S
         # Losses add up on the device and are read once per `log_every`: reading them each
         # iteration would make the device wait for the host at every (off-policy) env step.
@@ -503,6 +509,17 @@ def _train(
     finally:
         env.close()
         eval_env.close()
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's /proc), or None where it cannot be read.
+    In a run's own process (`hardware.parallel_runs` > 1) it counts from that process."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _derive_seed(*entropy: int) -> int:
