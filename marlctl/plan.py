@@ -53,6 +53,7 @@ class Plan:
                 "id": self.env.id,
                 "agents": self.env.n_agents,
                 "state_dim": self.env.state_dim,
+                "state_from_env": self.env.state_from_env,
                 "groups": [
                     {
                         "name": g.name,
