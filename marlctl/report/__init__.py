@@ -37,6 +37,16 @@ class Curve:
 
 
 @dataclass
+class Duplicate:
+    """Finished runs of one seed with one configuration, in one group: a command re-run
+    after an interruption that had let this seed finish. Only `kept` counts as the seed."""
+
+    seed: str
+    kept: RunRecord
+    left_out: list[RunRecord]
+
+
+@dataclass
 class Group:
     key: tuple[str | None, ...]
     runs: list[RunRecord]
@@ -57,6 +67,7 @@ class Group:
     # The fewest scored seeds on any one env, and that env (None for a group on one env):
     # the count its stratified intervals rest on.
     fewest_seeds: tuple[int, str | None] = (0, None)
+    duplicates: list[Duplicate] = field(default_factory=list)  # runs left out, not in `runs`
 
     @property
     def label(self) -> str:
@@ -257,9 +268,10 @@ def _buckets(runs: list[RunRecord], group_by: tuple[str, ...], split: bool):
 
 def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: int, split: bool):
     groups = []
-    for key, extra, runs in _buckets(selection.seeds, group_by, split):
+    for key, extra, found in _buckets(selection.seeds, group_by, split):
+        runs, duplicates = _deduplicate(found)
         scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
-        group = Group(key, runs, [s for _, s in scored], config=extra)
+        group = Group(key, runs, [s for _, s in scored], config=extra, duplicates=duplicates)
         tasks = [_task(r) for r, _ in scored]
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)
@@ -279,6 +291,35 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         groups.append(group)
     groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
+
+
+def seed_of(run: RunRecord) -> str | None:
+    return run.tags.get("marlctl.seed", run.params.get("seed"))
+
+
+def _deduplicate(runs: list[RunRecord]) -> tuple[list[RunRecord], list[Duplicate]]:
+    """One run per seed and configuration: of several finished runs of the same seed with
+    the same params (seeds, hardware and tracking aside), the newest to finish. Counting
+    both would count the seed twice and narrow the intervals; they trained the same budget
+    (it is a param), and the later one is the run its command was re-run to produce."""
+    by_identity: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        seed = seed_of(run)
+        if seed is None:  # runs that record no seed cannot be told apart
+            by_identity[("run", run.run_id)] = [run]
+            continue
+        params = run.params.items()
+        config = tuple(sorted((k, v) for k, v in params if not k.startswith(INCIDENTAL)))
+        by_identity.setdefault((seed, config), []).append(run)
+    kept, duplicates = [], []
+    for identity, members in by_identity.items():
+        members.sort(key=lambda r: (r.end_ms or 0, r.start_ms or 0, r.run_id), reverse=True)
+        kept.append(members[0])
+        if len(members) > 1:
+            duplicates.append(Duplicate(str(identity[0]), members[0], members[1:]))
+    order = {r.run_id: i for i, r in enumerate(runs)}
+    kept.sort(key=lambda r: order[r.run_id])
+    return kept, sorted(duplicates, key=lambda d: order[d.kept.run_id])
 
 
 def _task(run: RunRecord) -> str:

@@ -98,9 +98,27 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
     return header, body, marks
 
 
+def _finished(run) -> str:
+    if run.end_ms is None:
+        return "end not recorded"
+    when = datetime.fromtimestamp(run.end_ms / 1000, UTC)
+    return f"finished {when:%Y-%m-%d %H:%M} UTC"
+
+
+def _duplicate_note(group: Group, found) -> str:
+    left = "; ".join(f"run {r.run_id[:8]} ({_finished(r)})" for r in found.left_out)
+    times = plural(1 + len(found.left_out), "time")
+    return (
+        f"{group.label}: seed {found.seed} finished {times} with the same params; counted "
+        f"once: kept run {found.kept.run_id[:8]} (the newest, {_finished(found.kept)}), "
+        f"left out {left}"
+    )
+
+
 def notes(report: Report) -> list[str]:
     out = []
     for g in report.groups:
+        out += [_duplicate_note(g, found) for found in g.duplicates]
         if g.diverged:
             out.append(
                 f"{g.label}: {plural(g.diverged, 'run')} ended with a non-finite '{report.metric}'"
@@ -303,6 +321,14 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "seeds": len(g.scores),
                 "scores": g.scores,
                 "run_ids": [r.run_id for r in g.runs],
+                "duplicates": [
+                    {
+                        "seed": d.seed,
+                        "kept": d.kept.run_id,
+                        "left_out": [r.run_id for r in d.left_out],
+                    }
+                    for d in g.duplicates
+                ],
                 "mean": _estimate(g.mean),
                 "iqm": _estimate(g.iqm),
                 "env_steps": g.env_steps,
