@@ -216,7 +216,10 @@ def test_no_format_shows_a_local_path(compared, tmp_path):
 # ---------------------------------------------------------------- 3. few seeds
 
 
-FEW = "ippo · mpe/simple_spread: 2 seeds; intervals from fewer than 5 seeds are unreliable"
+FEW = (
+    "ippo · mpe/simple_spread: 2 seeds; too few to compare groups on (3 at the least), and "
+    "intervals from fewer than 5 seeds are unreliable"
+)
 
 
 def test_a_group_of_fewer_than_five_seeds_carries_a_warning(compared):
@@ -247,6 +250,55 @@ def test_a_group_over_several_envs_is_warned_by_its_thinnest_env():
     # IPPO, 4 seeds on one env, is warned too; nothing is said of a group with no interval.
     assert any(w.startswith("ippo: 4 seeds;") for w in document["warnings"])
     assert not any(w.startswith("qmix") for w in document["warnings"])
+
+
+def test_groups_of_one_to_four_seeds_are_warned_by_how_thin_they_are(tmp_path):
+    client = tracking.client_for(None)
+    add_group(client, "thin", "mappo", [1.0], SHARED)
+    add_group(client, "thin", "ippo", [1.0, 2.0, 3.0], SHARED)
+    document = report_json()
+    assert document["warnings"] == [
+        "ippo · mpe/simple_spread: 3 seeds; intervals from fewer than 5 seeds are unreliable",
+        "mappo · mpe/simple_spread: 1 seed; too few to compare groups on (3 at the least)",
+    ]
+
+
+def journal_study(path: Path, trials: int) -> str:
+    """An Optuna journal holding study `tiny` with `trials` complete trials over two
+    parameters, the second of which decides the value; returns the journal's path."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    space = {"algo.lr": FloatDistribution(0, 1), "algo.clip": FloatDistribution(0, 1)}
+    rng = np.random.default_rng(0)
+    for _ in range(trials):
+        params = {name: float(rng.uniform()) for name in space}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params, distributions=space, value=10 * params["algo.clip"]
+            )
+        )
+    return str(path)
+
+
+@pytest.mark.parametrize(("trials", "warned"), [(6, True), (20, False)])
+def test_importances_from_fewer_than_twenty_trials_carry_a_warning(tmp_path, trials, warned):
+    add_study(tracking.client_for(None), journal_study(tmp_path / "j.journal", trials), 0)
+    found = outputs()
+    (sweep,) = json.loads(found["json"])["sweeps"]
+    assert sweep["importances"] and sweep["counts"] == {"COMPLETE": trials}
+    caveat = (
+        "sweep tiny: parameter importances from 6 complete trials; fANOVA importances from "
+        "fewer than 20 trials are unreliable"
+    )
+    assert (f"> **Warning:** {caveat}" in found["md"]) is warned
+    assert (caveat in found["html"]) is warned
+    assert (caveat in " ".join(found["terminal"].split())) is warned
+    assert json.loads(found["--json"])["warnings"] == ([caveat] if warned else [])
 
 
 # ---------------------------------------------------------------- 4. figure labels
@@ -468,3 +520,35 @@ def test_the_appendix_of_runs_marlctl_trained(tmp_path):
     # Two seeds per group: both are warned about.
     assert md.count("> **Warning:**") == 2
     assert np.isfinite(report_json()["groups"][0]["mean"]["value"])
+
+
+# ---------------------------------------------------------------- integer axes
+
+
+def test_the_sweep_history_ticks_fall_on_whole_trials(tmp_path):
+    from marlctl import report as reporting
+    from marlctl.report import figures
+
+    add_study(tracking.client_for(None), str(tmp_path / "gone.journal"), trials=4)
+    (sweep,) = reporting.build(None, [], [], []).sweeps
+    ax = figures.history_figure(sweep).axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks == [0, 1, 2, 3]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
+    assert run_cli("report", "--out", "report.html").exit_code == 0
+    assert '"tickvals":[0,1,2,3]' in Path("report.html").read_text()
+
+
+def test_step_ticks_are_whole_steps_on_a_short_axis(tmp_path):
+    from marlctl import report as reporting
+    from marlctl.report import figures
+
+    add_experiment_run(
+        tracking.client_for(None),
+        "short",
+        "mappo",
+        "mpe/simple_spread",
+        {s: ([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0 + s], 1.0, None) for s in range(2)},
+    )
+    ax = figures.curves_figure(reporting.build(None, [], [], [])).axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks())

@@ -152,17 +152,31 @@ def notes(report: Report) -> list[str]:
 
 
 def warnings(report: Report) -> list[str]:
-    """What a reader must know before trusting an interval: groups whose intervals rest on
-    fewer than `stats.RELIABLE_SEEDS` seeds (on some env, for a group spanning several)."""
+    """What a reader must know before trusting a number: groups of fewer than
+    `stats.THIN_SEEDS` seeds, whose scores say little against another group's; groups whose
+    intervals rest on fewer than `stats.RELIABLE_SEEDS` (on some env, for a group spanning
+    several); importances fitted to fewer than `stats.RELIABLE_TRIALS` trials."""
     out = []
     for g in report.groups:
         count, env = g.fewest_seeds
+        where = f" on {env}" if env else ""
         has_interval = g.mean is not None and math.isfinite(g.mean.low)
-        if has_interval and count < stats.RELIABLE_SEEDS:
-            where = f" on {env}" if env else ""
+        unreliable = f"intervals from fewer than {stats.RELIABLE_SEEDS} seeds are unreliable"
+        if g.scores and count < stats.THIN_SEEDS:
+            also = f", and {unreliable}" if has_interval else ""
             out.append(
-                f"{g.label}: {plural(count, 'seed')}{where}; intervals from fewer than "
-                f"{stats.RELIABLE_SEEDS} seeds are unreliable"
+                f"{g.label}: {plural(count, 'seed')}{where}; too few to compare groups on "
+                f"({stats.THIN_SEEDS} at the least){also}"
+            )
+        elif has_interval and count < stats.RELIABLE_SEEDS:
+            out.append(f"{g.label}: {plural(count, 'seed')}{where}; {unreliable}")
+    for sweep in report.sweeps:
+        fitted = sweep.counts.get("COMPLETE", 0)
+        if sweep.importances and fitted < stats.RELIABLE_TRIALS:
+            out.append(
+                f"sweep {sweep.name}: parameter importances from "
+                f"{plural(fitted, 'complete trial')}; fANOVA importances from fewer than "
+                f"{stats.RELIABLE_TRIALS} trials are unreliable"
             )
     return [public(w) for w in out]
 
