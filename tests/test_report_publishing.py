@@ -552,3 +552,36 @@ def test_step_ticks_are_whole_steps_on_a_short_axis(tmp_path):
     )
     ax = figures.curves_figure(reporting.build(None, [], [], [])).axes[0]
     assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+# ---------------------------------------------------------------- per-seed values
+
+
+def test_each_seeds_final_value_is_listed(tmp_path):
+    client = tracking.client_for(None)
+    _, ids = add_group(client, "paper", "mappo", MAPPO, SHARED)
+    add_experiment_run(
+        client,
+        "paper",
+        "ippo",
+        "mpe/simple_spread",
+        {0: ([0, 1000], [1.0, float("nan")], 1.0, None), 1: ([0, 1000], [1.0, 2.5], 1.0, None)},
+    )
+    found = outputs()
+    md = found["md"]
+    section = md[md.index("## Per-seed results") : md.index("## Appendix")]
+    assert "| group | seed | final eval/return_mean | env steps | run |" in section
+    for seed, value in enumerate(MAPPO):
+        row = f"| mappo · mpe/simple_spread | {seed} | {value:.2f} | 30k | {ids[seed][:8]} |"
+        assert row in section
+    assert "| ippo · mpe/simple_spread | 0 | non-finite |" in section
+    assert "| ippo · mpe/simple_spread | 1 | 2.50 | 1k |" in section
+    html = found["html"]
+    assert "<h2>Per-seed results</h2>" in html
+    assert f"<td>mappo · mpe/simple_spread</td><td>2</td><td>{MAPPO[2]:.2f}</td>" in html
+    groups = {g["label"]: g for g in json.loads(found["json"])["groups"]}
+    per_seed = groups["mappo · mpe/simple_spread"]["per_seed"]
+    assert [(p["seed"], p["value"], p["run_id"]) for p in per_seed] == [
+        (str(seed), value, ids[seed]) for seed, value in enumerate(MAPPO)
+    ]
+    assert groups["ippo · mpe/simple_spread"]["per_seed"][0]["value"] is None

@@ -68,6 +68,7 @@ class Group:
     # the count its stratified intervals rest on.
     fewest_seeds: tuple[int, str | None] = (0, None)
     duplicates: list[Duplicate] = field(default_factory=list)  # runs left out, not in `runs`
+    finals: dict[str, float | None] = field(default_factory=dict)  # run id -> final value
 
     @property
     def label(self) -> str:
@@ -270,8 +271,10 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
     groups = []
     for key, extra, found in _buckets(selection.seeds, group_by, split):
         runs, duplicates = _deduplicate(found)
-        scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
+        finals = {r.run_id: _final(r, metric) for r in runs}
+        scored = [(r, s) for r in runs if (s := finals[r.run_id]) is not None]
         group = Group(key, runs, [s for _, s in scored], config=extra, duplicates=duplicates)
+        group.finals = finals
         tasks = [_task(r) for r, _ in scored]
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.atomic import replacing
-from marlctl.report import Group, Report, Sweep, appendix, figures, labels, stats
+from marlctl.report import Group, Report, Sweep, appendix, figures, labels, seed_of, stats
 from marlctl.report.labels import plural, public
 
 MISSING = "—"
@@ -113,6 +113,33 @@ def _duplicate_note(group: Group, found) -> str:
         f"once: kept run {found.kept.run_id[:8]} (the newest, {_finished(found.kept)}), "
         f"left out {left}"
     )
+
+
+def _seed_order(run) -> tuple:
+    seed = seed_of(run) or ""
+    return (not seed.isdigit(), int(seed) if seed.isdigit() else 0, seed, run.run_id)
+
+
+def seed_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Each group's runs, one row per seed: its final value of the metric (what the mean
+    and IQM are computed from), its env steps and its run."""
+    header = ["group", "seed", f"final {report.metric}", "env steps", "run"]
+    body = []
+    for g in report.groups:
+        for run in sorted(g.runs, key=_seed_order):
+            value = g.finals.get(run.run_id)
+            shown = "non-finite" if run.diverged else _num(value)
+            seed = seed_of(run)
+            body.append(
+                [
+                    public(g.label),
+                    MISSING if seed is None else seed,
+                    shown,
+                    _steps(run.env_steps),
+                    run.run_id[:8],
+                ]
+            )
+    return header, body
 
 
 def notes(report: Report) -> list[str]:
@@ -353,6 +380,15 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "diverged": g.diverged,
                 "differs": g.differs,
                 "fewest_seeds": g.fewest_seeds[0],
+                "per_seed": [
+                    {
+                        "seed": seed_of(r),
+                        "run_id": r.run_id,
+                        "value": _clean(g.finals.get(r.run_id)),
+                        "env_steps": r.env_steps,
+                    }
+                    for r in sorted(g.runs, key=_seed_order)
+                ],
                 "curve": curve,
             }
         )
@@ -538,6 +574,8 @@ def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
     parts += [f"> **Warning:** {w}" for w in warnings(report)]
     parts += [f"- {n}" for n in notes(report)]
     parts += figure("curves", "sample efficiency")
+    if report.groups:
+        parts += ["## Per-seed results", _md_table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         parts += [f"## Sweep `{sweep.name}`", sweep_summary(sweep)]
         head, cells = trial_rows(sweep)
@@ -658,6 +696,8 @@ def html_document(report: Report, links: dict[str, str] | None = None) -> str:
         parts += ["<h2>Sample efficiency</h2>", figures.curves_div(report, first)]
         parts += printable("curves")
         first = False
+    if report.groups:
+        parts += ["<h2>Per-seed results</h2>", _html_table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         parts += [
             f"<h2>Sweep <code>{html.escape(sweep.name)}</code></h2>",
