@@ -613,6 +613,15 @@ def report(
         str | None,
         typer.Option("--tracking-uri", help="MLflow store to read (default: ./mlflow.db)."),
     ] = None,
+    names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="GROUP=TEXT: name a group in tables, legends and the appendix (GROUP: its"
+            " values comma-separated, e.g. mappo,mpe/simple_spread); repeat. Over the spec's"
+            " `label`.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare finished runs: final score per group with bootstrap CIs, curves, sweeps."""
@@ -642,6 +651,7 @@ def report(
             direction,
             storage,
             split=group_by is None,
+            names=names or [],
         )
         if not built.groups and not built.sweeps:
             raise SpecError([_arg_problem(_nothing_to_report(built))])

@@ -222,7 +222,8 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
 
 
 def spec_hash(resolved: dict[str, Any]) -> str:
-    payload = {k: v for k, v in resolved.items() if k != "seeds"}
+    """What is trained, as a short hash: seeds and the report's label left out."""
+    payload = {k: v for k, v in resolved.items() if k not in ("seeds", "label")}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

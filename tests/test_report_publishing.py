@@ -585,3 +585,70 @@ def test_each_seeds_final_value_is_listed(tmp_path):
         (str(seed), value, ids[seed]) for seed, value in enumerate(MAPPO)
     ]
     assert groups["ippo · mpe/simple_spread"]["per_seed"][0]["value"] is None
+
+
+# ---------------------------------------------------------------- group labels
+
+
+def test_a_label_on_the_command_line_names_the_group_everywhere(compared):
+    named = "mappo,mpe/simple_spread=MAPPO (ours)"
+    result = run_cli("report", "--label", named, "--out", "report.md", "--figures", "svg")
+    assert result.exit_code == 0, result.output
+    md = Path("report.md").read_text()
+    assert "| group | algo.name | env.id | seeds |" in md
+    assert "| MAPPO (ours) | mappo | mpe/simple_spread | 5 |" in md
+    assert "| ippo · mpe/simple_spread | ippo | mpe/simple_spread | 2 |" in md
+    assert "| parameter | ippo · mpe/simple_spread | MAPPO (ours) |" in md
+    assert "MAPPO (ours)" in svg_texts(Path("report_files/curves.svg"))  # the legend
+    assert "mappo · mpe/simple_spread" not in md
+    document = report_json("--label", named, "--label", "ippo · mpe/simple_spread=IPPO")
+    assert [g["label"] for g in document["groups"]] == ["IPPO", "MAPPO (ours)"]
+    assert document["warnings"][0].startswith("IPPO: 2 seeds;")
+    result = run_cli("report", "--label", named, "--out", "report.html")
+    assert result.exit_code == 0, result.output
+    assert '"name":"MAPPO (ours)"' in Path("report.html").read_text()
+
+
+def test_a_label_given_in_the_spec_names_the_group(tmp_path):
+    client = tracking.client_for(None)
+    add_group(client, "paper", "mappo", MAPPO, {**SHARED, "label": "MAPPO (ours)"})
+    add_group(client, "paper", "ippo", IPPO, {**SHARED, "label": "null"})  # no label
+    document = report_json()
+    assert [g["label"] for g in document["groups"]] == [
+        "ippo · mpe/simple_spread",
+        "MAPPO (ours)",
+    ]
+    # The label is a name: it neither splits a group nor is a hyperparameter.
+    assert "label" not in json.dumps(document["appendix"]["hyperparameters"])
+    # The command line wins over the spec.
+    overridden = report_json("--label", "mappo,mpe/simple_spread=MAPPO")
+    assert [g["label"] for g in overridden["groups"]][1] == "MAPPO"
+
+
+def test_a_label_names_a_split_group_by_its_params(tmp_path):
+    client = tracking.client_for(None)
+    for lr in (0.001, 0.01):
+        add_experiment_run(
+            client, "lrs", "mappo", "mpe/simple_spread", {0: ([1000], [1.0], 1.0, None)}, lr=lr
+        )
+    document = report_json("--label", "mappo,mpe/simple_spread,algo.lr=0.01=lr=1e-2")
+    assert [g["label"] for g in document["groups"]] == [
+        "mappo · mpe/simple_spread · algo.lr=0.001",
+        "lr=1e-2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("qmix=QMIX", "--label #1: 'qmix=QMIX' names no group (GROUP=TEXT); the groups: "
+         "ippo,mpe/simple_spread; mappo,mpe/simple_spread"),
+        ("MAPPO", "'MAPPO' names no group"),
+        ("mappo,mpe/simple_spread=", "'mappo,mpe/simple_spread=' gives the group no text"),
+    ],
+)  # fmt: skip
+def test_a_label_for_no_group_is_a_clean_error(compared, label, message):
+    result = run_cli("report", "--label", label, "--out", "report.md")
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not Path("report.md").exists()

@@ -10,6 +10,7 @@ each other (`marlctl eval RUN --vs ...`) get a cross-play matrix per seat and ra
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
 TOP_TRIALS = 10
 # Params that differ between runs of one configuration without changing what it learns.
-INCIDENTAL = ("seed", "name", "seeds", "hardware.", "tracking.", "sweep.")
+INCIDENTAL = ("seed", "name", "label", "seeds", "hardware.", "tracking.", "sweep.")
 
 
 @dataclass
@@ -69,12 +70,24 @@ class Group:
     fewest_seeds: tuple[int, str | None] = (0, None)
     duplicates: list[Duplicate] = field(default_factory=list)  # runs left out, not in `runs`
     finals: dict[str, float | None] = field(default_factory=dict)  # run id -> final value
+    # The name a spec's `label` or `report --label` gives the group, or None.
+    custom: str | None = None
+
+    @property
+    def parts(self) -> list[str]:
+        """What names the group by default: its group-by values, then the params that split
+        it off."""
+        return ["—" if v is None else v for v in self.key] + [
+            f"{k}={v}" for k, v in self.config.items()
+        ]
+
+    @property
+    def default_label(self) -> str:
+        return labels.public(" · ".join(self.parts)) or "all runs"
 
     @property
     def label(self) -> str:
-        parts = ["—" if v is None else v for v in self.key]
-        parts += [f"{k}={v}" for k, v in self.config.items()]
-        return labels.public(" · ".join(parts)) or "all runs"
+        return labels.public(self.custom) if self.custom else self.default_label
 
     @property
     def tasks(self) -> int:
@@ -183,9 +196,11 @@ def build(
     storage: str | None = None,
     reps: int = stats.REPS,
     split: bool = True,
+    names: list[str] | tuple[str, ...] = (),
 ) -> Report:
     """`split`: runs of one group that differ in a param (other than seeds, hardware and
-    tracking) form groups of their own, so configurations are never pooled as seeds."""
+    tracking) form groups of their own, so configurations are never pooled as seeds.
+    `names`: `GROUP=TEXT` labels (`report --label`), over those the runs' specs give."""
     from mlflow.exceptions import MlflowException
 
     from marlctl.redact import shown_url
@@ -203,6 +218,7 @@ def build(
     if direction is None:
         direction = "minimize" if metric.startswith("loss/") else "maximize"
     groups = _groups(selection, metric, group_by, reps, split=split)
+    name_groups(groups, names)
     sweeps = [_sweep(selection, study, storage) for study in selection.studies]
     return Report(
         shown_url(selection.uri),
@@ -275,6 +291,8 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         scored = [(r, s) for r in runs if (s := finals[r.run_id]) is not None]
         group = Group(key, runs, [s for _, s in scored], config=extra, duplicates=duplicates)
         group.finals = finals
+        given = sorted({r.params["label"] for r in runs if r.params.get("label", "null") != "null"})
+        group.custom = " / ".join(given) or None
         tasks = [_task(r) for r, _ in scored]
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)
@@ -294,6 +312,29 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         groups.append(group)
     groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
+
+
+def name_groups(groups: list[Group], names: list[str] | tuple[str, ...]) -> None:
+    """Apply `GROUP=TEXT` labels. GROUP is a group's default label or its parts separated by
+    commas (`mappo,mpe/simple_spread`, `mappo,mpe/simple_spread,algo.lr=0.001`); the text
+    after the `=` that ends a GROUP names it."""
+    for index, text in enumerate(names, 1):
+        where = f"--label #{index}"
+        found = None
+        for at in (i for i, c in enumerate(text) if c == "="):
+            wanted = [p.strip() for p in re.split(r"[,·]", text[:at])]
+            matches = [g for g in groups if wanted == g.parts or text[:at] == g.default_label]
+            if matches:
+                found = (matches, text[at + 1 :].strip())
+                break
+        if found is None:
+            known = "; ".join(",".join(g.parts) for g in groups)
+            raise SpecError.at(where, f"'{text}' names no group (GROUP=TEXT); the groups: {known}")
+        matches, label = found
+        if not label:
+            raise SpecError.at(where, f"'{text}' gives the group no text")
+        for group in matches:
+            group.custom = label
 
 
 def seed_of(run: RunRecord) -> str | None:

@@ -69,7 +69,8 @@ def _config(group: Group) -> str:
 def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, int], bool]]:
     """Header, cells, and which cells are their column's best: shared by every format."""
     configs = any(g.config for g in report.groups)
-    header = [*report.group_by, *(["config"] if configs else [])]
+    named = any(g.custom for g in report.groups)
+    header = [*(["group"] if named else []), *report.group_by, *(["config"] if configs else [])]
     width = len(header)
     header += ["seeds", "mean", "95% CI", "IQM", "95% CI", "env steps", "wall-clock", "steps/s"]
     column = {
@@ -83,6 +84,7 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
     for g in report.groups:
         body.append(
             [
+                *([g.label] if named else []),
                 *(MISSING if v is None else public(v) for v in g.key),
                 *([_config(g) or MISSING] if configs else []),
                 _seeds(g),
@@ -468,7 +470,8 @@ def to_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(
-        [*report.group_by, "config", "runs", "seeds", "mean", "mean_low", "mean_high", "iqm"]
+        [*report.group_by, "label", "config", "runs", "seeds", "mean", "mean_low", "mean_high"]
+        + ["iqm"]
         + ["iqm_low", "iqm_high", "env_steps", "wall_s", "steps_per_s"]
     )
     for g in report.groups:
@@ -477,7 +480,7 @@ def to_csv(report: Report) -> str:
             estimates += [e.value, _clean(e.low), _clean(e.high)] if e else [None] * 3
         key = [None if v is None else public(v) for v in g.key]
         writer.writerow(
-            [*key, _config(g), len(g.runs), len(g.scores), *estimates]
+            [*key, g.label, _config(g), len(g.runs), len(g.scores), *estimates]
             + [g.env_steps, g.wall_s, g.steps_per_s]
         )
     return buffer.getvalue()

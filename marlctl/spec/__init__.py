@@ -420,6 +420,7 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
 
     skeleton: dict[str, Any] = {
         "name": None,
+        "label": None,
         "seeds": [0],
         "model": ModelSpec().model_dump(),
         "train": TrainSpec().model_dump(),
