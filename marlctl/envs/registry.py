@@ -285,6 +285,30 @@ def lookup(env_id: str) -> EnvEntry:
     )
 
 
+def env_package(env_id: str, backend: str = "pettingzoo") -> str:
+    """The installed distribution that holds env `env_id`'s code, as `name==version`: the
+    package a user factory comes from, the one a registered family wraps (lbforaging,
+    vmas, ...), or marlctl for a native env. Without a distribution (a module on the path
+    only): its name and why it has no version."""
+    from importlib import metadata
+
+    entry = lookup(env_id)
+    module = entry.factory.split(":")[0].split(".")[0]
+    if backend == "native" or entry.suite == "native":
+        module = "marlctl"
+    elif module == "marlctl":  # a family marlctl wraps: the package it wraps
+        wrapped = {"vmas": "vmas", "classic": "pettingzoo"}.get(entry.suite)
+        module = wrapped or (entry.requires[0] if entry.requires else "marlctl")
+    # An editable install records no top-level modules: the module's own name then.
+    names = metadata.packages_distributions().get(module) or [module]
+    for name in names:
+        try:
+            return f"{name}=={metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"{module} (not an installed distribution: no version)"
+
+
 TRUSTED_FACTORIES_VAR = "MARLCTL_TRUSTED_FACTORIES"
 
 

@@ -3,8 +3,8 @@
 Seeds are grouped (by `algo.name,env.id` unless told otherwise); each group gets its final
 score as mean and IQM with stratified-bootstrap 95% CIs (`stats`), its cost (env steps,
 wall-clock, throughput) and a sample-efficiency curve. A sweep gets its best trials, its
-optimisation history and the parameters' importances. An appendix (`appendix`) lists the
-hyperparameters that differ between groups and how the runs were evaluated. Runs that played
+optimisation history and the parameters' importances. An appendix (`appendix`) lists every
+group's hyperparameters, where the runs came from and how they were evaluated. Runs that played
 each other (`marlctl eval RUN --vs ...`) get a cross-play matrix per seat and ratings.
 """
 
@@ -26,7 +26,7 @@ DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
 TOP_TRIALS = 10
 # Params that differ between runs of one configuration without changing what it learns.
-INCIDENTAL = ("seed", "name", "label", "seeds", "hardware.", "tracking.", "sweep.")
+INCIDENTAL = ("seed", "name", "label", "seeds", "hardware.", "tracking.", "sweep")
 
 
 @dataclass

@@ -599,13 +599,12 @@ def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
 
 
 def _markdown_appendix(report: Report) -> list[str]:
-    parts = ["### Hyperparameters that differ between groups"]
-    found = appendix.hyperparameters(report)
-    if found:
-        head = ["parameter", *(g.label for g in report.groups)]
-        parts.append(_md_table(head, [[f"`{h.name}`", *h.values] for h in found]))
-    else:
-        parts.append(_same_hyperparameters(report))
+    parts = []
+    for block in appendix.blocks(report):
+        parts += [f"### {block.heading}", *block.text]
+        if block.rows:
+            shown = [[f"`{r[0]}`" if block.code else r[0], *r[1:]] for r in block.rows]
+            parts.append(_md_table(list(block.header), shown))
     parts.append("### Evaluation protocol")
     protocols = appendix.evaluation(report)
     common = appendix.shared(protocols)
@@ -615,12 +614,6 @@ def _markdown_appendix(report: Report) -> list[str]:
         parts.append(appendix.policy_sentence(report.metric, f"`{report.metric}`"))
         parts.append(_md_table(*_protocol_table(protocols)))
     return parts
-
-
-def _same_hyperparameters(report: Report) -> str:
-    if len(report.groups) < 2:
-        return "One group: nothing to compare."
-    return "The groups differ only in the keys that name them."
 
 
 def _protocol_table(protocols: list[appendix.Evaluation]) -> tuple[list[str], list[list[str]]]:
@@ -735,13 +728,12 @@ def html_document(report: Report, links: dict[str, str] | None = None) -> str:
 
 
 def _html_appendix(report: Report) -> list[str]:
-    parts = ["<h3>Hyperparameters that differ between groups</h3>"]
-    found = appendix.hyperparameters(report)
-    if found:
-        head = ["parameter", *(g.label for g in report.groups)]
-        parts.append(_html_table(head, [[h.name, *h.values] for h in found]))
-    else:
-        parts.append(f"<p>{html.escape(_same_hyperparameters(report))}</p>")
+    parts = []
+    for block in appendix.blocks(report):
+        parts.append(f"<h3>{html.escape(block.heading)}</h3>")
+        parts += [f"<p>{html.escape(text)}</p>" for text in block.text]
+        if block.rows:
+            parts.append(_html_table(list(block.header), [list(r) for r in block.rows]))
     parts.append("<h3>Evaluation protocol</h3>")
     protocols = appendix.evaluation(report)
     common = appendix.shared(protocols)
