@@ -294,7 +294,8 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
     )
     out.print(
         f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
-        f"state dim {env.state_dim}",
+        f"state dim {env.state_dim} "
+        f"({'env.state()' if env.state_from_env else 'observations concatenated'})",
         highlight=False,
         soft_wrap=True,
     )
@@ -612,6 +613,15 @@ def report(
         str | None,
         typer.Option("--tracking-uri", help="MLflow store to read (default: ./mlflow.db)."),
     ] = None,
+    names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="GROUP=TEXT: name a group in tables, legends and the appendix (GROUP: its"
+            " values comma-separated, e.g. mappo,mpe/simple_spread); repeat. Over the spec's"
+            " `label`.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare finished runs: final score per group with bootstrap CIs, curves, sweeps."""
@@ -641,6 +651,7 @@ def report(
             direction,
             storage,
             split=group_by is None,
+            names=names or [],
         )
         if not built.groups and not built.sweeps:
             raise SpecError([_arg_problem(_nothing_to_report(built))])

@@ -125,15 +125,23 @@ def run_plan(
 
 def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     """Tags every run of a spec carries: what it trains and with which code."""
+    from marlctl.envs.registry import env_package
+    from marlctl.plan import unused_fields
+
+    spec = loaded.spec
     tags = {
         "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
         "marlctl.versions": tracking.package_versions(),
         "marlctl.algo": plan.algo,
         "marlctl.env": plan.env.id,
+        tracking.ENV_PACKAGE_TAG: env_package(spec.env.id, spec.env.backend),
+        tracking.UNUSED_TAG: ",".join(unused_fields(spec, plan.env)),
     }
-    commit = tracking.git_commit()
+    commit, why_not = tracking.git_state()
     if commit:
-        tags["mlflow.source.git.commit"] = commit
+        tags[tracking.COMMIT_TAG] = commit
+    else:
+        tags[tracking.NO_COMMIT_TAG] = why_not or "unknown"
     return tags
 
 

@@ -53,6 +53,7 @@ class Plan:
                 "id": self.env.id,
                 "agents": self.env.n_agents,
                 "state_dim": self.env.state_dim,
+                "state_from_env": self.env.state_from_env,
                 "groups": [
                     {
                         "name": g.name,
@@ -413,6 +414,36 @@ def learning_teams(spec, info: EnvInfo):
             key = f"groups.{g.name}.algo" if group.algo is not None else "algo"
             keys = (key, f"groups.{g.name}.model")
             yield g.name, keys, group.algo or spec.algo, group.model, [g]
+
+
+def unused_fields(spec: Spec, info: EnvInfo) -> list[str]:
+    """The spec's fields that take no part in this run, by dotted key: a report leaves them
+    out of its hyperparameters. A key shared by several teams (`algo` of groups with a model
+    of their own) is unused only where every one of them leaves it unused."""
+    unused: dict[str, bool] = {}
+
+    def mark(key: str, is_unused: bool) -> None:
+        unused[key] = unused.get(key, True) and is_unused
+
+    for _, (algo_key, model_key), cfg, model, groups in learning_teams(spec, info):
+        algo = registered_algos()[cfg.name]
+        continuous = any(not g.discrete for g in groups)
+        # The actor's distribution of continuous actions (on-policy trainers').
+        mark(f"{model_key}.action_dist", not (algo.action_dists and continuous))
+        sharing = model.sharing
+        if isinstance(sharing, dict):
+            modes = {sharing.get(g.name, "shared") for g in groups}
+        else:
+            modes = {sharing}
+        mark(f"{model_key}.federated_every", "federated" not in modes)
+        mark(f"{model_key}.agent_ids", "shared" not in modes)  # ids go to shared networks
+        if hasattr(cfg, "sequence_length"):  # the Q-learners' windows of recurrent agents
+            for name in ("sequence_length", "burn_in"):
+                mark(f"{algo_key}.{name}", model.recurrent is None)
+        if hasattr(cfg, "tau") and hasattr(cfg, "target_update_every"):
+            mark(f"{algo_key}.tau", cfg.target_update_every > 0)  # hard copies instead
+    mark("env.reward_weights", not info.objectives)
+    return sorted(key for key, is_unused in unused.items() if is_unused)
 
 
 def _algo_problems(prov, env_id: str, info: EnvInfo, keys, cfg, model, groups) -> list:

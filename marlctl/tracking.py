@@ -222,18 +222,63 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
 
 
 def spec_hash(resolved: dict[str, Any]) -> str:
-    payload = {k: v for k, v in resolved.items() if k != "seeds"}
+    """What is trained, as a short hash: seeds and the report's label left out."""
+    payload = {k: v for k, v in resolved.items() if k not in ("seeds", "label")}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+COMMIT_TAG = "mlflow.source.git.commit"
+# Why a run has no commit, where it has none: a report says so rather than "not recorded".
+NO_COMMIT_TAG = "marlctl.no_commit"
+HARDWARE_TAG = "marlctl.hardware"  # the CPU or GPU a run trained on, by name
+ENV_PACKAGE_TAG = "marlctl.env_package"  # the env's distribution and version
+UNUSED_TAG = "marlctl.unused"  # spec fields that take no part in the run, comma-separated
+
+
 def git_commit() -> str | None:
+    return git_state()[0]
+
+
+def git_state() -> tuple[str | None, str | None]:
+    """The commit checked out in the working folder, or None and why there is none."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+        return None, "git is not installed here"
+    commit = out.stdout.strip()
+    if out.returncode == 0 and commit:
+        return commit, None
+    if "not a git repository" in out.stderr:
+        return None, "not run in a git checkout"
+    return None, f"git rev-parse failed: {one_line(out.stderr.strip()) or out.returncode}"
+
+
+def hardware_name(device: str) -> str:
+    """The processor a run computes on: the GPU's name for a CUDA device, else the CPU's
+    model (from /proc/cpuinfo on Linux), with the number of cores this process may use."""
+    import os
+    import platform
+
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.lower().startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return f"{name}, {cores} cores"
 
 
 def package_versions() -> str:

@@ -36,11 +36,12 @@ def _metrics(steps: list[int], values: list[float], key: str = "eval/return_mean
 
 def add_experiment_run(client, experiment: str, algo: str, env: str, seeds: dict, **extra):
     """A parent run and one FINISHED seed run per entry of `seeds`:
-    seed → (eval steps, eval values, wall seconds, steps/s or None)."""
+    seed → (eval steps, eval values, wall seconds, steps/s or None); all start at `start`."""
     exp_id = tracking.ensure_experiment(client, experiment, None)
     common = {"marlctl.algo": algo, "marlctl.env": env, "marlctl.spec_hash": extra.get("hash", "h")}
+    start = extra.get("start", T0)
     parent = client.create_run(
-        exp_id, run_name=experiment, tags={**common, "marlctl.role": "experiment"}, start_time=T0
+        exp_id, run_name=experiment, tags={**common, "marlctl.role": "experiment"}, start_time=start
     ).info.run_id
     params = {"algo.name": algo, "env.id": env, "algo.lr": str(extra.get("lr", 0.001))}
     ids = {}
@@ -48,7 +49,7 @@ def add_experiment_run(client, experiment: str, algo: str, env: str, seeds: dict
         run = client.create_run(
             exp_id,
             run_name=f"seed-{seed}",
-            start_time=T0,
+            start_time=start,
             tags={
                 **common,
                 tracking.PARENT_TAG: parent,
@@ -61,9 +62,10 @@ def add_experiment_run(client, experiment: str, algo: str, env: str, seeds: dict
         if speed is not None:
             metrics += _metrics([steps[-1]], [speed], "perf/env_steps_per_s_mean")
         client.log_batch(run, metrics=metrics, synchronous=True)
-        client.set_terminated(run, extra.get("status", "FINISHED"), end_time=T0 + int(wall * 1000))
+        status = extra.get("status", "FINISHED")
+        client.set_terminated(run, status, end_time=start + int(wall * 1000))
         ids[seed] = run
-    client.set_terminated(parent, "FINISHED", end_time=T0 + 1000)
+    client.set_terminated(parent, "FINISHED", end_time=start + 1000)
     return parent, ids
 
 
@@ -343,6 +345,60 @@ def test_configurations_are_never_pooled_as_seeds_by_default(tmp_path):
     assert sorted(pooled["scores"]) == [1.0, 2.0, 5.0, 6.0]
     assert pooled["differs"] == ["algo.lr"]
     assert any("runs differ in algo.lr" in n for n in json.loads(result.stdout)["notes"])
+
+
+def test_a_seed_finished_twice_with_the_same_params_counts_once(tmp_path):
+    """A command interrupted after seed 0 finished (seeds 1 and 2 killed), then run again:
+    seed 0 has two finished runs. The newest is kept, and the report says which it left out."""
+    client = tracking.client_for(None)
+    _, first = add_experiment_run(
+        client, "meetup", "mappo", "mpe/simple_spread", {0: ([1000], [9.0], 10.0, None)}
+    )
+    add_experiment_run(
+        client,
+        "meetup",
+        "mappo",
+        "mpe/simple_spread",
+        {s: ([1000], [0.0], 10.0, None) for s in (1, 2)},
+        status="KILLED",
+    )
+    rerun_start = T0 + 3_600_000  # an hour later
+    _, rerun = add_experiment_run(
+        client,
+        "meetup",
+        "mappo",
+        "mpe/simple_spread",
+        {s: ([1000], [float(s)], 10.0, None) for s in (0, 1, 2)},
+        start=rerun_start,
+    )
+    document = report_json()
+    (group,) = document["groups"]
+    assert group["seeds"] == 3 and group["runs"] == 3
+    assert sorted(group["scores"]) == [0.0, 1.0, 2.0]  # the first seed 0's 9.0 is out
+    assert sorted(group["run_ids"]) == sorted(rerun.values())
+    assert group["duplicates"] == [{"seed": "0", "kept": rerun[0], "left_out": [first[0]]}]
+    note = (
+        f"mappo · mpe/simple_spread: seed 0 finished 2 times with the same params; counted "
+        f"once: kept run {rerun[0][:8]} (the newest, finished 2023-11-14 23:13 UTC), left "
+        f"out run {first[0][:8]} (finished 2023-11-14 22:13 UTC)"
+    )
+    assert note in document["notes"]
+    result = run_cli("report")
+    assert result.exit_code == 0, result.output
+    assert note in " ".join(result.output.split())
+    assert run_cli("report", "--out", "report.md").exit_code == 0
+    assert f"- {note}" in Path("report.md").read_text()
+
+
+def test_the_same_seed_with_other_params_is_not_a_duplicate(tmp_path):
+    client = tracking.client_for(None)
+    for lr in (0.001, 0.01):
+        add_experiment_run(
+            client, "lrs", "mappo", "mpe/simple_spread", {0: ([1000], [1.0], 1.0, None)}, lr=lr
+        )
+    result = run_cli("report", "--group-by", "algo.name", "--json")
+    (pooled,) = json.loads(result.stdout)["groups"]
+    assert pooled["seeds"] == 2 and pooled["duplicates"] == []
 
 
 def test_a_diverged_final_value_is_missing_not_an_earlier_score(tmp_path):

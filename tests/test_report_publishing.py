@@ -216,7 +216,10 @@ def test_no_format_shows_a_local_path(compared, tmp_path):
 # ---------------------------------------------------------------- 3. few seeds
 
 
-FEW = "ippo · mpe/simple_spread: 2 seeds; intervals from fewer than 5 seeds are unreliable"
+FEW = (
+    "ippo · mpe/simple_spread: 2 seeds; too few to compare groups on (3 at the least), and "
+    "intervals from fewer than 5 seeds are unreliable"
+)
 
 
 def test_a_group_of_fewer_than_five_seeds_carries_a_warning(compared):
@@ -247,6 +250,55 @@ def test_a_group_over_several_envs_is_warned_by_its_thinnest_env():
     # IPPO, 4 seeds on one env, is warned too; nothing is said of a group with no interval.
     assert any(w.startswith("ippo: 4 seeds;") for w in document["warnings"])
     assert not any(w.startswith("qmix") for w in document["warnings"])
+
+
+def test_groups_of_one_to_four_seeds_are_warned_by_how_thin_they_are(tmp_path):
+    client = tracking.client_for(None)
+    add_group(client, "thin", "mappo", [1.0], SHARED)
+    add_group(client, "thin", "ippo", [1.0, 2.0, 3.0], SHARED)
+    document = report_json()
+    assert document["warnings"] == [
+        "ippo · mpe/simple_spread: 3 seeds; intervals from fewer than 5 seeds are unreliable",
+        "mappo · mpe/simple_spread: 1 seed; too few to compare groups on (3 at the least)",
+    ]
+
+
+def journal_study(path: Path, trials: int) -> str:
+    """An Optuna journal holding study `tiny` with `trials` complete trials over two
+    parameters, the second of which decides the value; returns the journal's path."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    study = optuna.create_study(study_name="tiny", storage=storage, direction="maximize")
+    space = {"algo.lr": FloatDistribution(0, 1), "algo.clip": FloatDistribution(0, 1)}
+    rng = np.random.default_rng(0)
+    for _ in range(trials):
+        params = {name: float(rng.uniform()) for name in space}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params, distributions=space, value=10 * params["algo.clip"]
+            )
+        )
+    return str(path)
+
+
+@pytest.mark.parametrize(("trials", "warned"), [(6, True), (20, False)])
+def test_importances_from_fewer_than_twenty_trials_carry_a_warning(tmp_path, trials, warned):
+    add_study(tracking.client_for(None), journal_study(tmp_path / "j.journal", trials), 0)
+    found = outputs()
+    (sweep,) = json.loads(found["json"])["sweeps"]
+    assert sweep["importances"] and sweep["counts"] == {"COMPLETE": trials}
+    caveat = (
+        "sweep tiny: parameter importances from 6 complete trials; fANOVA importances from "
+        "fewer than 20 trials are unreliable"
+    )
+    assert (f"> **Warning:** {caveat}" in found["md"]) is warned
+    assert (caveat in found["html"]) is warned
+    assert (caveat in " ".join(found["terminal"].split())) is warned
+    assert json.loads(found["--json"])["warnings"] == ([caveat] if warned else [])
 
 
 # ---------------------------------------------------------------- 4. figure labels
@@ -342,14 +394,19 @@ def test_a_seed_without_a_step_zero_evaluation_is_named(tmp_path):
 # ---------------------------------------------------------------- 6. appendix
 
 
-def test_the_appendix_lists_only_hyperparameters_that_differ_and_the_protocol(compared):
+def test_the_appendix_lists_shared_hyperparameters_once_and_the_others_side_by_side(compared):
     found = outputs()
     md = found["md"]
     appendix = md[md.index("## Appendix") :]
+    shared = appendix[: appendix.index("### Hyperparameters that differ")]
+    assert "### Hyperparameters shared by every group" in shared
+    assert "| `algo.clip` | 0.2 |" in shared and "| `model.hidden` | [64, 64] |" in shared
+    assert "| `env.id` | mpe/simple_spread |" in shared  # a group-by key all groups share
+    assert "| `algo.lr`" not in shared
     assert "| parameter | ippo · mpe/simple_spread | mappo · mpe/simple_spread |" in appendix
     assert "| `algo.lr` | 0.0003 | 0.001 |" in appendix
-    # Shared values, seeds, hardware (different on every seed here) and group keys: absent.
-    for hidden in ("algo.clip", "model.hidden", "hardware.device", "`seed`", "algo.name"):
+    # Seeds, hardware (different on every seed here) and the keys naming groups: absent.
+    for hidden in ("hardware.device", "`seed`", "`algo.name`"):
         assert hidden not in appendix, hidden
     assert (
         "Runs were evaluated every 15k env steps and at the end of training; each evaluation "
@@ -358,9 +415,12 @@ def test_the_appendix_lists_only_hyperparameters_that_differ_and_the_protocol(co
     assert "after 30k env steps of training" in appendix
     html = found["html"]
     assert "<h2>Appendix</h2>" in html
+    assert "<h3>Hyperparameters shared by every group</h3>" in html
+    assert "<tr><td>algo.clip</td><td>0.2</td></tr>" in html
     assert "<tr><td>algo.lr</td><td>0.0003</td><td>0.001</td></tr>" in html
     assert "every 15k env steps" in html and "64 episodes with the deterministic" in html
     document = json.loads(found["json"])["appendix"]
+    assert document["shared_hyperparameters"]["algo.clip"] == "0.2"
     assert document["hyperparameters"] == [
         {
             "name": "algo.lr",
@@ -371,6 +431,111 @@ def test_the_appendix_lists_only_hyperparameters_that_differ_and_the_protocol(co
     assert {(g["episodes"], g["every"], g["budget"]) for g in document["evaluation"]["groups"]} == {
         (64, 15000, 30000)
     }
+
+
+def tag_runs(client, ids: dict, tags: dict) -> None:
+    for run_id in ids.values():
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+
+
+def test_a_field_that_takes_no_part_in_a_group_is_left_out_or_shown_missing(tmp_path):
+    """Continuous MAPPO uses `model.action_dist`, discrete MAPPO does not; neither uses
+    `model.federated_every` (shared networks): the runs' `marlctl.unused` tags say so."""
+    client = tracking.client_for(None)
+    params = {**SHARED, "model.action_dist": "normal", "model.federated_every": "10"}
+    _, continuous = add_group(client, "dist", "mappo", MAPPO, params)
+    _, discrete = add_group(client, "dist", "ippo", MAPPO, params)
+    tag_runs(client, continuous, {"marlctl.unused": "model.federated_every"})
+    tag_runs(client, discrete, {"marlctl.unused": "model.action_dist,model.federated_every"})
+    found = outputs()
+    appendix = found["md"][found["md"].index("## Appendix") :]
+    assert "| `model.action_dist` | — | normal |" in appendix
+    assert "— : not a setting of the group's algorithm or model, or one that takes no" in appendix
+    assert "model.federated_every" not in appendix
+    document = json.loads(found["json"])["appendix"]
+    assert "model.action_dist" not in document["shared_hyperparameters"]
+    assert "model.federated_every" not in json.dumps(document)
+
+
+def test_provenance_is_shared_once_and_differences_side_by_side(tmp_path):
+    client = tracking.client_for(None)
+    _, mappo = add_group(client, "prov", "mappo", MAPPO, SHARED)
+    _, ippo = add_group(client, "prov", "ippo", MAPPO, SHARED)
+    common = {
+        "marlctl.versions": "marlctl==0.1.0 torch==2.5.1 mlflow==3.1.0",
+        "marlctl.env_package": "mpe2==1.1.1",
+        "marlctl.device": "cuda:0",
+    }
+    tag_runs(client, mappo, {**common, "marlctl.hardware": "NVIDIA H100 80GB HBM3"})
+    tag_runs(client, mappo, {"mlflow.source.git.commit": "0123456789abcdef0123"})
+    tag_runs(client, ippo, {**common, "marlctl.hardware": "NVIDIA H200"})
+    tag_runs(client, ippo, {"marlctl.no_commit": "not run in a git checkout"})
+    found = outputs()
+    md = found["md"]
+    provenance = md[md.index("### Provenance\n") : md.index("### Evaluation")]
+    for row in (
+        "| marlctl | 0.1.0 |",
+        "| torch | 2.5.1 |",
+        "| env package | mpe2==1.1.1 |",
+        "| device | cuda:0 |",
+        "### Provenance that differs between groups",
+        "| field | ippo · mpe/simple_spread | mappo · mpe/simple_spread |",
+        "| hardware | NVIDIA H200 | NVIDIA H100 80GB HBM3 |",
+        "| commit | none: not run in a git checkout | 0123456789ab |",
+    ):
+        assert row in provenance, (row, provenance)
+    assert (
+        "<tr><td>hardware</td><td>NVIDIA H200</td><td>NVIDIA H100 80GB HBM3</td></tr>"
+        in (found["html"])
+    )
+    document = json.loads(found["json"])["appendix"]["provenance"]
+    assert document["shared"]["torch"] == "2.5.1"
+    assert {"name": "commit", "values": {
+        "ippo · mpe/simple_spread": "none: not run in a git checkout",
+        "mappo · mpe/simple_spread": "0123456789ab",
+    }} in document["differing"]  # fmt: skip
+
+
+def test_runs_from_before_provenance_was_recorded_say_so(compared):
+    md = outputs()["md"]
+    provenance = md[md.index("### Provenance") : md.index("### Evaluation")]
+    for field in ("marlctl", "torch", "env package", "hardware", "commit"):
+        assert f"| {field} | not recorded |" in provenance, field
+
+
+def test_the_fields_a_run_leaves_unused_follow_its_algorithm_env_and_model(tmp_path):
+    from marlctl.plan import compile_plan, unused_fields
+    from marlctl.spec import load_spec
+
+    def unused(body: dict, *overrides: str) -> list[str]:
+        loaded = load_spec(str(write_spec(tmp_path, body)), list(overrides))
+        return unused_fields(loaded.spec, compile_plan(loaded).env)
+
+    spread = {"env": {"id": "mpe/simple_spread", "params": {"N": 2}}, "algo": {"name": "mappo"}}
+    assert unused(spread) == ["env.reward_weights", "model.action_dist", "model.federated_every"]
+    moving = unused(spread, "+env.params.continuous_actions=true", "model.sharing=federated")
+    assert moving == ["env.reward_weights", "model.agent_ids"]
+    qmix = {**spread, "algo": {"name": "qmix"}}
+    assert {"algo.tau", "algo.sequence_length", "algo.burn_in"} <= set(unused(qmix))
+    polyak = unused(qmix, "algo.target_update_every=0", "model.recurrent=gru")
+    assert not {"algo.tau", "algo.sequence_length", "algo.burn_in"} & set(polyak)
+
+
+def test_the_env_package_is_the_distribution_that_holds_the_envs_code():
+    from importlib import metadata
+
+    from marlctl.envs.registry import env_package
+
+    assert env_package("mpe/simple_spread") == f"mpe2=={metadata.version('mpe2')}"
+    assert env_package("mpe/simple_spread", "native") == (f"marlctl=={metadata.version('marlctl')}")
+    assert env_package("classic/tictactoe") == f"pettingzoo=={metadata.version('pettingzoo')}"
+    assert env_package("pettingzoo.classic.rps_v2:parallel_env").startswith("pettingzoo==")
+    assert env_package("toy_envs:meetup") == "toy_envs (not an installed distribution: no version)"
+
+
+def test_a_run_outside_a_git_checkout_records_why_it_has_no_commit(tmp_path):
+    assert tracking.git_state() == (None, "not run in a git checkout")
 
 
 def test_groups_evaluated_differently_get_a_protocol_table(tmp_path):
@@ -453,18 +618,177 @@ def test_the_appendix_of_runs_marlctl_trained(tmp_path):
             "hardware": {"device": "cpu", "num_envs": 8},
         },
     )
-    for lr in ("0.001", "0.002"):
-        result = run_cli("run", str(spec), f"algo.lr={lr}")
+    for lr, label in (("0.001", None), ("0.002", "'Fast MAPPO'")):
+        result = run_cli("run", str(spec), f"algo.lr={lr}", *([f"label={label}"] if label else []))
         assert result.exit_code == 0, result.output
     result = run_cli("report", "--out", "report.md")
     assert result.exit_code == 0, result.output
     md = Path("report.md").read_text()
+    assert "| group | algo.name | env.id | config | seeds |" in md
+    assert "| Fast MAPPO | mappo | mpe/simple_spread | algo.lr=0.002 | 2 |" in md
     appendix = md[md.index("## Appendix") :]
-    rows = [line for line in appendix.splitlines() if line.startswith("| `")]
+    differing = appendix[appendix.index("### Hyperparameters that differ") :]
+    differing = differing[: differing.index("### Provenance")]
+    rows = [line for line in differing.splitlines() if line.startswith("| `")]
     assert rows == ["| `algo.lr` | 0.001 | 0.002 |"], appendix
+    assert "| parameter | mappo · mpe/simple_spread · algo.lr=0.001 | Fast MAPPO |" in differing
+    # Every other hyperparameter once, env params and the number of envs included; what
+    # takes no part in a run with discrete actions and shared networks is left out.
+    shared = appendix[: appendix.index("### Hyperparameters that differ")]
+    for row in ("| `env.params.N` | 2 |", "| `hardware.num_envs` | 8 |", "| `algo.epochs` | 1 |"):
+        assert row in shared, row
+    for absent in ("model.action_dist", "model.federated_every", "env.reward_weights"):
+        assert absent not in appendix, absent
+    for bookkeeping in ("train.log_every", "train.checkpoint_every", "`label`"):
+        assert bookkeeping not in appendix, bookkeeping
+    # Where the runs came from.
+    provenance = appendix[appendix.index("### Provenance") : appendix.index("### Evaluation")]
+    from importlib import metadata
+
+    for row in (
+        f"| marlctl | {metadata.version('marlctl')} |",
+        f"| torch | {metadata.version('torch')} |",
+        f"| env package | marlctl=={metadata.version('marlctl')} |",  # the native backend
+        "| device | cpu |",
+        "| commit | none: not run in a git checkout |",  # a temporary folder
+    ):
+        assert row in provenance, (row, provenance)
+    assert re.search(r"\| hardware \| .+, \d+ cores? \|", provenance), provenance
     assert "each evaluation plays 4 episodes with the deterministic policy" in appendix
     assert "every 500 env steps and at the end of training" in appendix
     assert "after 1k env steps of training" in appendix
     # Two seeds per group: both are warned about.
     assert md.count("> **Warning:**") == 2
     assert np.isfinite(report_json()["groups"][0]["mean"]["value"])
+
+
+# ---------------------------------------------------------------- integer axes
+
+
+def test_the_sweep_history_ticks_fall_on_whole_trials(tmp_path):
+    from marlctl import report as reporting
+    from marlctl.report import figures
+
+    add_study(tracking.client_for(None), str(tmp_path / "gone.journal"), trials=4)
+    (sweep,) = reporting.build(None, [], [], []).sweeps
+    ax = figures.history_figure(sweep).axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks == [0, 1, 2, 3]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
+    assert run_cli("report", "--out", "report.html").exit_code == 0
+    assert '"tickvals":[0,1,2,3]' in Path("report.html").read_text()
+
+
+def test_step_ticks_are_whole_steps_on_a_short_axis(tmp_path):
+    from marlctl import report as reporting
+    from marlctl.report import figures
+
+    add_experiment_run(
+        tracking.client_for(None),
+        "short",
+        "mappo",
+        "mpe/simple_spread",
+        {s: ([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0 + s], 1.0, None) for s in range(2)},
+    )
+    ax = figures.curves_figure(reporting.build(None, [], [], [])).axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+# ---------------------------------------------------------------- per-seed values
+
+
+def test_each_seeds_final_value_is_listed(tmp_path):
+    client = tracking.client_for(None)
+    _, ids = add_group(client, "paper", "mappo", MAPPO, SHARED)
+    add_experiment_run(
+        client,
+        "paper",
+        "ippo",
+        "mpe/simple_spread",
+        {0: ([0, 1000], [1.0, float("nan")], 1.0, None), 1: ([0, 1000], [1.0, 2.5], 1.0, None)},
+    )
+    found = outputs()
+    md = found["md"]
+    section = md[md.index("## Per-seed results") : md.index("## Appendix")]
+    assert "| group | seed | final eval/return_mean | env steps | run |" in section
+    for seed, value in enumerate(MAPPO):
+        row = f"| mappo · mpe/simple_spread | {seed} | {value:.2f} | 30k | {ids[seed][:8]} |"
+        assert row in section
+    assert "| ippo · mpe/simple_spread | 0 | non-finite |" in section
+    assert "| ippo · mpe/simple_spread | 1 | 2.50 | 1k |" in section
+    html = found["html"]
+    assert "<h2>Per-seed results</h2>" in html
+    assert f"<td>mappo · mpe/simple_spread</td><td>2</td><td>{MAPPO[2]:.2f}</td>" in html
+    groups = {g["label"]: g for g in json.loads(found["json"])["groups"]}
+    per_seed = groups["mappo · mpe/simple_spread"]["per_seed"]
+    assert [(p["seed"], p["value"], p["run_id"]) for p in per_seed] == [
+        (str(seed), value, ids[seed]) for seed, value in enumerate(MAPPO)
+    ]
+    assert groups["ippo · mpe/simple_spread"]["per_seed"][0]["value"] is None
+
+
+# ---------------------------------------------------------------- group labels
+
+
+def test_a_label_on_the_command_line_names_the_group_everywhere(compared):
+    named = "mappo,mpe/simple_spread=MAPPO (ours)"
+    result = run_cli("report", "--label", named, "--out", "report.md", "--figures", "svg")
+    assert result.exit_code == 0, result.output
+    md = Path("report.md").read_text()
+    assert "| group | algo.name | env.id | seeds |" in md
+    assert "| MAPPO (ours) | mappo | mpe/simple_spread | 5 |" in md
+    assert "| ippo · mpe/simple_spread | ippo | mpe/simple_spread | 2 |" in md
+    assert "| parameter | ippo · mpe/simple_spread | MAPPO (ours) |" in md
+    assert "MAPPO (ours)" in svg_texts(Path("report_files/curves.svg"))  # the legend
+    assert "mappo · mpe/simple_spread" not in md
+    document = report_json("--label", named, "--label", "ippo · mpe/simple_spread=IPPO")
+    assert [g["label"] for g in document["groups"]] == ["IPPO", "MAPPO (ours)"]
+    assert document["warnings"][0].startswith("IPPO: 2 seeds;")
+    result = run_cli("report", "--label", named, "--out", "report.html")
+    assert result.exit_code == 0, result.output
+    assert '"name":"MAPPO (ours)"' in Path("report.html").read_text()
+
+
+def test_a_label_given_in_the_spec_names_the_group(tmp_path):
+    client = tracking.client_for(None)
+    add_group(client, "paper", "mappo", MAPPO, {**SHARED, "label": "MAPPO (ours)"})
+    add_group(client, "paper", "ippo", IPPO, {**SHARED, "label": "null"})  # no label
+    document = report_json()
+    assert [g["label"] for g in document["groups"]] == [
+        "ippo · mpe/simple_spread",
+        "MAPPO (ours)",
+    ]
+    # The label is a name: it neither splits a group nor is a hyperparameter.
+    assert "label" not in json.dumps(document["appendix"]["hyperparameters"])
+    # The command line wins over the spec.
+    overridden = report_json("--label", "mappo,mpe/simple_spread=MAPPO")
+    assert [g["label"] for g in overridden["groups"]][1] == "MAPPO"
+
+
+def test_a_label_names_a_split_group_by_its_params(tmp_path):
+    client = tracking.client_for(None)
+    for lr in (0.001, 0.01):
+        add_experiment_run(
+            client, "lrs", "mappo", "mpe/simple_spread", {0: ([1000], [1.0], 1.0, None)}, lr=lr
+        )
+    document = report_json("--label", "mappo,mpe/simple_spread,algo.lr=0.01=lr=1e-2")
+    assert [g["label"] for g in document["groups"]] == [
+        "mappo · mpe/simple_spread · algo.lr=0.001",
+        "lr=1e-2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("qmix=QMIX", "--label #1: 'qmix=QMIX' names no group (GROUP=TEXT); the groups: "
+         "ippo,mpe/simple_spread; mappo,mpe/simple_spread"),
+        ("MAPPO", "'MAPPO' names no group"),
+        ("mappo,mpe/simple_spread=", "'mappo,mpe/simple_spread=' gives the group no text"),
+    ],
+)  # fmt: skip
+def test_a_label_for_no_group_is_a_clean_error(compared, label, message):
+    result = run_cli("report", "--label", label, "--out", "report.md")
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not Path("report.md").exists()

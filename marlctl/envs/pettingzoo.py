@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.spaces import flatten
 
 from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.registry import EnvInfo, make_env
@@ -37,6 +38,13 @@ class EnvSlice:
         self.index = {
             a: (gi, g.agents.index(a)) for gi, g in enumerate(info.groups) for a in g.agents
         }
+        # The spaces of the observations that are flattened (not a Box), by agent.
+        self.flatten = {}
+        for g in info.groups:
+            if g.obs_flattened:
+                for a in g.agents:
+                    space = self.envs[0].observation_space(a)
+                    self.flatten[a] = space["observation"] if g.mask_source == "obs" else space
 
     def _blank(self) -> Arrays:
         out: Arrays = {"state": np.zeros((self.k, self.info.state_dim), np.float32)}
@@ -57,10 +65,19 @@ class EnvSlice:
                 value = value["observation"]
             elif g.mask_source == "info" and "action_mask" in infos.get(agent, {}):
                 out[f"mask/{g.name}"][i, j] = np.asarray(infos[agent]["action_mask"], bool)
+            if agent in self.flatten:
+                value = flatten(self.flatten[agent], value)
             out[f"obs/{g.name}"][i, j] = value
             out[f"active/{g.name}"][i, j] = agent in env.agents
         if self.info.state_from_env:
-            out["state"][i] = np.asarray(env.state(), np.float32).ravel()
+            state = np.asarray(env.state(), np.float32).ravel()
+            if state.size != self.info.state_dim:
+                raise ValueError(
+                    f"env '{self.info.id}': state() returned {state.size} values, not the "
+                    f"{self.info.state_dim} of its global state (its state_space's size, or "
+                    "that of state() after a reset)"
+                )
+            out["state"][i] = state
         else:
             out["state"][i] = np.concatenate([out[f"obs/{g.name}"][i].ravel() for g in groups])
 

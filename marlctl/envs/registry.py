@@ -285,6 +285,30 @@ def lookup(env_id: str) -> EnvEntry:
     )
 
 
+def env_package(env_id: str, backend: str = "pettingzoo") -> str:
+    """The installed distribution that holds env `env_id`'s code, as `name==version`: the
+    package a user factory comes from, the one a registered family wraps (lbforaging,
+    vmas, ...), or marlctl for a native env. Without a distribution (a module on the path
+    only): its name and why it has no version."""
+    from importlib import metadata
+
+    entry = lookup(env_id)
+    module = entry.factory.split(":")[0].split(".")[0]
+    if backend == "native" or entry.suite == "native":
+        module = "marlctl"
+    elif module == "marlctl":  # a family marlctl wraps: the package it wraps
+        wrapped = {"vmas": "vmas", "classic": "pettingzoo"}.get(entry.suite)
+        module = wrapped or (entry.requires[0] if entry.requires else "marlctl")
+    # An editable install records no top-level modules: the module's own name then.
+    names = metadata.packages_distributions().get(module) or [module]
+    for name in names:
+        try:
+            return f"{name}=={metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"{module} (not an installed distribution: no version)"
+
+
 TRUSTED_FACTORIES_VAR = "MARLCTL_TRUSTED_FACTORIES"
 
 
@@ -383,6 +407,10 @@ class GroupInfo:
     # Where action masks come from: "obs" (a dict observation), "info" (the infos), "env" (a
     # native env that has no other backend computes them), None (no masks).
     mask_source: str | None = None
+    # The observations are not a Box: each is flattened as `gymnasium.spaces.flatten` does
+    # (one-hots for Discrete, their concatenation for MultiDiscrete, Dict and Tuple members
+    # in order), into `obs_shape` float32 values.
+    obs_flattened: bool = False
 
     @property
     def n_agents(self) -> int:
@@ -462,10 +490,16 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
             obs_space = obs_space["observation"]
         elif isinstance((infos or {}).get(members[0]), dict) and "action_mask" in infos[members[0]]:
             mask_source = "info"
-        if not isinstance(obs_space, spaces.Box):
-            raise TypeError(
-                f"agent '{members[0]}' has an unsupported observation space {obs_space}"
-            )
+        flattened = not isinstance(obs_space, spaces.Box)
+        if flattened:
+            unsupported = _unsupported(obs_space)
+            if unsupported is not None:
+                part = "" if unsupported is obs_space else f" (its part {unsupported})"
+                raise UnsupportedSpace(
+                    f"agent '{members[0]}' has an unsupported observation space "
+                    f"{obs_space}{part}; supported: {SUPPORTED_OBSERVATIONS}"
+                )
+            obs_space = spaces.flatten_space(obs_space)
         if isinstance(act_space, spaces.Discrete):
             discrete, n, low, high = True, int(act_space.n), (), ()
         elif isinstance(act_space, spaces.Box):
@@ -473,7 +507,10 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
             low = tuple(float(x) for x in np.broadcast_to(act_space.low, act_space.shape).ravel())
             high = tuple(float(x) for x in np.broadcast_to(act_space.high, act_space.shape).ravel())
         else:
-            raise TypeError(f"agent '{members[0]}' has an unsupported action space {act_space}")
+            raise UnsupportedSpace(
+                f"agent '{members[0]}' has an unsupported action space {act_space}; "
+                f"supported: {SUPPORTED_ACTIONS}"
+            )
         name = _group_name(members)
         while name in names:
             name += "_"
@@ -483,20 +520,18 @@ def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
                 name,
                 tuple(members),
                 tuple(obs_space.shape),
-                str(obs_space.dtype),
+                "float32" if flattened else str(obs_space.dtype),
                 discrete,
                 n,
                 low,
                 high,
                 mask_source,
+                flattened,
             )
         )
-    state_from_env = (
-        hasattr(env, "state_space") and _has_state(env) and _module(env) not in BROKEN_STATE
-    )
-    if state_from_env:
-        state_dim = int(np.prod(env.state_space.shape))
-    else:
+    state_dim = _state_dim(env) if _module(env) not in BROKEN_STATE else None
+    state_from_env = state_dim is not None
+    if state_dim is None:
         state_dim = sum(g.obs_dim * g.n_agents for g in groups)
     turn_based = bool(getattr(env, "turn_based", False))
     objectives = 0
@@ -523,6 +558,13 @@ BROKEN_STATE = {
     # almost all the state does: each walker's body and lidar, its neighbours and the
     # package relative to it (the state adds the package's absolute position).
     "pettingzoo.sisl.multiwalker.multiwalker": "state() fails once a walker has fallen",
+    # MOMAland's multiwalker is PettingZoo's, with a reward vector: the same failure.
+    "momaland.envs.multiwalker_stability.momultiwalker_stability": (
+        "state() fails once a walker has fallen"
+    ),
+    # The live agents' observations concatenated: empty once an episode has ended, where a
+    # final state is needed, and the same values as the fallback before.
+    "momaland.envs.beach.beach": "state() is empty once an episode has ended",
 }
 
 
@@ -537,6 +579,55 @@ def _has_state(env: Any) -> bool:
     except (NotImplementedError, AttributeError):
         return False
     return True
+
+
+def _state_dim(env: Any) -> int | None:
+    """The size of the env's global state, or None where it has none: its `state_space`'s,
+    or, for an env with `state()` and no `state_space` (PettingZoo does not require one),
+    that of the state it returns after a reset."""
+    space = getattr(env, "state_space", None)
+    if space is not None and getattr(space, "shape", None) is not None:
+        return int(np.prod(space.shape)) if _has_state(env) else None
+    try:
+        state = np.asarray(env.state(), dtype=np.float32)
+    except ProbeTimeout:
+        raise
+    except Exception:  # noqa: BLE001
+        # Without a state_space, PettingZoo's own wrappers can fail here (rps_v2's
+        # parallel_env calls the dict its AEC env keeps as `state`): no global state, as
+        # before one was probed.
+        return None
+    return int(state.size) or None
+
+
+class UnsupportedSpace(ValueError):
+    """An agent's observation or action space marlctl cannot present to its learners: a
+    property of the env, not of its params."""
+
+
+SUPPORTED_OBSERVATIONS = (
+    "Box; Discrete (as a one-hot), MultiDiscrete (concatenated one-hots), MultiBinary (0/1), "
+    "and Dict or Tuple of these (flattened as gymnasium.spaces.flatten does); a Dict with "
+    "'observation' and 'action_mask' keys gives action masks"
+)
+SUPPORTED_ACTIONS = "Discrete, or Box (continuous)"
+
+
+def _unsupported(space: Any) -> Any:
+    """The first part of an observation space that cannot be flattened into a fixed number
+    of values (Text, Sequence, Graph, OneOf, ...), or None where every part can."""
+    import gymnasium.spaces as spaces
+
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return None
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        members = space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces
+        for member in members:
+            found = _unsupported(member)
+            if found is not None:
+                return found
+        return None
+    return space
 
 
 _probed: dict[str, EnvInfo] = {}

@@ -3,13 +3,14 @@
 Seeds are grouped (by `algo.name,env.id` unless told otherwise); each group gets its final
 score as mean and IQM with stratified-bootstrap 95% CIs (`stats`), its cost (env steps,
 wall-clock, throughput) and a sample-efficiency curve. A sweep gets its best trials, its
-optimisation history and the parameters' importances. An appendix (`appendix`) lists the
-hyperparameters that differ between groups and how the runs were evaluated. Runs that played
+optimisation history and the parameters' importances. An appendix (`appendix`) lists every
+group's hyperparameters, where the runs came from and how they were evaluated. Runs that played
 each other (`marlctl eval RUN --vs ...`) get a cross-play matrix per seat and ratings.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ DEFAULT_GROUP_BY = ("algo.name", "env.id")
 DEFAULT_METRIC = "eval/return_mean"
 TOP_TRIALS = 10
 # Params that differ between runs of one configuration without changing what it learns.
-INCIDENTAL = ("seed", "name", "seeds", "hardware.", "tracking.", "sweep.")
+INCIDENTAL = ("seed", "name", "label", "seeds", "hardware.", "tracking.", "sweep")
 
 
 @dataclass
@@ -34,6 +35,16 @@ class Curve:
     value: np.ndarray
     low: np.ndarray
     high: np.ndarray
+
+
+@dataclass
+class Duplicate:
+    """Finished runs of one seed with one configuration, in one group: a command re-run
+    after an interruption that had let this seed finish. Only `kept` counts as the seed."""
+
+    seed: str
+    kept: RunRecord
+    left_out: list[RunRecord]
 
 
 @dataclass
@@ -57,12 +68,26 @@ class Group:
     # The fewest scored seeds on any one env, and that env (None for a group on one env):
     # the count its stratified intervals rest on.
     fewest_seeds: tuple[int, str | None] = (0, None)
+    duplicates: list[Duplicate] = field(default_factory=list)  # runs left out, not in `runs`
+    finals: dict[str, float | None] = field(default_factory=dict)  # run id -> final value
+    # The name a spec's `label` or `report --label` gives the group, or None.
+    custom: str | None = None
+
+    @property
+    def parts(self) -> list[str]:
+        """What names the group by default: its group-by values, then the params that split
+        it off."""
+        return ["—" if v is None else v for v in self.key] + [
+            f"{k}={v}" for k, v in self.config.items()
+        ]
+
+    @property
+    def default_label(self) -> str:
+        return labels.public(" · ".join(self.parts)) or "all runs"
 
     @property
     def label(self) -> str:
-        parts = ["—" if v is None else v for v in self.key]
-        parts += [f"{k}={v}" for k, v in self.config.items()]
-        return labels.public(" · ".join(parts)) or "all runs"
+        return labels.public(self.custom) if self.custom else self.default_label
 
     @property
     def tasks(self) -> int:
@@ -171,9 +196,11 @@ def build(
     storage: str | None = None,
     reps: int = stats.REPS,
     split: bool = True,
+    names: list[str] | tuple[str, ...] = (),
 ) -> Report:
     """`split`: runs of one group that differ in a param (other than seeds, hardware and
-    tracking) form groups of their own, so configurations are never pooled as seeds."""
+    tracking) form groups of their own, so configurations are never pooled as seeds.
+    `names`: `GROUP=TEXT` labels (`report --label`), over those the runs' specs give."""
     from mlflow.exceptions import MlflowException
 
     from marlctl.redact import shown_url
@@ -191,6 +218,7 @@ def build(
     if direction is None:
         direction = "minimize" if metric.startswith("loss/") else "maximize"
     groups = _groups(selection, metric, group_by, reps, split=split)
+    name_groups(groups, names)
     sweeps = [_sweep(selection, study, storage) for study in selection.studies]
     return Report(
         shown_url(selection.uri),
@@ -257,9 +285,14 @@ def _buckets(runs: list[RunRecord], group_by: tuple[str, ...], split: bool):
 
 def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: int, split: bool):
     groups = []
-    for key, extra, runs in _buckets(selection.seeds, group_by, split):
-        scored = [(r, s) for r in runs if (s := _final(r, metric)) is not None]
-        group = Group(key, runs, [s for _, s in scored], config=extra)
+    for key, extra, found in _buckets(selection.seeds, group_by, split):
+        runs, duplicates = _deduplicate(found)
+        finals = {r.run_id: _final(r, metric) for r in runs}
+        scored = [(r, s) for r in runs if (s := finals[r.run_id]) is not None]
+        group = Group(key, runs, [s for _, s in scored], config=extra, duplicates=duplicates)
+        group.finals = finals
+        given = sorted({r.params["label"] for r in runs if r.params.get("label", "null") != "null"})
+        group.custom = " / ".join(given) or None
         tasks = [_task(r) for r, _ in scored]
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)
@@ -279,6 +312,58 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         groups.append(group)
     groups.sort(key=lambda g: (tuple("" if v is None else v for v in g.key), str(g.config)))
     return groups
+
+
+def name_groups(groups: list[Group], names: list[str] | tuple[str, ...]) -> None:
+    """Apply `GROUP=TEXT` labels. GROUP is a group's default label or its parts separated by
+    commas (`mappo,mpe/simple_spread`, `mappo,mpe/simple_spread,algo.lr=0.001`); the text
+    after the `=` that ends a GROUP names it."""
+    for index, text in enumerate(names, 1):
+        where = f"--label #{index}"
+        found = None
+        for at in (i for i, c in enumerate(text) if c == "="):
+            wanted = [p.strip() for p in re.split(r"[,·]", text[:at])]
+            matches = [g for g in groups if wanted == g.parts or text[:at] == g.default_label]
+            if matches:
+                found = (matches, text[at + 1 :].strip())
+                break
+        if found is None:
+            known = "; ".join(",".join(g.parts) for g in groups)
+            raise SpecError.at(where, f"'{text}' names no group (GROUP=TEXT); the groups: {known}")
+        matches, label = found
+        if not label:
+            raise SpecError.at(where, f"'{text}' gives the group no text")
+        for group in matches:
+            group.custom = label
+
+
+def seed_of(run: RunRecord) -> str | None:
+    return run.tags.get("marlctl.seed", run.params.get("seed"))
+
+
+def _deduplicate(runs: list[RunRecord]) -> tuple[list[RunRecord], list[Duplicate]]:
+    """One run per seed and configuration: of several finished runs of the same seed with
+    the same params (seeds, hardware and tracking aside), the newest to finish. Counting
+    both would count the seed twice and narrow the intervals; they trained the same budget
+    (it is a param), and the later one is the run its command was re-run to produce."""
+    by_identity: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        seed = seed_of(run)
+        if seed is None:  # runs that record no seed cannot be told apart
+            by_identity[("run", run.run_id)] = [run]
+            continue
+        params = run.params.items()
+        config = tuple(sorted((k, v) for k, v in params if not k.startswith(INCIDENTAL)))
+        by_identity.setdefault((seed, config), []).append(run)
+    kept, duplicates = [], []
+    for identity, members in by_identity.items():
+        members.sort(key=lambda r: (r.end_ms or 0, r.start_ms or 0, r.run_id), reverse=True)
+        kept.append(members[0])
+        if len(members) > 1:
+            duplicates.append(Duplicate(str(identity[0]), members[0], members[1:]))
+    order = {r.run_id: i for i, r in enumerate(runs)}
+    kept.sort(key=lambda r: order[r.run_id])
+    return kept, sorted(duplicates, key=lambda d: order[d.kept.run_id])
 
 
 def _task(run: RunRecord) -> str:

@@ -105,7 +105,19 @@ def curves_file(report: Report, path: Path) -> Path:
     return _save(curves_figure(report), path)
 
 
-def history_file(sweep: Sweep, path: Path) -> Path:
+def trial_ticks(sweep: Sweep) -> list[int]:
+    """Whole trial numbers for the history's x axis, as matplotlib's integer locator places
+    them (a trial 1.5 does not exist); the interactive plot gets the same."""
+    from matplotlib.ticker import MaxNLocator
+
+    numbers = [t.number for _, _, trials in trial_points(sweep) for t in trials] or [0]
+    low, high = min(numbers), max(numbers)
+    ticks = MaxNLocator(integer=True).tick_values(low, high)
+    return [int(t) for t in ticks if low <= t <= high] or [low]
+
+
+def history_figure(sweep: Sweep):
+    """The optimisation history, not yet saved: each trial's value, and the best so far."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4), dpi=120)
     for state, colour, trials in trial_points(sweep):
@@ -114,9 +126,14 @@ def history_file(sweep: Sweep, path: Path) -> Path:
     numbers, best = best_so_far(sweep)
     if numbers:
         ax.step(numbers, best, where="post", color="#d62728", lw=2, label="best so far")
+    ax.set_xticks(trial_ticks(sweep))
     title = f"sweep {sweep.name}: optimisation history"
     _finish(fig, ax, "Trial", labels.metric(sweep.metric), title)
-    return _save(fig, path)
+    return fig
+
+
+def history_file(sweep: Sweep, path: Path) -> Path:
+    return _save(history_figure(sweep), path)
 
 
 def importances_file(sweep: Sweep, path: Path) -> Path:
@@ -130,8 +147,10 @@ def importances_file(sweep: Sweep, path: Path) -> Path:
 
 
 def _steps_axis(ax) -> None:
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+    # Env steps are whole: matplotlib's automatic ticks, never between two steps.
+    ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: labels.steps(value)))
 
 
@@ -254,6 +273,7 @@ def history_div(sweep: Sweep, first: bool) -> str:
             name="best so far",
         )
     )
+    fig.update_xaxes(tickmode="array", tickvals=trial_ticks(sweep))
     title = f"sweep {sweep.name}: optimisation history"
     return _div(fig, first, title, 420, "Trial", labels.metric(sweep.metric))
 

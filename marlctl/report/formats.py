@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.atomic import replacing
-from marlctl.report import Group, Report, Sweep, appendix, figures, labels, stats
+from marlctl.report import Group, Report, Sweep, appendix, figures, labels, seed_of, stats
 from marlctl.report.labels import plural, public
 
 MISSING = "—"
@@ -69,7 +69,8 @@ def _config(group: Group) -> str:
 def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, int], bool]]:
     """Header, cells, and which cells are their column's best: shared by every format."""
     configs = any(g.config for g in report.groups)
-    header = [*report.group_by, *(["config"] if configs else [])]
+    named = any(g.custom for g in report.groups)
+    header = [*(["group"] if named else []), *report.group_by, *(["config"] if configs else [])]
     width = len(header)
     header += ["seeds", "mean", "95% CI", "IQM", "95% CI", "env steps", "wall-clock", "steps/s"]
     column = {
@@ -83,6 +84,7 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
     for g in report.groups:
         body.append(
             [
+                *([g.label] if named else []),
                 *(MISSING if v is None else public(v) for v in g.key),
                 *([_config(g) or MISSING] if configs else []),
                 _seeds(g),
@@ -98,9 +100,54 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
     return header, body, marks
 
 
+def _finished(run) -> str:
+    if run.end_ms is None:
+        return "end not recorded"
+    when = datetime.fromtimestamp(run.end_ms / 1000, UTC)
+    return f"finished {when:%Y-%m-%d %H:%M} UTC"
+
+
+def _duplicate_note(group: Group, found) -> str:
+    left = "; ".join(f"run {r.run_id[:8]} ({_finished(r)})" for r in found.left_out)
+    times = plural(1 + len(found.left_out), "time")
+    return (
+        f"{group.label}: seed {found.seed} finished {times} with the same params; counted "
+        f"once: kept run {found.kept.run_id[:8]} (the newest, {_finished(found.kept)}), "
+        f"left out {left}"
+    )
+
+
+def _seed_order(run) -> tuple:
+    seed = seed_of(run) or ""
+    return (not seed.isdigit(), int(seed) if seed.isdigit() else 0, seed, run.run_id)
+
+
+def seed_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Each group's runs, one row per seed: its final value of the metric (what the mean
+    and IQM are computed from), its env steps and its run."""
+    header = ["group", "seed", f"final {report.metric}", "env steps", "run"]
+    body = []
+    for g in report.groups:
+        for run in sorted(g.runs, key=_seed_order):
+            value = g.finals.get(run.run_id)
+            shown = "non-finite" if run.diverged else _num(value)
+            seed = seed_of(run)
+            body.append(
+                [
+                    public(g.label),
+                    MISSING if seed is None else seed,
+                    shown,
+                    _steps(run.env_steps),
+                    run.run_id[:8],
+                ]
+            )
+    return header, body
+
+
 def notes(report: Report) -> list[str]:
     out = []
     for g in report.groups:
+        out += [_duplicate_note(g, found) for found in g.duplicates]
         if g.diverged:
             out.append(
                 f"{g.label}: {plural(g.diverged, 'run')} ended with a non-finite '{report.metric}'"
@@ -134,17 +181,31 @@ def notes(report: Report) -> list[str]:
 
 
 def warnings(report: Report) -> list[str]:
-    """What a reader must know before trusting an interval: groups whose intervals rest on
-    fewer than `stats.RELIABLE_SEEDS` seeds (on some env, for a group spanning several)."""
+    """What a reader must know before trusting a number: groups of fewer than
+    `stats.THIN_SEEDS` seeds, whose scores say little against another group's; groups whose
+    intervals rest on fewer than `stats.RELIABLE_SEEDS` (on some env, for a group spanning
+    several); importances fitted to fewer than `stats.RELIABLE_TRIALS` trials."""
     out = []
     for g in report.groups:
         count, env = g.fewest_seeds
+        where = f" on {env}" if env else ""
         has_interval = g.mean is not None and math.isfinite(g.mean.low)
-        if has_interval and count < stats.RELIABLE_SEEDS:
-            where = f" on {env}" if env else ""
+        unreliable = f"intervals from fewer than {stats.RELIABLE_SEEDS} seeds are unreliable"
+        if g.scores and count < stats.THIN_SEEDS:
+            also = f", and {unreliable}" if has_interval else ""
             out.append(
-                f"{g.label}: {plural(count, 'seed')}{where}; intervals from fewer than "
-                f"{stats.RELIABLE_SEEDS} seeds are unreliable"
+                f"{g.label}: {plural(count, 'seed')}{where}; too few to compare groups on "
+                f"({stats.THIN_SEEDS} at the least){also}"
+            )
+        elif has_interval and count < stats.RELIABLE_SEEDS:
+            out.append(f"{g.label}: {plural(count, 'seed')}{where}; {unreliable}")
+    for sweep in report.sweeps:
+        fitted = sweep.counts.get("COMPLETE", 0)
+        if sweep.importances and fitted < stats.RELIABLE_TRIALS:
+            out.append(
+                f"sweep {sweep.name}: parameter importances from "
+                f"{plural(fitted, 'complete trial')}; fANOVA importances from fewer than "
+                f"{stats.RELIABLE_TRIALS} trials are unreliable"
             )
     return [public(w) for w in out]
 
@@ -303,6 +364,14 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "seeds": len(g.scores),
                 "scores": g.scores,
                 "run_ids": [r.run_id for r in g.runs],
+                "duplicates": [
+                    {
+                        "seed": d.seed,
+                        "kept": d.kept.run_id,
+                        "left_out": [r.run_id for r in d.left_out],
+                    }
+                    for d in g.duplicates
+                ],
                 "mean": _estimate(g.mean),
                 "iqm": _estimate(g.iqm),
                 "env_steps": g.env_steps,
@@ -313,6 +382,15 @@ def to_dict(report: Report) -> dict[str, Any]:
                 "diverged": g.diverged,
                 "differs": g.differs,
                 "fewest_seeds": g.fewest_seeds[0],
+                "per_seed": [
+                    {
+                        "seed": seed_of(r),
+                        "run_id": r.run_id,
+                        "value": _clean(g.finals.get(r.run_id)),
+                        "env_steps": r.env_steps,
+                    }
+                    for r in sorted(g.runs, key=_seed_order)
+                ],
                 "curve": curve,
             }
         )
@@ -392,7 +470,8 @@ def to_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(
-        [*report.group_by, "config", "runs", "seeds", "mean", "mean_low", "mean_high", "iqm"]
+        [*report.group_by, "label", "config", "runs", "seeds", "mean", "mean_low", "mean_high"]
+        + ["iqm"]
         + ["iqm_low", "iqm_high", "env_steps", "wall_s", "steps_per_s"]
     )
     for g in report.groups:
@@ -401,7 +480,7 @@ def to_csv(report: Report) -> str:
             estimates += [e.value, _clean(e.low), _clean(e.high)] if e else [None] * 3
         key = [None if v is None else public(v) for v in g.key]
         writer.writerow(
-            [*key, _config(g), len(g.runs), len(g.scores), *estimates]
+            [*key, g.label, _config(g), len(g.runs), len(g.scores), *estimates]
             + [g.env_steps, g.wall_s, g.steps_per_s]
         )
     return buffer.getvalue()
@@ -498,6 +577,8 @@ def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
     parts += [f"> **Warning:** {w}" for w in warnings(report)]
     parts += [f"- {n}" for n in notes(report)]
     parts += figure("curves", "sample efficiency")
+    if report.groups:
+        parts += ["## Per-seed results", _md_table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         parts += [f"## Sweep `{sweep.name}`", sweep_summary(sweep)]
         head, cells = trial_rows(sweep)
@@ -518,13 +599,12 @@ def _markdown_parts(report: Report, links: dict[str, str]) -> list[str]:
 
 
 def _markdown_appendix(report: Report) -> list[str]:
-    parts = ["### Hyperparameters that differ between groups"]
-    found = appendix.hyperparameters(report)
-    if found:
-        head = ["parameter", *(g.label for g in report.groups)]
-        parts.append(_md_table(head, [[f"`{h.name}`", *h.values] for h in found]))
-    else:
-        parts.append(_same_hyperparameters(report))
+    parts = []
+    for block in appendix.blocks(report):
+        parts += [f"### {block.heading}", *block.text]
+        if block.rows:
+            shown = [[f"`{r[0]}`" if block.code else r[0], *r[1:]] for r in block.rows]
+            parts.append(_md_table(list(block.header), shown))
     parts.append("### Evaluation protocol")
     protocols = appendix.evaluation(report)
     common = appendix.shared(protocols)
@@ -534,12 +614,6 @@ def _markdown_appendix(report: Report) -> list[str]:
         parts.append(appendix.policy_sentence(report.metric, f"`{report.metric}`"))
         parts.append(_md_table(*_protocol_table(protocols)))
     return parts
-
-
-def _same_hyperparameters(report: Report) -> str:
-    if len(report.groups) < 2:
-        return "One group: nothing to compare."
-    return "The groups differ only in the keys that name them."
 
 
 def _protocol_table(protocols: list[appendix.Evaluation]) -> tuple[list[str], list[list[str]]]:
@@ -618,6 +692,8 @@ def html_document(report: Report, links: dict[str, str] | None = None) -> str:
         parts += ["<h2>Sample efficiency</h2>", figures.curves_div(report, first)]
         parts += printable("curves")
         first = False
+    if report.groups:
+        parts += ["<h2>Per-seed results</h2>", _html_table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         parts += [
             f"<h2>Sweep <code>{html.escape(sweep.name)}</code></h2>",
@@ -652,13 +728,12 @@ def html_document(report: Report, links: dict[str, str] | None = None) -> str:
 
 
 def _html_appendix(report: Report) -> list[str]:
-    parts = ["<h3>Hyperparameters that differ between groups</h3>"]
-    found = appendix.hyperparameters(report)
-    if found:
-        head = ["parameter", *(g.label for g in report.groups)]
-        parts.append(_html_table(head, [[h.name, *h.values] for h in found]))
-    else:
-        parts.append(f"<p>{html.escape(_same_hyperparameters(report))}</p>")
+    parts = []
+    for block in appendix.blocks(report):
+        parts.append(f"<h3>{html.escape(block.heading)}</h3>")
+        parts += [f"<p>{html.escape(text)}</p>" for text in block.text]
+        if block.rows:
+            parts.append(_html_table(list(block.header), [list(r) for r in block.rows]))
     parts.append("<h3>Evaluation protocol</h3>")
     protocols = appendix.evaluation(report)
     common = appendix.shared(protocols)

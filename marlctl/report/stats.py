@@ -18,6 +18,12 @@ CONFIDENCE = 0.95
 # too narrow and covers the true value less often than it claims. Reports warn below this
 # many seeds per env; a rule of thumb, not a guarantee above it.
 RELIABLE_SEEDS = 5
+# Below this many seeds a group's score is too thin to set against another's at all: one
+# or two runs say next to nothing of the spread between seeds.
+THIN_SEEDS = 3
+# fANOVA fits a random forest to the trials: with few of them the importances move with
+# the trials drawn and the forest's own randomness. A rule of thumb, as the two above.
+RELIABLE_TRIALS = 20
 
 
 def iqm(scores: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -420,6 +420,7 @@ def _defaults_skeleton(algo_name: Any) -> dict[str, Any]:
 
     skeleton: dict[str, Any] = {
         "name": None,
+        "label": None,
         "seeds": [0],
         "model": ModelSpec().model_dump(),
         "train": TrainSpec().model_dump(),
@@ -658,10 +659,12 @@ def env_problem(
     env_id: str, err: Exception, provenance: Provenance, params: dict | None = None
 ) -> Problem:
     """What building, resetting or stepping the env once raised, placed on the spec."""
-    from marlctl.envs.registry import EnvLookupError, ProbeTimeout
+    from marlctl.envs.registry import EnvLookupError, ProbeTimeout, UnsupportedSpace
 
     if isinstance(err, EnvLookupError):
         return provenance.problem("env.id", str(err))
+    if isinstance(err, UnsupportedSpace):  # the env's own spaces: no params change them
+        return provenance.problem("env.id", f"env '{env_id}': {err}")
     if isinstance(err, ProbeTimeout):
         return provenance.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):

@@ -457,6 +457,14 @@ class GroupSpec(Strict):
 
 class Spec(Strict):
     name: str | None = Field(None, description="MLflow experiment name; default: the file stem.")
+    label: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="How `marlctl report` names these runs' group in its tables, legends and "
+        "appendix (`MAPPO (ours)`), instead of its group-by values; it changes nothing the "
+        "runs learn. `marlctl report --label GROUP=TEXT` overrides it.",
+    )
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
         default_factory=lambda: [0],
         min_length=1,

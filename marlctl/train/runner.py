@@ -369,9 +369,13 @@ def _train(
     # the two never replay the same episodes.
     eval_seeds = [eval_seed(seed) for seed in seeds]
 
+    from marlctl import tracking
+
     mode = prepare_iterations(spec, trainer, env)
+    hardware = tracking.hardware_name(str(device))
     for request in requests:
         client.set_tag(request.run_id, COMPILE_TAG, mode)
+        client.set_tag(request.run_id, tracking.HARDWARE_TAG, hardware)
 
     def save() -> None:
         for index, request in enumerate(requests):
