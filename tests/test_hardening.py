@@ -507,3 +507,109 @@ def test_the_probe_time_limit_holds_when_env_code_swallows_the_first_timeout():
                     sum(range(10_000))
                 except Exception:
                     pass
+
+
+STDLIB_CODE = {
+    "os:system": "params: {command: 'touch made-by-os-system'}",
+    "subprocess:run": "params: {args: ['touch', 'made-by-subprocess']}",
+    "builtins:exec": "params: {}",
+    "sys:exit": "params: {}",
+    "os.path:join": "params: {}",
+    "__main__:main": "params: {}",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(STDLIB_CODE))
+def test_a_spec_names_no_standard_library_code(factory, monkeypatch, capsys):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(sys, "exit", lambda *a, **k: calls.append(a))
+    Path("spec.yaml").write_text(
+        f"env:\n  id: '{factory}'\n  {STDLIB_CODE[factory]}\nalgo: {{name: mappo}}\n"
+    )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    top = factory.split(".")[0].split(":")[0]
+    assert f"spec.yaml:2: env.id: '{factory}' is in Python's standard library ('{top}')" in err
+    assert calls == [] and err.count("\n") == 2
+
+
+def test_a_scripted_policy_names_no_standard_library_code(monkeypatch, capsys):
+    Path("spec.yaml").write_text(
+        "defaults: [{envs: simple_tag}, {algos: mappo}, _self_]\n"
+        "groups:\n  agent: {scripted: 'builtins:exec'}\n"
+    )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert "spec.yaml:3: groups.agent.scripted: 'builtins:exec' is in Python's standard" in err
+
+
+FACTORIES = """
+import os, signal, sys, time
+from mpe2 import simple_spread_v3
+
+class Odd(BaseException):
+    pass
+
+def exits(**params):
+    sys.exit(0)
+
+def interrupts(**params):
+    raise KeyboardInterrupt
+
+def odd(**params):
+    raise Odd("not an Exception")
+
+def ctrl_c(**params):  # the user's Ctrl-C arriving while the env is built
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    return simple_spread_v3.parallel_env()
+"""
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("user_factories:exits", "SystemExit: 0 (it tried to end the process)"),
+        ("user_factories:interrupts", "KeyboardInterrupt"),
+        ("user_factories:odd", "Odd: not an Exception"),
+        ("exits_on_import:make", "SystemExit: 3 (it tried to end the process)"),
+    ],
+)
+def test_a_factory_that_ends_the_process_is_its_own_failure(
+    factory, message, monkeypatch, capsys, tmp_path
+):
+    folder = tmp_path.parent / f"{tmp_path.name}-code"  # not the working folder: no file added
+    folder.mkdir()
+    (folder / "user_factories.py").write_text(FACTORIES)
+    (folder / "exits_on_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(folder))
+    Path("spec.yaml").write_text(f"env: {{id: '{factory}'}}\nalgo: {{name: mappo}}\n")
+    for command in (["validate"], ["run", "--dry-run"]):
+        err = rejected(monkeypatch, capsys, *command, "spec.yaml")
+        assert f"spec.yaml:1: env: building env '{factory}' failed: {message}\n" in err
+    sys.modules.pop(factory.split(":")[0], None)
+
+
+def test_ctrl_c_while_a_factory_runs_still_interrupts(monkeypatch, capsys, tmp_path):
+    folder = tmp_path.parent / f"{tmp_path.name}-code"
+    folder.mkdir()
+    (folder / "user_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(folder))
+    Path("spec.yaml").write_text("env: {id: 'user_factories:ctrl_c'}\nalgo: {name: mappo}\n")
+    start = time.perf_counter()
+    code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
+    assert code == 130 and "Traceback" not in err and time.perf_counter() - start < 4
+    sys.modules.pop("user_factories", None)
+
+
+def test_a_scripted_policy_that_ends_the_process_on_import_is_its_failure(monkeypatch, tmp_path):
+    from marlctl.train.opponents import import_policy
+
+    (tmp_path / "exiting_policy.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"importing 'exiting_policy:act' raised SystemExit: 0"):
+        import_policy("exiting_policy:act")
+    with pytest.raises(ValueError, match="'os:system' is in Python's standard library"):
+        import_policy("os:system")

@@ -595,8 +595,10 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
             message = f"must be a number, not {item['input']}"  # see marlctl.strict
         else:
             message = item["msg"].removeprefix("Value error, ")
-            if "input" in item and kind not in ("model_type", "dict_type"):
-                message += f" (got {item['input']!r})"
+            given = item.get("input")
+            quoted = isinstance(given, str) and f"'{given}'" in message
+            if "input" in item and kind not in ("model_type", "dict_type") and not quoted:
+                message += f" (got {given!r})"
         if dotted in seen:
             continue  # one problem per key: a union reports each member's complaint
         seen.add(dotted)
@@ -658,10 +660,15 @@ def env_problem(
     env_id: str, err: Exception, provenance: Provenance, params: dict | None = None
 ) -> Problem:
     """What building, resetting or stepping the env once raised, placed on the spec."""
-    from marlctl.envs.registry import EnvLookupError, ProbeTimeout
+    from marlctl.callables import UserCodeError
+    from marlctl.envs.registry import EnvLookupError, ProbeTimeout, module_path_hint
 
     if isinstance(err, EnvLookupError):
-        return provenance.problem("env.id", str(err))
+        near = [Path.cwd(), provenance.spec.path.parent]
+        hint = module_path_hint(err.module, near) if err.module else ""
+        return provenance.problem("env.id", f"{err}{hint}")
+    if isinstance(err, UserCodeError):
+        return provenance.problem("env", f"building env '{env_id}' failed: {err}")
     if isinstance(err, ProbeTimeout):
         return provenance.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):
