@@ -339,7 +339,8 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
             # Hydra stops at the first override it cannot apply: drop it and go on, so every
             # bad override is reported at once.
             try:
-                cfg = run_compose({**data, "defaults": [base, *defaults]}, active)
+                applied = [_replacing_params(text, key) for key, text in _keyed(active, provenance)]
+                cfg = run_compose({**data, "defaults": [base, *defaults]}, applied)
                 choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
                 OmegaConf.set_struct(cfg, False)
                 del cfg["hydra"]
@@ -383,6 +384,22 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     composed.pop("defaults", None)
     provenance.failed = problems
     return composed, provenance
+
+
+def _keyed(active: list[str], provenance: Provenance) -> list[tuple[str, str]]:
+    keys = {text: key for key, text, _ in provenance.overrides}
+    return [(keys[text], text) for text in active]
+
+
+def _replacing_params(text: str, key: str) -> str:
+    """`env.params={...}` (or `env={params: {...}}`) as Hydra applies it whatever the spec's
+    file holds: params the file or its preset lacks are the env factory's open set of
+    keywords, not unknown keys of a schema (`_replace_env_params` then keeps the given keys
+    only; the schema still checks every other key)."""
+    if key not in ("env", "env.params"):
+        return text
+    value = text.split("=", 1)[1].lstrip()
+    return f"++{text}" if value.startswith("{") else text
 
 
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
