@@ -331,6 +331,82 @@ def test_an_unreachable_store_is_named_at_once(monkeypatch, capsys):
     assert "hunter2" not in err
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_tracking_server_that_does_not_answer_is_named_at_its_line(monkeypatch, capsys):
+    port = _closed_port()
+    Path("spec.yaml").write_text(
+        TINY_RUN + f"tracking: {{uri: 'http://alice:hunter2@127.0.0.1:{port}/'}}\n"
+    )
+    for command in (["validate"], ["run", "--dry-run"], ["run"]):
+        err = rejected(monkeypatch, capsys, *command, "spec.yaml")
+        assert err.splitlines()[0] == (
+            f"spec.yaml:8: tracking.uri: no MLflow server answers at "
+            f"http://alice:***@127.0.0.1:{port}/ (connection refused)"
+        )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "train.eval_every=1000")
+    assert "2 problems" in err  # reported with the spec's other problems
+
+
+@pytest.fixture
+def http_server():
+    """A local HTTP server on a free port, answering every request with `status`."""
+    import http.server
+    import threading
+
+    answers = {"status": 404, "paths": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answers["paths"].append(self.path)
+            self.send_response(answers["status"])
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], answers
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status", [200, 404, 500])
+def test_a_tracking_server_that_answers_passes(status, http_server, monkeypatch, capsys):
+    port, answers = http_server
+    answers["status"] = status
+    Path("spec.yaml").write_text(TINY_RUN + f"tracking: {{uri: 'http://127.0.0.1:{port}/ml'}}\n")
+    code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
+    assert code == 0, err
+    assert answers["paths"] == ["/ml/health"]
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_named(monkeypatch, capsys):
+    import socket
+
+    from marlctl import servers
+
+    monkeypatch.setattr(servers, "ANSWER_SECONDS", 0.3)
+    with socket.socket() as listening:  # connections queue up; nothing reads them
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+        Path("spec.yaml").write_text(TINY_RUN + f"tracking: {{uri: 'http://127.0.0.1:{port}'}}\n")
+        err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert (
+        f"spec.yaml:8: tracking.uri: no MLflow server answers at http://127.0.0.1:{port} "
+        "(no answer within 0.3 s)" in err
+    )
+
+
 def test_a_missing_postgresql_database_is_named_at_once(postgres, monkeypatch, capsys):
     Path("spec.yaml").write_text(TINY_RUN)
     missing = postgres.rsplit("/", 1)[0] + "/no_such_db"

@@ -726,6 +726,22 @@ def _unknown_env_param(env_id: str, name: str) -> str:
     return f"not a parameter of env '{env_id}'{hint}"
 
 
+def tracking_problem(loaded: LoadedSpec) -> Problem | None:
+    """An http(s) `tracking.uri` where no server answers, at its line: found in about two
+    seconds here, where MLflow would retry it for long after the runs started."""
+    from marlctl.redact import redact
+    from marlctl.servers import server_silence
+
+    uri = loaded.spec.tracking.uri
+    if uri is None or uri.split("://", 1)[0].lower() not in ("http", "https"):
+        return None
+    reason = server_silence(uri)
+    if reason is None:
+        return None
+    message = f"no MLflow server answers at {redact(uri)} ({reason})"
+    return loaded.provenance.problem("tracking.uri", message)
+
+
 def sort_problems(problems: list[Problem]) -> list[Problem]:
     """The spec file's problems first, by line; then presets; command-line overrides last."""
     return sorted(problems, key=lambda p: (p.file == OVERRIDES, p.file, p.line or 0))
