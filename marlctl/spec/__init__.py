@@ -244,7 +244,7 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
         try:
             parsed = parser.parse_override(text)
         except HydraException as err:
-            problems.append(Problem(OVERRIDES, index, text, f"bad override: {_first_line(err)}"))
+            problems.append(Problem(OVERRIDES, index, text, _unparsed(text, _first_line(err))))
             continue
         if not parsed.key_or_group:
             problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
@@ -402,6 +402,39 @@ def _replacing_params(text: str, key: str) -> str:
     return f"++{text}" if value.startswith("{") else text
 
 
+_ANTLR_INPUT = re.compile(r"^(?:extraneous|mismatched) input '(.*)' expecting")
+_ANTLR_UNREAD = re.compile(
+    r"^(?:no viable alternative at input|token recognition error at:) '(.*)'$"
+)
+
+
+def _unparsed(text: str, error: str) -> str:
+    """What is wrong with an override Hydra's grammar does not read, in a few words (its
+    parser names the tokens it expected instead)."""
+    found = _ANTLR_INPUT.match(error)
+    if found and found[1] == "=" and text.count("=") > 1:
+        return (
+            "bad override: a second '='; write KEY=VALUE, and quote a value that holds "
+            "'=' (key='a=b')"
+        )
+    if found:
+        quote = " (quote a value that holds it)" if found[1] != "<EOF>" else ""
+        return f"bad override: unexpected '{found[1]}'{quote}"
+    if error.startswith("missing EQUAL"):
+        return "bad override: no '='; write KEY=VALUE (or ~KEY to delete a key)"
+    found = _ANTLR_UNREAD.match(error)
+    if found:
+        piece = found[1]
+        if piece[:1] in ("'", '"'):
+            return f"bad override: a quote left open at {piece}"
+        if piece.isspace():
+            return "bad override: a space outside quotes"
+        if any(c in piece for c in "[{("):
+            return f"bad override: cannot read {piece}: a bracket or parenthesis left open?"
+        return f"bad override: unexpected '{piece}'"
+    return f"bad override: {error.split(' expecting ')[0]}"
+
+
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
@@ -483,9 +516,18 @@ def _unknown_key(known: Any, key: str) -> bool:
     return isinstance(node, DictConfig) and parts[-1] not in node
 
 
-def _unknown_key_problem(key: str, index: int) -> Problem:
+def _unknown_key_problem(key: str, index: int, text: str = "") -> Problem:
     """Override `index` sets a key the spec does not have: the field meant, or how to add it."""
     bare = key.lstrip("+~")
+    if bare.split("@")[0] in PRESET_GROUPS:
+        # Hydra replaces a group's entry in the defaults list only where there is one; `+`
+        # appends it after the spec's own values (`_self_`), so the preset's win.
+        choice = text.partition("=")[2] or "NAME"
+        message = (
+            f"the spec's defaults list has no {bare} entry to replace; to add one write "
+            f"+{bare}={choice} (added last: its values win over the spec file's)"
+        )
+        return Problem(OVERRIDES, index, bare, message)
     parent, _, leaf = bare.rpartition(".")
     options = model_fields_at(parent.split(".") if parent else [])
     if leaf in options:  # a field the spec may have, under a section the file leaves out
@@ -507,7 +549,7 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
     for key, text, index in provenance.overrides:
         if text in str(err) or f"'{key}'" in str(err):
             if "not in struct" in str(err) or "Could not override" in message:
-                return _unknown_key_problem(key, index)
+                return _unknown_key_problem(key, index, text)
             return Problem(OVERRIDES, index, key.lstrip("+~"), message)
     full_key = getattr(err, "full_key", None)
     if full_key:
