@@ -46,8 +46,32 @@ BAD_FILES = {
     "latin1.yaml": (b"seeds: [0]\nname: caf\xe9\n", "latin1.yaml:2: not UTF-8 text"),
     "loop.yaml": (b"a: &a [*a]\n", "loop.yaml:1: an alias refers to a node that contains it"),
     "deep.yaml": (b"a: " + b"[" * 150 + b"]" * 150 + b"\n", "deep.yaml:1: nested deeper than"),
-    "deeper.yaml": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "deeper.yaml: nested deeper than"),
-    "deep.toml": (b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n", "deep.toml: nested deeper than"),
+    "deeper.yaml": (
+        b"seeds: [0]\na: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+        "deeper.yaml:2: nested deeper than 32 levels",
+    ),
+    "deep.toml": (
+        b"seeds = [0]\na = [\n" + b"[" * 5000 + b"]" * 5001 + b"\n",
+        "deep.toml:3: nested deeper than 32 levels",
+    ),
+    "deep-strings.toml": (
+        b"seeds = [0] # [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n"
+        b'name = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["\n'
+        b"a = " + b"[" * 40 + b"]" * 40 + b"\n",
+        "deep-strings.toml:3: nested deeper than 32 levels",
+    ),
+    "deep-table.toml": (
+        b"seeds = [0]\n[" + b".".join(b"k%d" % i for i in range(40)) + b"]\nv = 1\n",
+        "deep-table.toml:2: nested deeper than 32 levels",
+    ),
+    "empty-key.yaml": (
+        b"seeds: [0]\nmodel:\n  '': 1\n",
+        "empty-key.yaml:3: model: an empty key: every key needs a name",
+    ),
+    "empty-key.toml": (
+        b'seeds = [0]\n"" = 1\n[env]\nparams = {"" = 1}\n',
+        "empty-key.toml:2: an empty key: every key needs a name",
+    ),
     "huge.yaml": (b"# " + b"x" * (2 << 20) + b"\n", "huge.yaml: larger than 1 MiB"),
 }
 
@@ -58,6 +82,23 @@ def test_unreadable_specs_are_located_problems(name, monkeypatch, capsys):
     Path(name).write_bytes(content)
     err = rejected(monkeypatch, capsys, "validate", name)
     assert message in err
+
+
+def test_an_empty_key_anywhere_is_located(monkeypatch, capsys):
+    Path("spec.toml").write_text('seeds = [0]\n[env]\nid = "x"\nparams = {"" = 1}\n')
+    err = rejected(monkeypatch, capsys, "validate", "spec.toml")
+    assert "spec.toml:4: env.params: an empty key: every key needs a name" in err
+    Path("spec.yaml").write_text("env:\n  id: mpe/simple_spread\n'': 3\nalgo: {name: mappo}\n")
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert err.splitlines()[0] == "spec.yaml:3: an empty key: every key needs a name"
+
+
+@pytest.mark.parametrize("levels", [40, 5000])
+def test_an_override_nested_too_deep_is_refused(levels, monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    override = "+x=" + "[" * levels + "]" * levels
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", override)
+    assert err.splitlines()[0] == f"<overrides>:1: {override}: nested deeper than 32 levels"
 
 
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(monkeypatch, capsys):

@@ -17,7 +17,7 @@ from typing import Any
 
 from marlctl.errors import Problem, SpecError
 from marlctl.spec.models import Spec, model_fields_at
-from marlctl.spec.source import SourceFile, load_source
+from marlctl.spec.source import MAX_DEPTH, SourceFile, load_source
 
 PRESET_GROUPS = ("algos", "envs", "sweeps")
 OVERRIDES = "<overrides>"
@@ -243,8 +243,15 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     for index, text in enumerate(overrides, start=1):
         try:
             parsed = parser.parse_override(text)
+            too_deep = _nested_too_deep(parsed.value())
         except HydraException as err:
             problems.append(Problem(OVERRIDES, index, text, _unparsed(text, _first_line(err))))
+            continue
+        except RecursionError:  # the parser recurses once per nesting level
+            too_deep = True
+        if too_deep:
+            message = f"nested deeper than {MAX_DEPTH} levels"
+            problems.append(Problem(OVERRIDES, index, text, message))
             continue
         if not parsed.key_or_group:
             problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
@@ -408,6 +415,21 @@ _ANTLR_UNREAD = re.compile(
 )
 
 
+def _nested_too_deep(value: Any) -> bool:
+    """Whether an override's value nests deeper than a spec file may (its key's own levels
+    are few: a key path is one word of the grammar)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
 def _unparsed(text: str, error: str) -> str:
     """What is wrong with an override Hydra's grammar does not read, in a few words (its
     parser names the tokens it expected instead)."""
@@ -429,8 +451,10 @@ def _unparsed(text: str, error: str) -> str:
             return f"bad override: a quote left open at {piece}"
         if piece.isspace():
             return "bad override: a space outside quotes"
-        if any(c in piece for c in "[{("):
+        if any(c in piece for c in "[{(") and text.endswith(piece):
             return f"bad override: cannot read {piece}: a bracket or parenthesis left open?"
+        if len(piece) > 1:
+            return f"bad override: cannot read {piece}"
         return f"bad override: unexpected '{piece}'"
     return f"bad override: {error.split(' expecting ')[0]}"
 
