@@ -97,14 +97,21 @@ def _emit_json(document: dict[str, Any]) -> None:
     sys.stdout.write(redact(json.dumps(document, indent=2, default=str)) + "\n")
 
 
+# Problems printed one per line: past a screenful, a list is the same mistake repeated (or
+# input that is not a spec) and would take seconds to print.
+SHOWN_PROBLEMS = 50
+
+
 def _fail(error: MarlctlError, as_json: bool) -> None:
     if as_json:
         problems = [str(p) for p in getattr(error, "problems", [])] or [str(error)]
         _emit_json({"ok": False, "exit_code": error.exit_code, "errors": problems})
     elif isinstance(error, SpecError):
-        for problem in error.problems:
+        for problem in error.problems[:SHOWN_PROBLEMS]:
             _say(err, str(problem))
         count = len(error.problems)
+        if count > SHOWN_PROBLEMS:
+            err.print(f"... and {count - SHOWN_PROBLEMS:,} more (--json lists them all)")
         err.print(f"[red]{count} problem{'s' if count != 1 else ''}; nothing was run.[/red]")
     else:
         _say(err, str(error), "error:", "red")

@@ -330,12 +330,14 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     skeleton = _defaults_skeleton(algo_name)
     # Unknown keys are found here all at once: Hydra stops at the first, and composing again
     # for each of a thousand bad overrides would take minutes.
+    plain = [o for o in provenance.overrides if o[1].lstrip()[:1] not in "+~"]
     try:
-        known = OmegaConf.merge(OmegaConf.create(skeleton), first)
+        # Only for plain overrides: merging copies the whole spec, seconds for a huge one.
+        known = OmegaConf.merge(OmegaConf.create(skeleton), first) if plain else None
     except OmegaConfBaseException:  # e.g. a list where a mapping belongs: reported below
         known = None
-    for key, text, index in provenance.overrides if known is not None else ():
-        if text.lstrip()[:1] not in "+~" and _unknown_key(known, key) and text in active:
+    for key, text, index in plain if known is not None else ():
+        if _unknown_key(known, key) and text in active:
             active.remove(text)
             problems.append(_unknown_key_problem(key, index))
     base = f"marlctl_base_{next(_store_counter)}"
