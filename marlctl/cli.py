@@ -97,28 +97,48 @@ def _emit_json(document: dict[str, Any]) -> None:
     sys.stdout.write(redact(json.dumps(document, indent=2, default=str)) + "\n")
 
 
+# Problems printed one per line: past a screenful, a list is the same mistake repeated (or
+# input that is not a spec) and would take seconds to print.
+SHOWN_PROBLEMS = 50
+
+
 def _fail(error: MarlctlError, as_json: bool) -> None:
     if as_json:
         problems = [str(p) for p in getattr(error, "problems", [])] or [str(error)]
         _emit_json({"ok": False, "exit_code": error.exit_code, "errors": problems})
     elif isinstance(error, SpecError):
-        for problem in error.problems:
+        for problem in error.problems[:SHOWN_PROBLEMS]:
             _say(err, str(problem))
         count = len(error.problems)
+        if count > SHOWN_PROBLEMS:
+            err.print(f"... and {count - SHOWN_PROBLEMS:,} more (--json lists them all)")
         err.print(f"[red]{count} problem{'s' if count != 1 else ''}; nothing was run.[/red]")
     else:
         _say(err, str(error), "error:", "red")
     raise typer.Exit(error.exit_code)
 
 
-def _load(spec_path: str, overrides: list[str] | None):
+def _load(spec_path: str, overrides: list[str] | None, tracked: bool = False):
+    """The spec and its plan; with `tracked`, its tracking server answering too (the
+    commands that log to it)."""
     from marlctl.plan import compile_plan
-    from marlctl.spec import load_spec
+    from marlctl.spec import load_spec, tracking_problem
 
     loaded = load_spec(spec_path, overrides or [])
     for note in loaded.notes:  # what composition changed for the user, e.g. dropped params
         _say(err, note, "note", "yellow")
-    return loaded, compile_plan(loaded)
+    problem = tracking_problem(loaded) if tracked else None
+    try:
+        plan = compile_plan(loaded)
+    except SpecError as error:
+        if problem is not None:
+            from marlctl.spec import sort_problems
+
+            raise SpecError(sort_problems([*error.problems, problem])) from None
+        raise
+    if problem is not None:
+        raise SpecError([problem])
+    return loaded, plan
 
 
 # ---------------------------------------------------------------- validate
@@ -132,7 +152,7 @@ def validate(
 ) -> None:
     """Check a spec and its overrides; print every problem (exit 2) or nothing wrong (exit 0)."""
     try:
-        loaded, plan = _load(spec, overrides)
+        loaded, plan = _load(spec, overrides, tracked=True)
     except MarlctlError as error:
         _fail(error, as_json)
     if as_json:
@@ -179,7 +199,7 @@ def run(
         else:
             if spec is None:
                 raise SpecError([_arg_problem("a spec file is required (or --resume RUN_ID)")])
-            loaded, plan = _load(spec, overrides)
+            loaded, plan = _load(spec, overrides, tracked=True)
             if dry_run:
                 _print_plan(plan, loaded, as_json)
                 return

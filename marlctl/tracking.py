@@ -166,12 +166,11 @@ def check_reachable(uri: str | None, writes: bool = True) -> None:
             finally:
                 engine.dispose()
         elif scheme in ("http", "https"):
-            import socket
-            from urllib.parse import urlsplit
+            from marlctl.servers import server_silence
 
-            parts = urlsplit(resolved)
-            port = parts.port or (443 if scheme == "https" else 80)
-            socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+            reason = server_silence(resolved)
+            if reason is not None:
+                raise ConnectionError(f"no MLflow server answers ({reason})")
     except Exception as err:
         raise _store_error(uri, err) from None
 

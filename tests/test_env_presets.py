@@ -279,6 +279,19 @@ def test_env_params_mapping_override_replaces_the_params() -> None:
     }
 
 
+def test_env_params_mapping_override_applies_where_the_file_sets_no_params(tmp_path) -> None:
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("env:\n  id: mpe/simple_adversary\nalgo:\n  name: mappo\n")
+    assert resolved_env(str(bare), "env.params={N: 3}")["params"] == {"N": 3}
+    assert resolved_env(str(bare), "env={params: {N: 3}}")["params"] == {"N": 3}
+    # Keys the preset does not list are params all the same.
+    chosen = resolved_env(str(SPREAD), "env.params={N: 2, dynamic_rescaling: true}")
+    assert chosen["params"] == {"N": 2, "dynamic_rescaling": True}
+    result = runner.invoke(app, ["validate", str(bare), "env.params={M: 3}"])
+    assert result.exit_code == 2
+    assert "<overrides>:1: env.params.M: not a parameter of env" in result.output
+
+
 def test_the_note_is_one_line_on_stderr() -> None:
     marlctl = str(Path(sys.executable).parent / "marlctl")
     done = subprocess.run(

@@ -46,8 +46,32 @@ BAD_FILES = {
     "latin1.yaml": (b"seeds: [0]\nname: caf\xe9\n", "latin1.yaml:2: not UTF-8 text"),
     "loop.yaml": (b"a: &a [*a]\n", "loop.yaml:1: an alias refers to a node that contains it"),
     "deep.yaml": (b"a: " + b"[" * 150 + b"]" * 150 + b"\n", "deep.yaml:1: nested deeper than"),
-    "deeper.yaml": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "deeper.yaml: nested deeper than"),
-    "deep.toml": (b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n", "deep.toml: nested deeper than"),
+    "deeper.yaml": (
+        b"seeds: [0]\na: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+        "deeper.yaml:2: nested deeper than 32 levels",
+    ),
+    "deep.toml": (
+        b"seeds = [0]\na = [\n" + b"[" * 5000 + b"]" * 5001 + b"\n",
+        "deep.toml:3: nested deeper than 32 levels",
+    ),
+    "deep-strings.toml": (
+        b"seeds = [0] # [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n"
+        b'name = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["\n'
+        b"a = " + b"[" * 40 + b"]" * 40 + b"\n",
+        "deep-strings.toml:3: nested deeper than 32 levels",
+    ),
+    "deep-table.toml": (
+        b"seeds = [0]\n[" + b".".join(b"k%d" % i for i in range(40)) + b"]\nv = 1\n",
+        "deep-table.toml:2: nested deeper than 32 levels",
+    ),
+    "empty-key.yaml": (
+        b"seeds: [0]\nmodel:\n  '': 1\n",
+        "empty-key.yaml:3: model: an empty key: every key needs a name",
+    ),
+    "empty-key.toml": (
+        b'seeds = [0]\n"" = 1\n[env]\nparams = {"" = 1}\n',
+        "empty-key.toml:2: an empty key: every key needs a name",
+    ),
     "huge.yaml": (b"# " + b"x" * (2 << 20) + b"\n", "huge.yaml: larger than 1 MiB"),
 }
 
@@ -58,6 +82,23 @@ def test_unreadable_specs_are_located_problems(name, monkeypatch, capsys):
     Path(name).write_bytes(content)
     err = rejected(monkeypatch, capsys, "validate", name)
     assert message in err
+
+
+def test_an_empty_key_anywhere_is_located(monkeypatch, capsys):
+    Path("spec.toml").write_text('seeds = [0]\n[env]\nid = "x"\nparams = {"" = 1}\n')
+    err = rejected(monkeypatch, capsys, "validate", "spec.toml")
+    assert "spec.toml:4: env.params: an empty key: every key needs a name" in err
+    Path("spec.yaml").write_text("env:\n  id: mpe/simple_spread\n'': 3\nalgo: {name: mappo}\n")
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert err.splitlines()[0] == "spec.yaml:3: an empty key: every key needs a name"
+
+
+@pytest.mark.parametrize("levels", [40, 5000])
+def test_an_override_nested_too_deep_is_refused(levels, monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    override = "+x=" + "[" * levels + "]" * levels
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", override)
+    assert err.splitlines()[0] == f"<overrides>:1: {override}: nested deeper than 32 levels"
 
 
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(monkeypatch, capsys):
@@ -282,10 +323,47 @@ def test_a_thousand_bad_overrides_are_reported_quickly(monkeypatch, capsys):
     unknown = [f"algo.nokey{i}={i}" for i in range(1000)]
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *unknown)
     assert err.splitlines()[-1] == "1000 problems; nothing was run."
-    assert "<overrides>:1000: algo.nokey999: unknown key" in err
+    assert "<overrides>:50: algo.nokey49: unknown key" in err and "... and 950 more" in err
     dangling = [f"+x{i}=${{y{i}}}" for i in range(300)]
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *dangling)
     assert "<overrides>: stopped after 10 overrides that do not apply" in err
+
+
+def _unknown_keys(count: int) -> str:
+    return MINIMAL + "".join(f"nokey{i}: {i}\n" for i in range(count))
+
+
+def test_thousands_of_problems_print_a_screenful(monkeypatch, capsys):
+    Path("spec.yaml").write_text(_unknown_keys(5000))
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", seconds=30)
+    lines = err.splitlines()
+    assert len(lines) == 52 and lines[0].startswith("spec.yaml:5: nokey0: unknown key")
+    assert lines[-2:] == [
+        "... and 4,950 more (--json lists them all)",
+        "5000 problems; nothing was run.",
+    ]
+    code, out, _ = main(monkeypatch, capsys, "validate", "spec.yaml", "--json")
+    assert code == 2 and len(json.loads(out)["errors"]) == 5000
+
+
+def test_checking_a_spec_takes_time_in_proportion_to_its_keys():
+    """Eight times the unknown keys may take about eight times as long, never the square."""
+    from marlctl.errors import SpecError
+    from marlctl.spec import load_spec
+
+    def seconds(count: int) -> float:
+        Path("spec.yaml").write_text(_unknown_keys(count))
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            with pytest.raises(SpecError) as raised:
+                load_spec("spec.yaml")
+            best = min(best, time.perf_counter() - start)
+        assert len(raised.value.problems) == count
+        return best
+
+    seconds(10)  # imports and first compositions out of the way
+    assert seconds(4000) < 24 * seconds(500)
 
 
 def test_staging_folders_of_killed_processes_are_removed(monkeypatch, tmp_path):
@@ -329,6 +407,82 @@ def test_an_unreachable_store_is_named_at_once(monkeypatch, capsys):
         f"tracking.uri: cannot use the MLflow store postgresql://alice:***@127.0.0.1:{port}" in err
     )
     assert "hunter2" not in err
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_tracking_server_that_does_not_answer_is_named_at_its_line(monkeypatch, capsys):
+    port = _closed_port()
+    Path("spec.yaml").write_text(
+        TINY_RUN + f"tracking: {{uri: 'http://alice:hunter2@127.0.0.1:{port}/'}}\n"
+    )
+    for command in (["validate"], ["run", "--dry-run"], ["run"]):
+        err = rejected(monkeypatch, capsys, *command, "spec.yaml")
+        assert err.splitlines()[0] == (
+            f"spec.yaml:8: tracking.uri: no MLflow server answers at "
+            f"http://alice:***@127.0.0.1:{port}/ (connection refused)"
+        )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "train.eval_every=1000")
+    assert "2 problems" in err  # reported with the spec's other problems
+
+
+@pytest.fixture
+def http_server():
+    """A local HTTP server on a free port, answering every request with `status`."""
+    import http.server
+    import threading
+
+    answers = {"status": 404, "paths": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answers["paths"].append(self.path)
+            self.send_response(answers["status"])
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], answers
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status", [200, 404, 500])
+def test_a_tracking_server_that_answers_passes(status, http_server, monkeypatch, capsys):
+    port, answers = http_server
+    answers["status"] = status
+    Path("spec.yaml").write_text(TINY_RUN + f"tracking: {{uri: 'http://127.0.0.1:{port}/ml'}}\n")
+    code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
+    assert code == 0, err
+    assert answers["paths"] == ["/ml/health"]
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_named(monkeypatch, capsys):
+    import socket
+
+    from marlctl import servers
+
+    monkeypatch.setattr(servers, "ANSWER_SECONDS", 0.3)
+    with socket.socket() as listening:  # connections queue up; nothing reads them
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+        Path("spec.yaml").write_text(TINY_RUN + f"tracking: {{uri: 'http://127.0.0.1:{port}'}}\n")
+        err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert (
+        f"spec.yaml:8: tracking.uri: no MLflow server answers at http://127.0.0.1:{port} "
+        "(no answer within 0.3 s)" in err
+    )
 
 
 def test_a_missing_postgresql_database_is_named_at_once(postgres, monkeypatch, capsys):
@@ -507,3 +661,109 @@ def test_the_probe_time_limit_holds_when_env_code_swallows_the_first_timeout():
                     sum(range(10_000))
                 except Exception:
                     pass
+
+
+STDLIB_CODE = {
+    "os:system": "params: {command: 'touch made-by-os-system'}",
+    "subprocess:run": "params: {args: ['touch', 'made-by-subprocess']}",
+    "builtins:exec": "params: {}",
+    "sys:exit": "params: {}",
+    "os.path:join": "params: {}",
+    "__main__:main": "params: {}",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(STDLIB_CODE))
+def test_a_spec_names_no_standard_library_code(factory, monkeypatch, capsys):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(sys, "exit", lambda *a, **k: calls.append(a))
+    Path("spec.yaml").write_text(
+        f"env:\n  id: '{factory}'\n  {STDLIB_CODE[factory]}\nalgo: {{name: mappo}}\n"
+    )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    top = factory.split(".")[0].split(":")[0]
+    assert f"spec.yaml:2: env.id: '{factory}' is in Python's standard library ('{top}')" in err
+    assert calls == [] and err.count("\n") == 2
+
+
+def test_a_scripted_policy_names_no_standard_library_code(monkeypatch, capsys):
+    Path("spec.yaml").write_text(
+        "defaults: [{envs: simple_tag}, {algos: mappo}, _self_]\n"
+        "groups:\n  agent: {scripted: 'builtins:exec'}\n"
+    )
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
+    assert "spec.yaml:3: groups.agent.scripted: 'builtins:exec' is in Python's standard" in err
+
+
+FACTORIES = """
+import os, signal, sys, time
+from mpe2 import simple_spread_v3
+
+class Odd(BaseException):
+    pass
+
+def exits(**params):
+    sys.exit(0)
+
+def interrupts(**params):
+    raise KeyboardInterrupt
+
+def odd(**params):
+    raise Odd("not an Exception")
+
+def ctrl_c(**params):  # the user's Ctrl-C arriving while the env is built
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    return simple_spread_v3.parallel_env()
+"""
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("user_factories:exits", "SystemExit: 0 (it tried to end the process)"),
+        ("user_factories:interrupts", "KeyboardInterrupt"),
+        ("user_factories:odd", "Odd: not an Exception"),
+        ("exits_on_import:make", "SystemExit: 3 (it tried to end the process)"),
+    ],
+)
+def test_a_factory_that_ends_the_process_is_its_own_failure(
+    factory, message, monkeypatch, capsys, tmp_path
+):
+    folder = tmp_path.parent / f"{tmp_path.name}-code"  # not the working folder: no file added
+    folder.mkdir()
+    (folder / "user_factories.py").write_text(FACTORIES)
+    (folder / "exits_on_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(folder))
+    Path("spec.yaml").write_text(f"env: {{id: '{factory}'}}\nalgo: {{name: mappo}}\n")
+    for command in (["validate"], ["run", "--dry-run"]):
+        err = rejected(monkeypatch, capsys, *command, "spec.yaml")
+        assert f"spec.yaml:1: env: building env '{factory}' failed: {message}\n" in err
+    sys.modules.pop(factory.split(":")[0], None)
+
+
+def test_ctrl_c_while_a_factory_runs_still_interrupts(monkeypatch, capsys, tmp_path):
+    folder = tmp_path.parent / f"{tmp_path.name}-code"
+    folder.mkdir()
+    (folder / "user_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(folder))
+    Path("spec.yaml").write_text("env: {id: 'user_factories:ctrl_c'}\nalgo: {name: mappo}\n")
+    start = time.perf_counter()
+    code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
+    assert code == 130 and "Traceback" not in err and time.perf_counter() - start < 4
+    sys.modules.pop("user_factories", None)
+
+
+def test_a_scripted_policy_that_ends_the_process_on_import_is_its_failure(monkeypatch, tmp_path):
+    from marlctl.train.opponents import import_policy
+
+    (tmp_path / "exiting_policy.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"importing 'exiting_policy:act' raised SystemExit: 0"):
+        import_policy("exiting_policy:act")
+    with pytest.raises(ValueError, match="'os:system' is in Python's standard library"):
+        import_policy("os:system")

@@ -880,3 +880,85 @@ def test_a_name_override_names_a_spec_that_leaves_its_name_out(tmp_path: Path) -
     assert json.loads(result.stdout)["plan"]["experiment"] == "renamed"
     result = invoke("run", str(tmp_path / "spec.yaml"), "--dry-run", "--json")
     assert json.loads(result.stdout)["plan"]["experiment"] == "spec"
+
+
+def test_a_factory_module_in_the_working_folder_is_pointed_out(tmp_path: Path, monkeypatch) -> None:
+    """Python finds a module in the working folder only when told to (`python -m` adds it,
+    the `marlctl` command does not): the problem says where the file is and what to do."""
+    here = str(tmp_path.resolve())
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", here)])
+    write(tmp_path / "mine" / "envs.py", "def make(**params):\n    pass\n")
+    write(tmp_path / "spec.yaml", BASE.replace("mpe/simple_spread", "mine.envs:make"))
+    result = invoke("validate", "spec.yaml")
+    assert_clean_exit(result, 2)
+    find_problem(
+        result.output,
+        "spec.yaml:2: env.id:",
+        "No module named 'mine'; mine/envs.py is in the current folder, which is not on "
+        "Python's module search path: run with PYTHONPATH=.",
+    )
+    # Beside a spec in another folder: that folder is named.
+    write(tmp_path / "exp" / "solo.py", "def make(**params):\n    pass\n")
+    write(tmp_path / "exp" / "spec.yaml", BASE.replace("mpe/simple_spread", "solo:make"))
+    result = invoke("validate", "exp/spec.yaml")
+    assert_clean_exit(result, 2)
+    find_problem(result.output, "exp/spec.yaml:2: env.id:", f"run with PYTHONPATH={here}/exp")
+    # A module the factory's own module imports is not the factory's: no hint.
+    write(tmp_path / "broken.py", "import nosuchdependency\n\ndef make(**params):\n    pass\n")
+    write(tmp_path / "spec.yaml", BASE.replace("mpe/simple_spread", "broken:make"))
+    monkeypatch.syspath_prepend(here)
+    result = invoke("validate", "spec.yaml")
+    assert_clean_exit(result, 2)
+    assert "No module named 'nosuchdependency'" in result.output
+    assert "PYTHONPATH" not in result.output
+    sys.modules.pop("broken", None)
+
+
+def test_a_scripted_policy_module_in_the_working_folder_is_pointed_out(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from marlctl.train.opponents import import_policy
+
+    here = str(tmp_path.resolve())
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", here)])
+    write(tmp_path / "policies.py", "def flee(obs, mask, group):\n    pass\n")
+    with pytest.raises(ValueError, match=r"policies.py is in the current folder.*PYTHONPATH=\.$"):
+        import_policy("policies:flee")
+
+
+def test_a_preset_group_the_spec_does_not_list_is_added_with_a_plus(tmp_path: Path) -> None:
+    write(tmp_path / "spec.yaml", BASE)
+    result = invoke("validate", "spec.yaml", "algos=qmix")
+    assert_clean_exit(result, 2)
+    find_problem(
+        result.output,
+        "<overrides>:1: algos:",
+        "the spec's defaults list has no algos entry to replace; to add one write +algos=qmix",
+    )
+    assert "did you mean" not in result.output
+    # What the message says works, and the preset's values win over the file's (mappo).
+    result = invoke("run", "spec.yaml", "+algos=qmix", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan"]["algo"] == "qmix"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.lr==3", "a second '='; write KEY=VALUE, and quote a value that holds '='"),
+        ("algo.lr=a=b", "a second '='"),
+        ("algo.lr", "no '='; write KEY=VALUE (or ~KEY to delete a key)"),
+        ("seeds=[0,1", "cannot read [0,1: a bracket or parenthesis left open?"),
+        ('name="abc', 'a quote left open at "abc'),
+        ("algo.lr=1)", "unexpected ')' (quote a value that holds it)"),
+    ],
+)
+def test_an_override_the_grammar_does_not_read_is_named_in_a_few_words(
+    override: str, message: str, tmp_path: Path
+) -> None:
+    write(tmp_path / "spec.yaml", BASE)
+    result = invoke("validate", "spec.yaml", override)
+    assert_clean_exit(result, 2)
+    first = problem_lines(result.output)[0]
+    assert first.startswith(f"<overrides>:1: {override}: bad override: {message}"), first
+    assert "expecting" not in first and "BRACKET_OPEN" not in first and len(first) < 160

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from marlctl.callables import calling_user_code, standard_library_refusal
 from marlctl.envs.signature import FactoryParams, factory_params
 
 
@@ -257,7 +258,28 @@ _VERSIONED = re.compile(r"^(?P<base>.+)_v\d+$")
 
 
 class EnvLookupError(ValueError):
-    """An env id that is neither registered nor an importable `package.module:factory`."""
+    """An env id that is neither registered nor an importable `package.module:factory`;
+    `module` is the module that was not found, when that is why."""
+
+    def __init__(self, message: str, module: str | None = None):
+        super().__init__(message)
+        self.module = module
+
+
+def module_path_hint(module: str, folders: list[Path]) -> str:
+    """When `module` was not found but its file is in one of `folders` (the working folder,
+    the spec's), what to do: Python searches neither unless told to."""
+    parts = module.split(".")
+    for folder in dict.fromkeys(f.resolve() for f in folders):
+        for relative in (Path(*parts).with_suffix(".py"), Path(*parts, "__init__.py")):
+            if (folder / relative).is_file():
+                here = folder == Path.cwd().resolve()
+                where = "the current folder" if here else str(folder)
+                return (
+                    f"; {relative} is in {where}, which is not on Python's module search "
+                    f"path: run with PYTHONPATH={'.' if here else folder}"
+                )
+    return ""
 
 
 def lookup(env_id: str) -> EnvEntry:
@@ -328,14 +350,25 @@ def untrusted_factory(env_id: Any) -> str | None:
     return None if entry.factory in trusted else entry.factory
 
 
-def import_callable(path: str, purpose: str = "") -> Callable[..., Any]:
+def import_callable(path: str, purpose: str = "", what: str = "env factory") -> Callable[..., Any]:
     """The callable `package.module:name` names (an env factory, a scripted policy); an
-    EnvLookupError says why not. `purpose` ends the import failure's message ("for env X")."""
+    EnvLookupError says why not. `purpose` ends the import failure's message ("for env X").
+    The standard library is refused before anything is imported (`marlctl.callables`)."""
+    refusal = standard_library_refusal(path, what)
+    if refusal is not None:
+        raise EnvLookupError(refusal)
     module_name, _, attr = path.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        with calling_user_code():  # the module's own code runs as it is imported
+            obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise EnvLookupError(f"cannot import '{module_name}'{purpose}: {err}") from None
+        missing = getattr(err, "name", None) or ""
+        # Not found itself (or its package), rather than a module it imports in turn.
+        unfound = bool(missing) and (module_name + ".").startswith(missing + ".")
+        raise EnvLookupError(
+            f"cannot import '{module_name}'{purpose}: {err}",
+            module=module_name if unfound else None,
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise EnvLookupError(f"'{module_name}' has no attribute '{attr}'")
@@ -368,10 +401,11 @@ def env_params(env_id: str) -> FactoryParams:
     """The keyword parameters env `env_id` takes: its factory's, read from the signature
     (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError. Kept
     for the process: a sweep loads its spec once per trial, and reading source is slow."""
-    factory = resolve_factory(lookup(env_id))
-    if hasattr(factory, "parameters"):  # a native task or a family: it lists its own
-        return factory.parameters()
-    return factory_params(factory)
+    with calling_user_code():
+        factory = resolve_factory(lookup(env_id))
+        if hasattr(factory, "parameters"):  # a native task or a family: it lists its own
+            return factory.parameters()
+        return factory_params(factory)
 
 
 def registered_ids() -> list[str]:
@@ -643,6 +677,13 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
     key = json.dumps([env_id, params], sort_keys=True, default=repr)
     if key in _probed:
         return _probed[key]
+    with calling_user_code():
+        info = _probe(env_id, params)
+    _probed[key] = info
+    return info
+
+
+def _probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
     entry = lookup(env_id)
     factory = resolve_factory(entry)  # imports happen here, outside the time limit
     if entry.suite == "vmas":
@@ -665,7 +706,6 @@ def probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
                 _step_once(env, info)
             finally:
                 env.close()
-    _probed[key] = info
     return info
 
 

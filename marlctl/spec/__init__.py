@@ -17,7 +17,7 @@ from typing import Any
 
 from marlctl.errors import Problem, SpecError
 from marlctl.spec.models import Spec, model_fields_at
-from marlctl.spec.source import SourceFile, load_source
+from marlctl.spec.source import MAX_DEPTH, SourceFile, load_source
 
 PRESET_GROUPS = ("algos", "envs", "sweeps")
 OVERRIDES = "<overrides>"
@@ -243,8 +243,15 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     for index, text in enumerate(overrides, start=1):
         try:
             parsed = parser.parse_override(text)
+            too_deep = _nested_too_deep(parsed.value())
         except HydraException as err:
-            problems.append(Problem(OVERRIDES, index, text, f"bad override: {_first_line(err)}"))
+            problems.append(Problem(OVERRIDES, index, text, _unparsed(text, _first_line(err))))
+            continue
+        except RecursionError:  # the parser recurses once per nesting level
+            too_deep = True
+        if too_deep:
+            message = f"nested deeper than {MAX_DEPTH} levels"
+            problems.append(Problem(OVERRIDES, index, text, message))
             continue
         if not parsed.key_or_group:
             problems.append(Problem(OVERRIDES, index, text, "bad override: the key is empty"))
@@ -323,12 +330,14 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     skeleton = _defaults_skeleton(algo_name)
     # Unknown keys are found here all at once: Hydra stops at the first, and composing again
     # for each of a thousand bad overrides would take minutes.
+    plain = [o for o in provenance.overrides if o[1].lstrip()[:1] not in "+~"]
     try:
-        known = OmegaConf.merge(OmegaConf.create(skeleton), first)
+        # Only for plain overrides: merging copies the whole spec, seconds for a huge one.
+        known = OmegaConf.merge(OmegaConf.create(skeleton), first) if plain else None
     except OmegaConfBaseException:  # e.g. a list where a mapping belongs: reported below
         known = None
-    for key, text, index in provenance.overrides if known is not None else ():
-        if text.lstrip()[:1] not in "+~" and _unknown_key(known, key) and text in active:
+    for key, text, index in plain if known is not None else ():
+        if _unknown_key(known, key) and text in active:
             active.remove(text)
             problems.append(_unknown_key_problem(key, index))
     base = f"marlctl_base_{next(_store_counter)}"
@@ -339,7 +348,8 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
             # Hydra stops at the first override it cannot apply: drop it and go on, so every
             # bad override is reported at once.
             try:
-                cfg = run_compose({**data, "defaults": [base, *defaults]}, active)
+                applied = [_replacing_params(text, key) for key, text in _keyed(active, provenance)]
+                cfg = run_compose({**data, "defaults": [base, *defaults]}, applied)
                 choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
                 OmegaConf.set_struct(cfg, False)
                 del cfg["hydra"]
@@ -383,6 +393,72 @@ def _compose(source: SourceFile, overrides: list[str], provenance: Provenance):
     composed.pop("defaults", None)
     provenance.failed = problems
     return composed, provenance
+
+
+def _keyed(active: list[str], provenance: Provenance) -> list[tuple[str, str]]:
+    keys = {text: key for key, text, _ in provenance.overrides}
+    return [(keys[text], text) for text in active]
+
+
+def _replacing_params(text: str, key: str) -> str:
+    """`env.params={...}` (or `env={params: {...}}`) as Hydra applies it whatever the spec's
+    file holds: params the file or its preset lacks are the env factory's open set of
+    keywords, not unknown keys of a schema (`_replace_env_params` then keeps the given keys
+    only; the schema still checks every other key)."""
+    if key not in ("env", "env.params"):
+        return text
+    value = text.split("=", 1)[1].lstrip()
+    return f"++{text}" if value.startswith("{") else text
+
+
+_ANTLR_INPUT = re.compile(r"^(?:extraneous|mismatched) input '(.*)' expecting")
+_ANTLR_UNREAD = re.compile(
+    r"^(?:no viable alternative at input|token recognition error at:) '(.*)'$"
+)
+
+
+def _nested_too_deep(value: Any) -> bool:
+    """Whether an override's value nests deeper than a spec file may (its key's own levels
+    are few: a key path is one word of the grammar)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
+def _unparsed(text: str, error: str) -> str:
+    """What is wrong with an override Hydra's grammar does not read, in a few words (its
+    parser names the tokens it expected instead)."""
+    found = _ANTLR_INPUT.match(error)
+    if found and found[1] == "=" and text.count("=") > 1:
+        return (
+            "bad override: a second '='; write KEY=VALUE, and quote a value that holds "
+            "'=' (key='a=b')"
+        )
+    if found:
+        quote = " (quote a value that holds it)" if found[1] != "<EOF>" else ""
+        return f"bad override: unexpected '{found[1]}'{quote}"
+    if error.startswith("missing EQUAL"):
+        return "bad override: no '='; write KEY=VALUE (or ~KEY to delete a key)"
+    found = _ANTLR_UNREAD.match(error)
+    if found:
+        piece = found[1]
+        if piece[:1] in ("'", '"'):
+            return f"bad override: a quote left open at {piece}"
+        if piece.isspace():
+            return "bad override: a space outside quotes"
+        if any(c in piece for c in "[{(") and text.endswith(piece):
+            return f"bad override: cannot read {piece}: a bracket or parenthesis left open?"
+        if len(piece) > 1:
+            return f"bad override: cannot read {piece}"
+        return f"bad override: unexpected '{piece}'"
+    return f"bad override: {error.split(' expecting ')[0]}"
 
 
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -467,9 +543,18 @@ def _unknown_key(known: Any, key: str) -> bool:
     return isinstance(node, DictConfig) and parts[-1] not in node
 
 
-def _unknown_key_problem(key: str, index: int) -> Problem:
+def _unknown_key_problem(key: str, index: int, text: str = "") -> Problem:
     """Override `index` sets a key the spec does not have: the field meant, or how to add it."""
     bare = key.lstrip("+~")
+    if bare.split("@")[0] in PRESET_GROUPS:
+        # Hydra replaces a group's entry in the defaults list only where there is one; `+`
+        # appends it after the spec's own values (`_self_`), so the preset's win.
+        choice = text.partition("=")[2] or "NAME"
+        message = (
+            f"the spec's defaults list has no {bare} entry to replace; to add one write "
+            f"+{bare}={choice} (added last: its values win over the spec file's)"
+        )
+        return Problem(OVERRIDES, index, bare, message)
     parent, _, leaf = bare.rpartition(".")
     options = model_fields_at(parent.split(".") if parent else [])
     if leaf in options:  # a field the spec may have, under a section the file leaves out
@@ -491,7 +576,7 @@ def _composition_problem(err: Exception, source: SourceFile, provenance: Provena
     for key, text, index in provenance.overrides:
         if text in str(err) or f"'{key}'" in str(err):
             if "not in struct" in str(err) or "Could not override" in message:
-                return _unknown_key_problem(key, index)
+                return _unknown_key_problem(key, index, text)
             return Problem(OVERRIDES, index, key.lstrip("+~"), message)
     full_key = getattr(err, "full_key", None)
     if full_key:
@@ -596,8 +681,10 @@ def _schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[
             message = f"must be a number, not {item['input']}"  # see marlctl.strict
         else:
             message = item["msg"].removeprefix("Value error, ")
-            if "input" in item and kind not in ("model_type", "dict_type"):
-                message += f" (got {item['input']!r})"
+            given = item.get("input")
+            quoted = isinstance(given, str) and f"'{given}'" in message
+            if "input" in item and kind not in ("model_type", "dict_type") and not quoted:
+                message += f" (got {given!r})"
         if dotted in seen:
             continue  # one problem per key: a union reports each member's complaint
         seen.add(dotted)
@@ -659,12 +746,22 @@ def env_problem(
     env_id: str, err: Exception, provenance: Provenance, params: dict | None = None
 ) -> Problem:
     """What building, resetting or stepping the env once raised, placed on the spec."""
-    from marlctl.envs.registry import EnvLookupError, ProbeTimeout, UnsupportedSpace
+    from marlctl.callables import UserCodeError
+    from marlctl.envs.registry import (
+        EnvLookupError,
+        ProbeTimeout,
+        UnsupportedSpace,
+        module_path_hint,
+    )
 
     if isinstance(err, EnvLookupError):
-        return provenance.problem("env.id", str(err))
+        near = [Path.cwd(), provenance.spec.path.parent]
+        hint = module_path_hint(err.module, near) if err.module else ""
+        return provenance.problem("env.id", f"{err}{hint}")
     if isinstance(err, UnsupportedSpace):  # the env's own spaces: no params change them
         return provenance.problem("env.id", f"env '{env_id}': {err}")
+    if isinstance(err, UserCodeError):
+        return provenance.problem("env", f"building env '{env_id}' failed: {err}")
     if isinstance(err, ProbeTimeout):
         return provenance.problem("env.params", f"{err}; are the params out of proportion?")
     if isinstance(err, TypeError):
@@ -703,6 +800,22 @@ def _unknown_env_param(env_id: str, name: str) -> str:
         else ""
     )
     return f"not a parameter of env '{env_id}'{hint}"
+
+
+def tracking_problem(loaded: LoadedSpec) -> Problem | None:
+    """An http(s) `tracking.uri` where no server answers, at its line: found in about two
+    seconds here, where MLflow would retry it for long after the runs started."""
+    from marlctl.redact import redact
+    from marlctl.servers import server_silence
+
+    uri = loaded.spec.tracking.uri
+    if uri is None or uri.split("://", 1)[0].lower() not in ("http", "https"):
+        return None
+    reason = server_silence(uri)
+    if reason is None:
+        return None
+    message = f"no MLflow server answers at {redact(uri)} ({reason})"
+    return loaded.provenance.problem("tracking.uri", message)
 
 
 def sort_problems(problems: list[Problem]) -> list[Problem]:

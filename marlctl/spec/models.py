@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from marlctl.algos import AlgoConfig, registered_algos
+from marlctl.callables import standard_library_refusal
 from marlctl.strict import Strict
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -41,6 +42,15 @@ class EnvSpec(Strict):
         "maximises the weighted sum of an agent's reward vector; null = equal weights summing "
         "to 1. Every objective's return is logged either way.",
     )
+
+    @field_validator("id")
+    @classmethod
+    def _not_standard_library(cls, value: str) -> str:
+        if ":" in value:
+            refusal = standard_library_refusal(value, "env factory")
+            if refusal is not None:
+                raise ValueError(refusal)
+        return value
 
 
 Sharing = Literal["shared", "independent", "federated"]
@@ -422,6 +432,15 @@ class GroupSpec(Strict):
         "the episodes (self-play, population training); its agents learn only from the "
         "episodes they play themselves. Evaluations play the learners against each other.",
     )
+
+    @field_validator("scripted")
+    @classmethod
+    def _not_standard_library(cls, value: str | None) -> str | None:
+        if value is not None and ":" in value:
+            refusal = standard_library_refusal(value, "scripted policy")
+            if refusal is not None:
+                raise ValueError(refusal)
+        return value
 
     @model_validator(mode="after")
     def _one_player(self) -> GroupSpec:

@@ -129,7 +129,8 @@ def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
     except yaml.YAMLError as err:
         return {}, {}, [Problem(shown, None, "", f"invalid YAML: {err}")]
     except RecursionError:  # the composer recurses once per nesting level
-        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
+        line = _yaml_too_deep(text)
+        return {}, {}, [Problem(shown, line, "", f"nested deeper than {MAX_DEPTH} levels")]
     finally:
         loader.dispose()
     if not isinstance(data, dict):
@@ -138,6 +139,25 @@ def _parse_yaml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
     problems: list[Problem] = []
     _walk_yaml(node, "", lines, problems, shown)
     return data, lines, problems
+
+
+def _yaml_too_deep(text: str) -> int | None:
+    """The line of the first value nested deeper than MAX_DEPTH, read from the parser's
+    events (which keep no stack of Python frames, unlike the composer)."""
+    open_collections = 0
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.CollectionEndEvent):
+                open_collections -= 1
+                continue
+            if isinstance(event, yaml.NodeEvent) and open_collections + 1 > MAX_DEPTH:
+                return event.start_mark.line + 1
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_collections += 1
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        return mark.line + 1 if mark is not None else None
+    return None
 
 
 def _check_nodes(root: yaml.Node, shown: str) -> Problem | None:
@@ -185,6 +205,8 @@ def _walk_yaml(node: yaml.Node, prefix: str, lines: dict, problems: list, shown:
         for key_node, value_node in node.value:
             key = str(key_node.value)
             path = f"{prefix}.{key}" if prefix else key
+            if key == "":
+                problems.append(Problem(shown, key_node.start_mark.line + 1, prefix, _EMPTY_KEY))
             if key in seen:
                 problems.append(Problem(shown, key_node.start_mark.line + 1, path, "duplicate key"))
             seen.add(key)
@@ -195,6 +217,9 @@ def _walk_yaml(node: yaml.Node, prefix: str, lines: dict, problems: list, shown:
             path = f"{prefix}.{index}"
             lines[path] = item.start_mark.line + 1
             _walk_yaml(item, path, lines, problems, shown)
+
+
+_EMPTY_KEY = "an empty key: every key needs a name"
 
 
 _TOML_LINE_ERROR = re.compile(r"\(at line (\d+), column \d+\)")
@@ -215,14 +240,13 @@ def _parse_toml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
     try:
         data = tomllib.loads(text)
     except RecursionError:  # tomllib recurses once per nested array or inline table
-        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
+        line = _toml_too_deep(text)
+        return {}, {}, [Problem(shown, line, "", f"nested deeper than {MAX_DEPTH} levels")]
     except tomllib.TOMLDecodeError as err:
         found = _TOML_LINE_ERROR.search(str(err))
         message = _TOML_LINE_ERROR.sub("", str(err)).strip()
         line = int(found.group(1)) if found else None
         return {}, {}, [Problem(shown, line, "", f"invalid TOML: {message}")]
-    if _depth(data) > MAX_DEPTH:
-        return {}, {}, [Problem(shown, None, "", f"nested deeper than {MAX_DEPTH} levels")]
     # tomllib keeps no positions: recover them from table headers and `key =` lines.
     lines: dict[str, int] = {}
     table = ""
@@ -236,17 +260,90 @@ def _parse_toml(text: str, shown: str) -> tuple[dict, dict[str, int], list[Probl
         if key:
             path = _toml_key(key.group(1))
             lines.setdefault(f"{table}.{path}" if table else path, number)
-    return data, lines, []
+    deep = _too_deep_path(data)
+    if deep is not None:
+        line = _toml_too_deep(text) or _nearest_line(deep, lines)
+        return {}, {}, [Problem(shown, line, "", f"nested deeper than {MAX_DEPTH} levels")]
+    problems = [
+        Problem(shown, _nearest_line(path, lines), ".".join(path[:-1]), _EMPTY_KEY)
+        for path in _empty_keys(data)
+    ]
+    problems.sort(key=lambda p: p.line or 0)
+    return data, lines, problems
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of plain data, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+def _nearest_line(path: list[str], lines: dict[str, int]) -> int | None:
+    """The line of `path`, of its nearest ancestor whose line is known, or else of the
+    first key below it (a table header that names a whole deep path at once)."""
+    for end in range(len(path), 0, -1):
+        line = lines.get(".".join(path[:end]))
+        if line is not None:
+            return line
+    below = [n for key, n in lines.items() if key.startswith(".".join(path) + ".")]
+    return min(below, default=None)
+
+
+def _empty_keys(data: Any) -> list[list[str]]:
+    """Key paths (list indices left out) that end in an empty key."""
+    found: list[list[str]] = []
+    stack: list[tuple[Any, list[str]]] = [(data, [])]
     while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
+        item, path = stack.pop()
         if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
+            for key, value in item.items():
+                if key == "":
+                    found.append([*path, ""])
+                stack.append((value, [*path, str(key)]))
         elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
+            stack.extend((value, path) for value in item)
+    return sorted(found)
+
+
+def _too_deep_path(data: Any) -> list[str] | None:
+    """The key path (list indices left out) of a value nested deeper than MAX_DEPTH."""
+    stack: list[tuple[Any, int, list[str]]] = [(data, 1, [])]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth > MAX_DEPTH:
+            return path
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1, [*path, str(k)]) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1, path) for v in item)
+    return None
+
+
+def _toml_too_deep(text: str) -> int | None:
+    """The line where arrays and inline tables first open deeper than MAX_DEPTH levels, read
+    from the text (tomllib keeps no positions): brackets outside strings and comments."""
+    depth, line, index, quote = 0, 1, 0, ""
+    while index < len(text):
+        char = text[index]
+        if char == "\n":
+            line += 1
+        elif quote:
+            if char == "\\" and quote[0] == '"':
+                index += 1  # an escaped character, a quote among them
+            elif text.startswith(quote, index):
+                index += len(quote) - 1
+                quote = ""
+        elif char == "#":
+            end = text.find("\n", index)
+            index = len(text) if end < 0 else end
+            continue
+        elif char in "\"'":
+            quote = char * 3 if text.startswith(char * 3, index) else char
+            index += len(quote) - 1
+        elif char in "[{":
+            header = depth == 0 and not text[text.rfind("\n", 0, index) + 1 : index].strip()
+            if header and char == "[":  # a table header: `[table]` or `[[array.of.tables]]`
+                end = text.find("\n", index)
+                index = len(text) if end < 0 else end
+                continue
+            depth += 1
+            if depth + 1 > MAX_DEPTH:
+                return line
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        index += 1
+    return None

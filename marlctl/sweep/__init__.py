@@ -23,7 +23,7 @@ import yaml
 from marlctl.atomic import replacing
 from marlctl.errors import Problem, SpecError
 from marlctl.redact import redact_all, shown_url
-from marlctl.spec import load_spec
+from marlctl.spec import load_spec, tracking_problem
 from marlctl.sweep.space import check_space, space_of, split_overrides
 from marlctl.sweep.study import (
     BUDGET_ATTR,
@@ -116,6 +116,9 @@ def prepare(
     plain, from_cli = split_overrides(overrides)
     loaded = load_spec(spec_path, plain)
     compile_plan(loaded)
+    problem = tracking_problem(loaded) if check else None
+    if problem is not None:
+        raise SpecError([problem])
     sweep = loaded.spec.sweep or SweepSpec()
     if loaded.spec.sweep is None and not from_cli:
         raise SpecError(

@@ -151,14 +151,21 @@ class WithOpponents(Wrapper):
 # ---------------------------------------------------------------- building the players
 
 
-def import_policy(path: str) -> Callable[..., Any]:
-    """The callable `package.module:name` names, or ValueError saying why not."""
-    from marlctl.envs.registry import EnvLookupError, import_callable
+def import_policy(path: str, near: list[Path] | None = None) -> Callable[..., Any]:
+    """The callable `package.module:name` names, or ValueError saying why not; a module not
+    found whose file is in the working folder or one of `near` says so."""
+    from marlctl.callables import UserCodeError, calling_user_code
+    from marlctl.envs.registry import EnvLookupError, import_callable, module_path_hint
 
     try:
-        return import_callable(path)
+        with calling_user_code():
+            return import_callable(path, what="scripted policy")
     except EnvLookupError as err:
-        raise ValueError(one_line(str(err))) from None
+        hint = module_path_hint(err.module, [Path.cwd(), *(near or [])]) if err.module else ""
+        raise ValueError(one_line(str(err)) + hint) from None
+    except Exception as err:  # the module's own code failed as it was imported
+        what = str(err) if isinstance(err, UserCodeError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"importing '{path}' raised {one_line(what)}") from None
 
 
 def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
@@ -253,7 +260,7 @@ def check_players(loaded, plan, client) -> None:
     for name, group in spec.opponents.items():
         try:
             if group.scripted not in (None, RANDOM_PLAYER):
-                import_policy(group.scripted)
+                import_policy(group.scripted, [prov.spec.path.parent])
             elif group.frozen is not None:
                 frozen_player(client, spec, plan.env, name, group.frozen, cpu, 1)
         except ValueError as err:
