@@ -188,24 +188,43 @@ class AgentAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, moved: dict[torch.Tensor, torch.Tensor]) -> None:  # type: ignore[override]
+        # One foreach operation per formula over every parameter, the moved copies weighting
+        # each update (0: the copy keeps its weights and moments exactly).
         for group in self.param_groups:
             lr, eps, (b1, b2) = group["lr"], group["eps"], group["betas"]
-            for p in group["params"]:
-                if p.grad is None or p not in moved:  # another agent's network: untouched
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros(p.shape[:2], device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                shape = (*p.shape[:2], *([1] * (p.dim() - 2)))
-                move = moved[p].view(shape)
-                step = state["step"].add_(moved[p].to(torch.float32)).view(shape).clamp(min=1)
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                m.copy_(torch.where(move, m * b1 + (1 - b1) * g, m))
-                v.copy_(torch.where(move, v * b2 + (1 - b2) * g * g, v))
-                denom = (v / (1 - b2**step)).sqrt() + eps
-                p.sub_(torch.where(move, lr * (m / (1 - b1**step)) / denom, 0.0))
+            params = [p for p in group["params"] if p.grad is not None and p in moved]
+            if not params:
+                continue
+            for p in params:
+                if not self.state[p]:
+                    self.state[p].update(
+                        step=torch.zeros(p.shape[:2], device=p.device),
+                        exp_avg=torch.zeros_like(p),
+                        exp_avg_sq=torch.zeros_like(p),
+                    )
+            states = [self.state[p] for p in params]
+            grads = [p.grad for p in params]
+            shapes = [(*p.shape[:2], *([1] * (p.dim() - 2))) for p in params]
+            move = [
+                moved[p].to(p.dtype).view(shape) for p, shape in zip(params, shapes, strict=True)
+            ]
+            steps = [s["step"] for s in states]
+            torch._foreach_add_(steps, [moved[p].to(torch.float32) for p in params])
+            m, v = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            torch._foreach_lerp_(m, grads, torch._foreach_mul(move, 1 - b1))
+            torch._foreach_lerp_(
+                v, torch._foreach_mul(grads, grads), torch._foreach_mul(move, 1 - b2)
+            )
+            t = torch._foreach_clamp_min(
+                [s.view(shape) for s, shape in zip(steps, shapes, strict=True)], 1
+            )
+            # 1 - beta^t, the bias corrections
+            first = torch._foreach_add(torch._foreach_neg(torch._foreach_pow(b1, t)), 1)
+            second = torch._foreach_add(torch._foreach_neg(torch._foreach_pow(b2, t)), 1)
+            denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, second)), eps)
+            update = torch._foreach_div(torch._foreach_div(m, first), denom)
+            torch._foreach_mul_(update, torch._foreach_mul(move, lr))
+            torch._foreach_sub_(params, update)
 
 
 def batched_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ import torch
 
 from marlctl.algos.hetero import HASACConfig
 from marlctl.train.actions import masked_mean
-from marlctl.train.base import clip_grad_norm_per_seed
 from marlctl.train.core import AgentAdam
 from marlctl.train.hetero import Unit, pick_agent, positions, units_of
 from marlctl.train.masac import MASACTrainer, flat_batch
@@ -33,7 +32,6 @@ class HASACTrainer(MASACTrainer):
 
     cfg: HASACConfig
     captured_by_default = False
-    compiled_regions = ("critic_loss",)  # the actors step one unit at a time, eagerly
 
     def __init__(self, config: HASACConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
@@ -62,28 +60,41 @@ class HASACTrainer(MASACTrainer):
             for index, on, copy in position:
                 name = names[index]
                 unit = Unit(list(self.actors[name].parameters()), on, copy)
-
-                def cut(x, copy=copy):
-                    return x if x is None or copy is None else pick_agent(x, copy, 2)
-
-                o, mask, act = cut(obs[name]), cut(masks[name]), cut(active[name])
-                loss, h, target = self.policy_loss(
-                    name, alpha[:, index], o, mask, b["state"], joint, copy
-                )
-                loss = masked_mean(loss, act)
+                loss, h, target, act = self.unit_loss(
+                    index, name, alpha, obs[name], masks[name], active[name], b["state"],
+                    joint, copy,
+                )  # fmt: skip
                 self.optimizers["actor"].zero_grad(set_to_none=True)
                 (unit.weight * loss).sum().backward()
-                clip_grad_norm_per_seed(unit.params, cfg.max_grad_norm, S)
+                self.clip_gradients(unit.params)
                 self.optimizers["actor"].step(unit.moved)
                 share = unit.weight / per_group[index]  # a group's units average
                 actor_loss = actor_loss + share * loss.detach()
                 alpha_loss = alpha_loss + share * self.temperature_loss(index, h, target, act)
                 entropy = entropy + share * masked_mean(h, act) / len(names)
                 with torch.no_grad():  # the unit's action under its new policy
-                    new = self.joint_action(name, self.policy(name, o, mask, copy))
-                    joint[name] = self.replace(joint[name], new, on, copy)
+                    joint[name] = self.unit_action(
+                        name, obs[name], masks[name], copy, joint[name], on
+                    )
         self.step_temperature(alpha_loss)
         return actor_loss, alpha_loss, entropy
+
+    compiled_regions = ("critic_loss", "unit_loss", "unit_action")
+
+    def unit_loss(self, index: int, name: str, alpha, obs, mask, active, state, joint, copy):
+        """A unit's policy loss (seed-weighted mean over its agents' samples), its entropy,
+        the temperature's target and the unit's active flags; `copy` picks the agent of each
+        seed where the group's agents have networks of their own."""
+        o, mask, act = (_cut(x, copy) for x in (obs, mask, active))
+        loss, h, target = self.policy_loss(name, alpha[:, index], o, mask, state, joint, copy)
+        return masked_mean(loss, act), h, target, act
+
+    def unit_action(self, name: str, obs, mask, copy, current, on) -> torch.Tensor:
+        """The group's joint-action slots with the unit's agents acting under their new
+        policy (`replace`)."""
+        o, mask = _cut(obs, copy), _cut(mask, copy)
+        new = self.joint_action(name, self.policy(name, o, mask, copy))
+        return self.replace(current, new, on, copy)
 
     @staticmethod
     def replace(current, new, on: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:
@@ -94,3 +105,8 @@ class HASACTrainer(MASACTrainer):
         if copy is not None:
             where = where & (torch.arange(n, device=on.device) == copy.view(S, 1))
         return torch.where(where.view(S, 1, n, 1), new, current)
+
+
+def _cut(x: torch.Tensor | None, copy: torch.Tensor | None) -> torch.Tensor | None:
+    """Agent `copy[s]`'s rows of x `[S, X, n, ...]`; all of them where `copy` is None."""
+    return x if x is None or copy is None else pick_agent(x, copy, 2)

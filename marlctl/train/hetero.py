@@ -116,9 +116,12 @@ class Unit:
         self.index = copy if copy is not None else torch.zeros_like(on, dtype=torch.long)
         # The copies each seed's step moves, `[S, copies]` per parameter (`AgentAdam`).
         self.moved = {}
+        by_copies: dict[int, torch.Tensor] = {}  # a network's parameters share their copies
         for p in params:
-            mine = torch.arange(p.shape[1], device=p.device) == self.index.unsqueeze(1)
-            self.moved[p] = on.unsqueeze(1) & mine
+            if p.shape[1] not in by_copies:
+                mine = torch.arange(p.shape[1], device=p.device) == self.index.unsqueeze(1)
+                by_copies[p.shape[1]] = on.unsqueeze(1) & mine
+            self.moved[p] = by_copies[p.shape[1]]
 
     def flat(self, tensors) -> torch.Tensor:
         """This unit's slice of per-parameter tensors, `[S, N]` (a seed's row: its agent)."""
