@@ -249,24 +249,19 @@ def _arg_problem(message: str):
 
 
 def _with_progress(work, as_json: bool):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # Fits 80 columns (a piped or narrow terminal cuts a longer line short): env steps done
+    # of the budget, training speed now, the return of training episodes (with exploration),
+    # the last evaluation's return (deterministic policy).
     columns = [
         TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        # The summary's words: training speed now, the return of training episodes (with
-        # exploration), the last evaluation's return (deterministic policy).
-        TextColumn("{task.fields[rate]:>9} env steps/s"),
-        TextColumn("train return {task.fields[ret]:>7}"),
-        TextColumn("eval return {task.fields[eval]:>7}"),
-        TimeRemainingColumn(),
+        BarColumn(bar_width=10),
+        TextColumn("{task.fields[done]:>5}/{task.fields[budget]}"),
+        TextColumn("{task.fields[rate]:>7} steps/s"),
+        TextColumn("train {task.fields[ret]:>6}"),
+        TextColumn("eval {task.fields[eval]:>6}"),
+        TimeRemainingColumn(compact=True),
     ]
     with Progress(*columns, console=err, transient=False, disable=as_json) as bar:
         tasks: dict[int, Any] = {}
@@ -275,8 +270,9 @@ def _with_progress(work, as_json: bool):
         def make(plan):
             for r in plan.runs:
                 tasks[r.seed] = bar.add_task(
-                    f"seed {r.seed}", total=r.total_env_steps, rate="-", ret="-", eval="-"
-                )
+                    f"seed {r.seed}", total=r.total_env_steps, rate="-", ret="-", eval="-",
+                    done="0", budget=_count(r.total_env_steps),
+                )  # fmt: skip
 
             def update(event: dict[str, Any]) -> None:
                 import time
@@ -295,11 +291,21 @@ def _with_progress(work, as_json: bool):
                     fields["rate"] = f"{(step - last[1]) / (now - last[0]):,.0f}"
                 if event.get("return") is not None:
                     fields["ret"] = f"{event['return']:.2f}"
-                bar.update(tasks[seed], completed=min(step, event["total"]), **fields)
+                done = min(step, event["total"])
+                bar.update(tasks[seed], completed=done, done=_count(done), **fields)
 
             return update
 
         return work(make)
+
+
+def _count(steps: int) -> str:
+    """A step count in at most five characters: 950, 12.5k, 1.50M."""
+    if steps < 1_000:
+        return str(steps)
+    if steps < 1_000_000:
+        return f"{steps / 1e3:.{1 if steps < 100_000 else 0}f}k"
+    return f"{steps / 1e6:.{2 if steps < 10_000_000 else 1}f}M"
 
 
 def _print_plan(plan, loaded, as_json: bool) -> None:
@@ -352,10 +358,11 @@ def _print_summary(summary) -> None:
         caption=redact(f"MLflow: {summary.tracking_uri}"),
         box=box.SIMPLE_HEAD,
     )
-    table.add_column("seed")
-    table.add_column("status")
-    table.add_column("eval return", justify="right")
-    table.add_column("train env steps/s", justify="right")
+    # Cells wrap rather than end in '…' where the terminal (or a pipe's 80 columns) is narrow.
+    table.add_column("seed", overflow="fold")
+    table.add_column("status", overflow="fold")
+    table.add_column("eval return", justify="right", overflow="fold")
+    table.add_column("train env steps/s", justify="right", overflow="fold")
     table.add_column("MLflow run", no_wrap=True, min_width=32)
 
     def fmt(value: float | None, spec: str) -> str:
@@ -369,7 +376,7 @@ def _print_summary(summary) -> None:
     spread = f" ± {agg['eval/return_std']:.2f}" if agg["eval/return_std"] is not None else ""
     table.add_row(
         "all",
-        "ok" if summary.ok else "failed",
+        "interrupted" if summary.interrupted else "ok" if summary.ok else "failed",
         fmt(agg["eval/return_mean"], ".2f") + spread,
         fmt(agg["perf/env_steps_per_s"], ",.0f"),
         summary.parent_run_id,
@@ -380,6 +387,18 @@ def _print_summary(summary) -> None:
         if r.error is not None:
             where = f" (traceback: {r.trace_file})" if r.trace_file else ""
             out.print(Text(f"seed {r.seed} {r.status}: {r.error}{where}"), soft_wrap=True)
+    if summary.interrupted:
+        out.print(Text(f"to continue: {resume_command(summary)}"), soft_wrap=True)
+
+
+def resume_command(summary) -> str:
+    """The command that continues every unfinished seed of an interrupted invocation."""
+    from marlctl import tracking
+
+    command = f"marlctl run --resume {summary.parent_run_id}"
+    if summary.tracking_uri != tracking.default_uri():
+        command += f" --tracking-uri {redact(summary.tracking_uri)}"
+    return command
 
 
 # ---------------------------------------------------------------- sweep
@@ -451,7 +470,7 @@ def sweep(
     _stop_on_sigterm()
     out = Path(out_dir) if out_dir else None
     with _exit_codes(as_json):
-        from marlctl.sweep import Launcher, prepare, run_sweep, sweep_status
+        from marlctl.sweep import Launcher, open_sweep, prepare, run_sweep, sweep_status
 
         if status:
             summary = sweep_status(spec, overrides or [], storage, out)
@@ -465,11 +484,9 @@ def sweep(
                 cpus,
                 time_min,
             )
-            from marlctl import tracking
-
-            tracking.check_reachable(ctx.tracking_uri)  # before the progress display
+            study = open_sweep(ctx, settings, chosen)  # refusals before the progress display
             summary = _with_sweep_progress(
-                lambda show: run_sweep(ctx, settings, workers, chosen, out, show),
+                lambda show: run_sweep(ctx, settings, workers, chosen, out, show, study),
                 ctx.trials,
                 as_json,
             )

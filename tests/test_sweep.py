@@ -256,7 +256,11 @@ def test_every_preset_space_is_valid_for_its_algorithm(
     check_space(spec, [], params, loaded.spec.sweep.sampler)
 
 
-def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path) -> None:
+def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path, monkeypatch) -> None:
+    from marlctl import cli
+
+    shown = []  # the progress display: a refused sweep never opens it
+    monkeypatch.setattr(cli, "_with_sweep_progress", lambda *args: shown.append(args))
     spec = write_spec(tmp_path, {**TINY, "sweep": {"space": {"algo.clip": {"choices": [0.2]}}}})
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna.journal"))
@@ -266,6 +270,7 @@ def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path) -> 
     result = runner.invoke(app, ["sweep", str(spec)])
     assert result.exit_code == 2, result.output
     assert "sweep.space: study 'tiny' was started with another search space" in result.output
+    assert shown == []
     assert not (tmp_path / "mlflow.db").exists()
 
 

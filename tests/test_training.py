@@ -655,3 +655,66 @@ print("torch._dynamo" in sys.modules)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from marlctl import cli
+    from marlctl.launch import Summary
+    from marlctl.train.runner import RunResult
+
+    monkeypatch.chdir(tmp_path)
+    runs = [RunResult(0, 0, "a" * 32, "FINISHED"), RunResult(1, 1, "b" * 32, "KILLED")]
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=buffer, width=80))
+    default = Summary("spread", f"sqlite:///{tmp_path / 'mlflow.db'}", "c" * 32, runs)
+    cli._print_summary(default)
+    text = buffer.getvalue()
+    assert "interrupted" in text and "failed" not in text
+    assert f"to continue: marlctl run --resume {'c' * 32}\n" in text
+    elsewhere = Summary("spread", "sqlite:////data/runs.db", "c" * 32, runs)
+    assert cli.resume_command(elsewhere).endswith("--tracking-uri sqlite:////data/runs.db")
+
+
+def test_progress_and_summary_fit_80_columns_without_cutting_a_value(monkeypatch):
+    """Piped output is 80 columns wide: nothing the user reads may end in '…'."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from marlctl import cli
+    from marlctl.launch import Summary
+    from marlctl.train.runner import RunResult
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=buffer, width=80))
+    monkeypatch.setattr(cli, "out", Console(file=buffer, width=80))
+    plan = SimpleNamespace(
+        runs=[SimpleNamespace(seed=s, total_env_steps=6_000_000) for s in (0, 1)]
+    )
+
+    def work(make):
+        update = make(plan)
+        for step in (3_000_000, 4_500_000):
+            update({"seed": 1, "step": step, "total": 6_000_000, "return": -126.49})
+        update({"kind": "eval", "seed": 1, "metrics": {"eval/return_mean": -114.1}})
+
+    cli._with_progress(work, as_json=False)
+    runs = [RunResult(0, 10, "d" * 32, "FINISHED", 6_000_000, -14.82, 123_456.7)]
+    cli._print_summary(Summary("spread-mappo-native-a-long-name", "sqlite:///x.db", "e" * 32, runs))
+    text = buffer.getvalue()
+    assert "4.50M/6.00M" in text and "-126.49" in text and "-114.10" in text, text
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_training_metrics_are_logged_about_200_times_per_run_unless_told():
+    from marlctl.spec.models import TrainSpec
+
+    assert TrainSpec(total_env_steps=150_000).log_interval == 750
+    assert TrainSpec(total_env_steps=150).log_interval == 1  # every iteration
+    assert TrainSpec(total_env_steps=150_000, log_every=10_000).log_interval == 10_000

@@ -118,6 +118,11 @@ class ModelSpec(Strict):
         return self.model_copy(update=unset) if unset else self
 
 
+# Training metric points per run when `train.log_every` is not set: a smooth curve, and a
+# host read of the losses no more often than that.
+LOG_POINTS = 200
+
+
 class TrainSpec(Strict):
     total_env_steps: int = Field(
         1_000_000,
@@ -132,7 +137,17 @@ class TrainSpec(Strict):
     checkpoint_every: int = Field(
         250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one."
     )
-    log_every: int = Field(10_000, ge=1, description="Env steps between training metric points.")
+    log_every: int | None = Field(
+        None,
+        ge=1,
+        description="Env steps between training metric points (losses, training returns, "
+        f"speed); null = the budget over {LOG_POINTS} (at least one point per iteration).",
+    )
+
+    @property
+    def log_interval(self) -> int:
+        """`log_every`, or the budget spread over `LOG_POINTS` points."""
+        return self.log_every or max(1, self.total_env_steps // LOG_POINTS)
 
 
 MAX_THREADS = 1024

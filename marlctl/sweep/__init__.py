@@ -152,15 +152,10 @@ def prepare(
     return ctx, sweep
 
 
-def run_sweep(
-    ctx: SweepContext,
-    sweep,
-    workers: int,
-    launcher: Launcher,
-    out_dir: Path | None = None,
-    progress: Progress | None = None,
-) -> SweepSummary:
-    """Create or continue the study, run `workers` workers until the budget is used."""
+def open_sweep(ctx: SweepContext, sweep, launcher: Launcher):
+    """The study to run, created or continued, after every check that can refuse the sweep
+    (launcher, tracking server, a continued study's search space): a refusal comes before
+    any progress is shown."""
     if launcher.kind == "submitit":
         try:
             import submitit  # noqa: F401
@@ -173,6 +168,22 @@ def run_sweep(
     tracking.check_reachable(ctx.tracking_uri)
     study = create_study(ctx.study, ctx.storage, sweep.direction, ctx.cwd)
     check_same_space(study, ctx.params)
+    return study
+
+
+def run_sweep(
+    ctx: SweepContext,
+    sweep,
+    workers: int,
+    launcher: Launcher,
+    out_dir: Path | None = None,
+    progress: Progress | None = None,
+    study=None,
+) -> SweepSummary:
+    """Create or continue the study (`open_sweep`, unless `study` is the study it opened),
+    run `workers` workers until the budget is used."""
+    if study is None:
+        study = open_sweep(ctx, sweep, launcher)
     study.set_user_attr(BUDGET_ATTR, ctx.trials)  # what `--status` counts against
     ctx.study_run_id = _study_run(ctx, sweep)
     contexts = [

@@ -400,7 +400,7 @@ def _train(
             for sink in sinks:  # how long the command took to reach its first env step
                 sink.log({"perf/startup_s": age}, env_steps)
         last_return: list[float | None] = [None] * S
-        # Losses add up on the device and are read once per `log_every`: reading them each
+        # Losses add up on the device and are read once per `log_interval`: reading them each
         # iteration would make the device wait for the host at every (off-policy) env step.
         loss_sum, loss_iterations = None, 0
         log_tick, log_steps = time.perf_counter(), env_steps
@@ -451,7 +451,7 @@ def _train(
                                 }
                             )
                         sinks[index].log(metrics, env_steps)
-                    next_log = env_steps + train.log_every
+                    next_log = env_steps + train.log_interval
                 if train.eval_every and env_steps >= next_eval and env_steps < plan.total_env_steps:
                     paused = time.perf_counter()
                     scores = _eval_metrics(trainer, eval_env, train.eval_episodes, eval_seeds)
