@@ -203,11 +203,15 @@ def run(
             if dry_run:
                 _print_plan(plan, loaded, as_json)
                 return
-            from marlctl import tracking
-            from marlctl.launch import run_plan
+            from marlctl.cores import passive_wait
 
-            tracking.check_reachable(loaded.spec.tracking.uri)  # before the progress display
-            summary = _with_progress(lambda make: run_plan(loaded, plan, make(plan)), as_json)
+            # Set before torch loads: OpenMP reads how to wait once, as it starts.
+            with passive_wait(plan.passive_wait):
+                from marlctl import tracking
+                from marlctl.launch import run_plan
+
+                tracking.check_reachable(loaded.spec.tracking.uri)  # before the display
+                summary = _with_progress(lambda make: run_plan(loaded, plan, make(plan)), as_json)
     if as_json:
         _emit_json(summary.to_dict())
     else:
@@ -332,6 +336,8 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if plan.threads_note:
+        out.print(f"threads: {plan.threads_note}", highlight=False, soft_wrap=True)
     table = Table(
         "run", "seed", "device", "threads", "num_envs", "env steps", "iterations", "est. memory"
     )
@@ -918,7 +924,10 @@ def bench(
             def show(point) -> None:
                 status.update(f"measured {point.kind} num_envs={point.num_envs}; measuring on…")
 
-            result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
+            from marlctl.cores import passive_wait
+
+            with passive_wait(plan.passive_wait):  # as `run` would train it
+                result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
     data = result.to_dict()
     best = result.best("train")
     if best is not None:

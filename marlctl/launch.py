@@ -15,6 +15,7 @@ import yaml
 
 from marlctl import tracking
 from marlctl.atomic import remove_stale_staging, staging
+from marlctl.cores import passive_wait
 from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
@@ -23,6 +24,7 @@ from marlctl.stored import SPEC_ARTIFACT
 from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
 Progress = Callable[[dict[str, Any]], None]
+THREADS_TAG = "marlctl.threads"  # how the threads were chosen, where auto chose them
 
 
 @dataclass
@@ -87,6 +89,8 @@ def run_plan(
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
     common = run_tags(loaded, plan)
     params = tracking.flatten(loaded.resolved)
+    # The threads the runs start with, not `auto`: the tag says how auto chose them.
+    params["hardware.threads_per_run"] = str(plan.runs[0].threads)
     named = {**loaded.resolved, "name": plan.experiment}
     own_parent = parent_id is None
     if parent_id is None:
@@ -117,7 +121,8 @@ def run_plan(
             RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id, stop=stop)
         )
     summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
-    summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
+    with passive_wait(plan.passive_wait):
+        summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     if own_parent:
         _finish_parent(client, parent_id, summary)
     return summary
@@ -137,6 +142,8 @@ def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
         tracking.ENV_PACKAGE_TAG: env_package(spec.env.id, spec.env.backend),
         tracking.UNUSED_TAG: ",".join(unused_fields(spec, plan.env)),
     }
+    if plan.threads_note:
+        tags[THREADS_TAG] = plan.threads_note
     commit, why_not = tracking.git_state()
     if commit:
         tags[tracking.COMMIT_TAG] = commit
@@ -185,6 +192,8 @@ def resume(
     for child in pending:
         run_id = child.info.run_id
         tracking.reopen_run(client, run_id)
+        if plan.threads_note:  # chosen again for this machine as it is now
+            client.set_tag(run_id, THREADS_TAG, plan.threads_note)
         requests.append(
             RunRequest(
                 loaded.resolved,
@@ -200,7 +209,8 @@ def resume(
     if requests:
         tracking.reopen_run(client, parent_id)
         progress = progress_factory(plan) if progress_factory else None
-        summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
+        with passive_wait(plan.passive_wait):
+            summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
     for child in children:
         if child.info.run_id in done:

@@ -29,6 +29,9 @@ class RunPlan:
     total_env_steps: int
     iterations: int
     est_memory_mb: float
+    # `threads_per_run: auto`: the most threads the run may take while it trains, as cores
+    # come free (`marlctl.cores.CoreWatch`); 0 where the spec fixes the number.
+    max_threads: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ class Plan:
     batch_seeds: bool = False
     # Who plays each group: `algo: NAME`, `scripted: random`, `frozen: RUN_ID`.
     players: dict[str, str] = field(default_factory=dict)
+    # How the threads were chosen: `auto` with the cores it found free, or the spec's
+    # number where other processes leave fewer cores free than it takes.
+    threads_note: str = ""
+    # OpenMP threads wait for work without spinning (OMP_WAIT_POLICY=PASSIVE): the spec's
+    # threads outnumber the cores other processes leave free.
+    passive_wait: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +78,8 @@ class Plan:
             },
             "parallel_runs": self.parallel_runs,
             "cores": self.cores,
+            "threads_note": self.threads_note,
+            "passive_wait": self.passive_wait,
             "steps_per_iteration": self.steps_per_iteration,
             "runs": [asdict(r) for r in self.runs],
         }
@@ -85,10 +96,10 @@ def visible_cuda_devices() -> int:
 
 
 def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+    """The cores this process may use: its CPU affinity, at most its cgroup's CPU quota."""
+    from marlctl.cores import limits
+
+    return limits().usable
 
 
 def physical_memory_mb() -> float | None:
@@ -106,9 +117,10 @@ THREADED_ROWS = 1_000
 
 
 def auto_threads(spec, info: EnvInfo, share: int, seeds: int = 1) -> int:
-    """`hardware.threads_per_run: auto`: the run's `share` of the cores (at most
-    `OMP_NUM_THREADS` where that is set, as on a machine shared with other jobs), or one
-    thread where a gradient step is too small for a second thread to pay."""
+    """The most threads `hardware.threads_per_run: auto` gives a run: its `share` of the
+    cores (at most `OMP_NUM_THREADS` where that is set, as on a machine shared with other
+    jobs), or one thread where a gradient step is too small for a second thread to pay.
+    `resolve_threads` takes the cores other processes keep busy off it."""
     cap = os.environ.get("OMP_NUM_THREADS", "")
     if cap.isdigit() and int(cap) > 0:
         share = min(share, int(cap))
@@ -293,9 +305,9 @@ def compile_plan(
 
         raise SpecError(sort_problems(problems))
     seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
-    threads = hw.threads_per_run
-    if threads == "auto":
-        threads = auto_threads(spec, env_info, cores // concurrent, seeds_per_process)
+    threads, most, note, passive = resolve_threads(
+        spec, env_info, cores, concurrent, seeds_per_process
+    )
     rollout = longest  # a round of every team's iterations
     per_iter = rollout * hw.num_envs
     iterations = -(-train.total_env_steps // per_iter)
@@ -329,6 +341,7 @@ def compile_plan(
             train.total_env_steps,
             iterations,
             memory,
+            most,
         )
         for i, seed in enumerate(spec.seeds)
     )
@@ -358,7 +371,62 @@ def compile_plan(
         per_iter,
         hw.batch_seeds,
         players,
+        note,
+        passive,
     )
+
+
+def resolve_threads(
+    spec, info: EnvInfo, cores: int, concurrent: int, seeds: int = 1
+) -> tuple[int, int, str, bool]:
+    """(threads each run process starts with, the most `auto` may raise them to while it
+    trains or 0 where the spec fixes them, why, whether OpenMP should wait passively).
+
+    `auto` takes the cores other processes keep busy now (`marlctl.cores`) off its share,
+    and the run processes at once share the rest: together they never take more threads
+    than there are cores free, one each at least. On 2 cores beside one busy process a
+    second thread ran MAPPO at a third of the speed of one thread: its OpenMP threads
+    spin-wait for each other, and one of them is always waiting for the core the other
+    process holds.
+    """
+    from marlctl.cores import WAIT_VARS, free_cores, plural
+
+    asked = spec.hardware.threads_per_run
+    runs = plural(concurrent, "run") + " at once"
+    if asked != "auto":
+        if asked <= 1:  # one thread per process never spin-waits
+            return asked, 0, "", False
+        reading = free_cores()
+        if asked * concurrent <= max(reading.free, 1):
+            return asked, 0, "", False
+        # The user's own setting of the wait stands (`marlctl.cores.WAIT_VARS`).
+        mine = next((f"{v}={os.environ[v]}" for v in WAIT_VARS if v in os.environ), None)
+        wait = mine or "OMP_WAIT_POLICY=PASSIVE, OpenMP threads wait without spinning"
+        note = (
+            f"{plural(asked, 'thread')} × {runs}, {reading.describe()}: {wait}; "
+            "threads_per_run: auto would take the free cores only"
+        )
+        return asked, 0, note, mine is None
+    share = max(1, cores // concurrent)
+    most = auto_threads(spec, info, share, seeds)
+    if most <= 1:
+        cap = os.environ.get("OMP_NUM_THREADS", "")
+        if share <= 1:
+            why = f"{plural(cores, 'core')} for {runs}"
+        elif cap.isdigit() and int(cap) == 1:
+            why = "OMP_NUM_THREADS=1"
+        else:
+            why = "a gradient step too small for a second thread to pay"
+        return 1, 0, f"auto: 1, {why}", False
+    reading = free_cores()
+    threads = max(1, min(most, reading.free // concurrent))
+    # One run process at a time watches the cores while it trains; several would each see
+    # the others' threads as another process's and take turns giving cores back.
+    watches = concurrent == 1 and not spec.hardware.env_workers
+    note = f"auto: {threads}, {reading.describe()}; {runs}"
+    if watches:
+        note += f"; follows the free cores from 1 to {most} while it trains"
+    return threads, most if watches else 0, note, False
 
 
 def _pool_problems(prov, spec, info: EnvInfo) -> list:

@@ -686,11 +686,15 @@ def test_invalid_spec_with_json_lists_the_errors(tmp_path: Path) -> None:
 def test_auto_threads_split_the_cores_between_the_run_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from marlctl import cores as machine
     from marlctl.plan import available_cores
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     write(tmp_path / "spec.yaml", BASE)
     cores = available_cores()
+    # Other processes keep no core busy (tests/test_threads.py takes the busy ones off).
+    idle = machine.Reading(cores, 0.0, cores, "faked")
+    monkeypatch.setattr(machine, "free_cores", lambda: idle)
     for overrides, processes in (
         (["seeds=[0,1]", "hardware.parallel_runs=2"], 2),
         (["seeds=[0,1]", "env.backend=native", "hardware.batch_seeds=true"], 1),

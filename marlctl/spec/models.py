@@ -165,10 +165,12 @@ class HardwareSpec(Strict):
     parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
     threads_per_run: int | Literal["auto"] = Field(
         "auto",
-        description="torch intra-op threads per run. auto = the machine's cores split "
-        "between the run processes at once (at most OMP_NUM_THREADS where that is set), or "
-        "one thread where a gradient step computes fewer than 1,000 agent rows (a replay "
-        "batch of 256 on three agents), which a second thread slows down.",
+        description="torch intra-op threads per run. auto = the cores this process may use "
+        "(CPU affinity, cgroup quota) less those other processes keep busy, split between "
+        "the run processes at once (at most OMP_NUM_THREADS where that is set), or one thread "
+        "where a gradient step computes fewer than 1,000 agent rows (a replay batch of 256 on "
+        "three agents), which a second thread slows down; a run alone in its process follows "
+        "the free cores while it trains.",
     )
     devices: list[str] | None = Field(
         None, min_length=1, description="Placement pool; runs are spread over it round-robin."

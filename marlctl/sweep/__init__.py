@@ -425,6 +425,10 @@ def _run_local(
             watcher.join()
         _poll(study, ctx, progress)
         return []
+    from marlctl.cores import free_cores
+
+    free = free_cores().free
+    contexts = [SweepContext(**{**c.__dict__, "free_cores": free}) for c in contexts]
     spawn = mp.get_context("spawn")
     procs = [
         spawn.Process(target=_worker_main, args=(c,), name=f"worker-{c.worker}") for c in contexts

@@ -62,6 +62,10 @@ class SweepContext:
     workers: int = 1
     alone: bool = False  # the only worker on its machine (a submitit job): all of it is its own
     placement: list[str] = field(default_factory=list)  # hardware overrides for this worker
+    # Cores other processes left free, measured once before the workers of this machine
+    # start (each measuring as the others start up would count them as busy); None: the
+    # worker measures.
+    free_cores: int | None = None
 
 
 # ---------------------------------------------------------------- storage and study
@@ -371,7 +375,9 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
     os.chdir(ctx.cwd)
     loaded = load_spec(ctx.spec_path, ctx.overrides)
     index, here = (0, 1) if ctx.alone else (ctx.worker, ctx.workers)
-    ctx.placement = ctx.placement or placement(loaded, compile_plan(loaded), index, here)
+    ctx.placement = ctx.placement or placement(
+        loaded, compile_plan(loaded), index, here, ctx.free_cores
+    )
     base = loaded.spec
     sweep = base.sweep or _default_sweep()
     study = load_study(
@@ -401,14 +407,20 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
             after_trial()
 
 
-def placement(loaded, plan, index: int, workers: int) -> list[str]:
+def placement(loaded, plan, index: int, workers: int, free: int | None = None) -> list[str]:
     """Hardware overrides giving worker `index` its share of this machine: CPU threads
-    split between the workers; GPUs dedicated when there are enough, else shared."""
+    split between the workers (with `threads_per_run: auto`, of the `free` cores, those
+    other processes leave free, measured where not given); GPUs dedicated when there are
+    enough, else shared."""
+    from marlctl.cores import free_cores
     from marlctl.plan import auto_threads, available_cores
     from marlctl.sweep.space import hydra_value
 
     hw = loaded.spec.hardware
-    share = max(1, available_cores() // workers)
+    cores = available_cores()
+    if hw.threads_per_run == "auto":
+        cores = free_cores().free if free is None else free
+    share = max(1, cores // workers)
     pool = list(dict.fromkeys(r.device for r in plan.runs))
     seeds = len(loaded.spec.seeds)
     processes = min(len(pool), seeds) if hw.batch_seeds else seeds

@@ -400,6 +400,11 @@ def _train(
             for sink in sinks:  # how long the command took to reach its first env step
                 sink.log({"perf/startup_s": age}, env_steps)
         last_return: list[float | None] = [None] * S
+        watch = None
+        if plan.max_threads > 1:  # threads_per_run: auto follows the cores left free
+            from marlctl.cores import CoreWatch
+
+            watch = CoreWatch(torch.get_num_threads(), plan.max_threads)
         # Losses add up on the device and are read once per `log_interval`: reading them each
         # iteration would make the device wait for the host at every (off-policy) env step.
         loss_sum, loss_iterations = None, 0
@@ -408,6 +413,8 @@ def _train(
             while env_steps < plan.total_env_steps:
                 ob, losses = trainer.train_iteration(env, ob)
                 env_steps += per_iter
+                if watch is not None and (threads := watch.poll()) is not None:
+                    torch.set_num_threads(threads)
                 if pool is not None:
                     pool.snapshot_due(trainer.policies, env_steps)
                 if trainer.graph is not None and trainer.graph.calls == 2:
@@ -441,6 +448,8 @@ def _train(
                         metrics = {k: v[index] for k, v in zip(losses, values, strict=True)}
                         metrics["perf/env_steps_per_s"] = rate
                         metrics["perf/agent_steps_per_s"] = rate * agents
+                        if watch is not None:
+                            metrics["perf/threads"] = watch.threads
                         metrics.update(pooled[index])
                         if episodes[index] is not None:
                             metrics.update(
