@@ -306,9 +306,10 @@ def passive_wait(enabled: bool = True) -> Iterator[None]:
 
     After each parallel region torch's OpenMP threads (GNU libgomp in the Linux wheels)
     spin for about 3 ms before they sleep. Beside a busy process that spinning holds the core
-    the other process needs, and the run's threads wait for each other: measured on 2 cores,
-    MAPPO with 2 threads kept a third of its speed alone. Not the default: alone, waking
-    sleeping threads for every parallel region halved the same run's speed.
+    the other process needs, and the run's threads wait for each other. Measured on 2 cores
+    beside a busy loop (bench/results/threads.md), MAPPO with 2 threads kept 6% of its speed
+    alone spinning and 67% waiting passively. Not the default: alone, waking sleeping threads
+    for every parallel region cost the same run half its speed (52%).
     """
     if not enabled or any(var in os.environ for var in WAIT_VARS):
         yield

@@ -384,10 +384,10 @@ def resolve_threads(
 
     `auto` takes the cores other processes keep busy now (`marlctl.cores`) off its share,
     and the run processes at once share the rest: together they never take more threads
-    than there are cores free, one each at least. On 2 cores beside one busy process a
-    second thread ran MAPPO at a third of the speed of one thread: its OpenMP threads
-    spin-wait for each other, and one of them is always waiting for the core the other
-    process holds.
+    than there are cores free, one each at least. On 2 cores beside a busy loop MAPPO ran
+    at 1,330 env steps/s with 2 threads and 22,148 with one (bench/results/threads.md): its
+    OpenMP threads spin-wait for each other, and one of them is always waiting for the core
+    the other process holds.
     """
     from marlctl.cores import WAIT_VARS, free_cores, plural
 
