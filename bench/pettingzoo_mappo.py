@@ -50,8 +50,11 @@ def machine(device: str = "cpu") -> str:
     )
 
 
-def marlctl_json(args: list[str], cwd: Path, what: str) -> tuple[dict, float]:
-    """Run `marlctl ARGS --json` in `cwd`: its JSON summary and the wall-clock seconds."""
+def marlctl_json(
+    args: list[str], cwd: Path, what: str, env: dict | None = None
+) -> tuple[dict, float]:
+    """Run `marlctl ARGS --json` in `cwd` (with environment `env`, or this process's): its JSON
+    summary and the wall-clock seconds."""
     import json
     import subprocess
     import sys
@@ -59,7 +62,11 @@ def marlctl_json(args: list[str], cwd: Path, what: str) -> tuple[dict, float]:
 
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "marlctl", *args, "--json"], cwd=cwd, capture_output=True, text=True
+        [sys.executable, "-m", "marlctl", *args, "--json"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     wall = time.perf_counter() - start
     if "{" not in done.stdout:

@@ -36,7 +36,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -56,19 +56,6 @@ NEIGHBOURS = {
 }
 THREADS = ("auto", "1", "2")
 WARMUP_S = 30.0  # a neighbour run's start-up, then its rate alone over the last 10 s
-
-
-def marlctl(*args: str, cwd: Path, env: dict | None = None) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", *args, "--json"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if "{" not in done.stdout:
-        raise SystemExit(f"marlctl {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout[done.stdout.index("{") :])
 
 
 def client(folder: Path):
@@ -93,9 +80,10 @@ def measured_run(workload: str, threads: str, by_hand: dict[str, str]) -> dict:
     """One run; `by_hand`: OpenMP settings put in its environment."""
     folder = WORKDIR / "cells"
     start = time.time()
-    summary = marlctl(
-        "run", str(SPEC), *WORKLOADS[workload], f"hardware.threads_per_run={threads}",
-        f"name=threads-{workload.lower()}", cwd=folder, env={**os.environ, **by_hand},
+    args = ["run", str(SPEC), *WORKLOADS[workload], f"hardware.threads_per_run={threads}"]
+    summary, _ = marlctl_json(
+        [*args, f"name=threads-{workload.lower()}"], folder, f"run {workload}",
+        env={**os.environ, **by_hand},
     )  # fmt: skip
     end = time.time()
     run = summary["runs"][0]

@@ -234,10 +234,6 @@ ENV_PACKAGE_TAG = "marlctl.env_package"  # the env's distribution and version
 UNUSED_TAG = "marlctl.unused"  # spec fields that take no part in the run, comma-separated
 
 
-def git_commit() -> str | None:
-    return git_state()[0]
-
-
 def git_state() -> tuple[str | None, str | None]:
     """The commit checked out in the working folder, or None and why there is none."""
     try:

@@ -361,91 +361,17 @@ def _spaces(kind: str):
     }[kind]
 
 
-class SpaceZoo(ParallelEnv):
-    """Two agents that observe a space of kind `space` (`_spaces`): at step t, agent i sees
-    the space's t-th value of a fixed sequence (`observe`), so a test knows every value.
-    Both get reward 1 for action 1 on odd steps, for action 0 on even ones; episodes last
-    `max_cycles` steps."""
+class ParityGame(ParallelEnv):
+    """Agents paid 1 each for matching their binary action to the step count's parity, for
+    `max_cycles` steps; a subclass says what they observe (`_observe`)."""
 
-    metadata = {"name": "space_zoo_v0"}
-
-    def __init__(self, space: str = "discrete", max_cycles: int = 5):
-        self.kind, self.max_cycles = space, max_cycles
-        self.space = _spaces(space)
-        self.possible_agents = ["agent_0", "agent_1"]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent):
-        return self.space
+    max_cycles: int
 
     def action_space(self, agent):
         return spaces.Discrete(2)
 
-    def observe(self, t: int, i: int):
-        """The value agent i observes at step t."""
-        k = t + i
-        return {
-            "box": np.array([k % 2, -0.5, 0.25], np.float32),
-            "discrete": 1 + k % 4,
-            "multidiscrete": np.array([k % 2, k % 3]),
-            "multibinary": np.array([k % 2, (k // 2) % 2, 1], np.int8),
-            "dict": {"cell": k % 3, "pos": np.array([0.5, -0.5], np.float32)},
-            "tuple": (np.array([1, k % 2], np.int8), k % 2),
-            "masked": {"observation": k % 3, "action_mask": np.array([1, 1], np.int8)},
-        }.get(self.kind)  # the spaces marlctl refuses are never read
-
-    def _observe(self):
-        return {a: self.observe(self.t, i) for i, a in enumerate(self.possible_agents)}
-
-    def reset(self, seed=None, options=None):
-        self.agents, self.t = list(self.possible_agents), 0
-        return self._observe(), {a: {} for a in self.agents}
-
-    def step(self, actions):
-        rewards = {a: float(int(actions[a]) == self.t % 2) for a in self.agents}
-        self.t += 1
-        done = self.t >= self.max_cycles
-        agents = list(self.agents)
-        if done:
-            self.agents = []
-        return (
-            self._observe(),
-            rewards,
-            {a: False for a in agents},
-            {a: done for a in agents},
-            {a: {} for a in agents},
-        )
-
-
-def space_zoo(**params):
-    return SpaceZoo(**params)
-
-
-class Meetup(ParallelEnv):
-    """Three agents that observe 8 values each (24 together) and a global state of 8
-    values from `state()`, with no `state_space`, as PettingZoo allows. The state is the
-    step count, one-hot over 8; every agent is paid for matching its action to t's parity."""
-
-    metadata = {"name": "meetup_v0"}
-
-    def __init__(self, max_cycles: int = 6, grow_state_at: int = 0):
-        self.max_cycles = max_cycles
-        self.grow_state_at = grow_state_at  # a broken env: state() longer from this step on
-        self.possible_agents = [f"agent_{i}" for i in range(3)]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent):
-        return spaces.Box(0, 1, (8,), np.float32)
-
-    def action_space(self, agent):
-        return spaces.Discrete(2)
-
-    def state(self):
-        size = 9 if self.grow_state_at and self.t >= self.grow_state_at else 8
-        return np.eye(size, dtype=np.float32)[self.t % 8]
-
-    def _observe(self):
-        return {a: np.full(8, i / 3, np.float32) for i, a in enumerate(self.agents)}
+    def _observe(self) -> dict:
+        raise NotImplementedError
 
     def reset(self, seed=None, options=None):
         self.agents, self.t = list(self.possible_agents), 0
@@ -466,6 +392,68 @@ class Meetup(ParallelEnv):
             {a: done for a in agents},
             {a: {} for a in agents},
         )
+
+
+class SpaceZoo(ParityGame):
+    """Two agents that observe a space of kind `space` (`_spaces`): at step t, agent i sees
+    the space's t-th value of a fixed sequence (`observe`), so a test knows every value.
+    Both get reward 1 for action 1 on odd steps, for action 0 on even ones; episodes last
+    `max_cycles` steps."""
+
+    metadata = {"name": "space_zoo_v0"}
+
+    def __init__(self, space: str = "discrete", max_cycles: int = 5):
+        self.kind, self.max_cycles = space, max_cycles
+        self.space = _spaces(space)
+        self.possible_agents = ["agent_0", "agent_1"]
+        self.agents: list[str] = []
+
+    def observation_space(self, agent):
+        return self.space
+
+    def observe(self, t: int, i: int):
+        """The value agent i observes at step t."""
+        k = t + i
+        return {
+            "box": np.array([k % 2, -0.5, 0.25], np.float32),
+            "discrete": 1 + k % 4,
+            "multidiscrete": np.array([k % 2, k % 3]),
+            "multibinary": np.array([k % 2, (k // 2) % 2, 1], np.int8),
+            "dict": {"cell": k % 3, "pos": np.array([0.5, -0.5], np.float32)},
+            "tuple": (np.array([1, k % 2], np.int8), k % 2),
+            "masked": {"observation": k % 3, "action_mask": np.array([1, 1], np.int8)},
+        }.get(self.kind)  # the spaces marlctl refuses are never read
+
+    def _observe(self):
+        return {a: self.observe(self.t, i) for i, a in enumerate(self.possible_agents)}
+
+
+def space_zoo(**params):
+    return SpaceZoo(**params)
+
+
+class Meetup(ParityGame):
+    """Three agents that observe 8 values each (24 together) and a global state of 8
+    values from `state()`, with no `state_space`, as PettingZoo allows. The state is the
+    step count, one-hot over 8; every agent is paid for matching its action to t's parity."""
+
+    metadata = {"name": "meetup_v0"}
+
+    def __init__(self, max_cycles: int = 6, grow_state_at: int = 0):
+        self.max_cycles = max_cycles
+        self.grow_state_at = grow_state_at  # a broken env: state() longer from this step on
+        self.possible_agents = [f"agent_{i}" for i in range(3)]
+        self.agents: list[str] = []
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 1, (8,), np.float32)
+
+    def state(self):
+        size = 9 if self.grow_state_at and self.t >= self.grow_state_at else 8
+        return np.eye(size, dtype=np.float32)[self.t % 8]
+
+    def _observe(self):
+        return {a: np.full(8, i / 3, np.float32) for i, a in enumerate(self.agents)}
 
 
 def meetup(**params):

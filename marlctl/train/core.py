@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.adam import adam as adam_step
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": F.relu, "elu": F.elu, "gelu": F.gelu, "silu": F.silu}
 
@@ -136,8 +137,6 @@ class Adam(torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
-        from torch.optim.adam import adam as adam_step
-
         if closure is not None:
             raise ValueError("marlctl's Adam takes no closure")
         for group in self.param_groups:
@@ -165,8 +164,6 @@ def _plain_optimizer_methods() -> None:
     (`torch._compile._disable_dynamo`). Caching the plain function instead is what it would
     call outside a compilation anyway. Where torch's wrappers are not as expected, nothing
     changes."""
-    from torch.optim.adam import adam as adam_step
-
     wrapped = [getattr(torch.optim.Optimizer, name) for name in (
         "add_param_group", "zero_grad", "state_dict", "load_state_dict"
     )] + [adam_step]  # fmt: skip

@@ -3,7 +3,8 @@
 A region is a trainer method that computes losses from a sampled batch (`hardware.compile:
 true` on a replay-based trainer). Compiled whole, its forward pass runs as a few fused
 kernels and AOTAutograd compiles its backward the same way: a QMIX gradient step dispatches
-about a quarter of the operators it does eagerly, which on a GPU is most of its time.
+65 operators instead of 440 eagerly (`bench/results/ops.md`), and on a GPU the launches of
+those operators are most of its time.
 
 Random numbers are what would break such a region apart: a draw from a `torch.Generator`
 cannot be traced, and every seed of a run has its own. So a region's first call runs eagerly
