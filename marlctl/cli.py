@@ -1,6 +1,6 @@
 """The `marlctl` command line. Thin: parses arguments, prints, and maps errors to exit codes.
 
-torch and mlflow are imported only inside commands that train (DESIGN.md §5).
+torch and mlflow are imported only inside commands that train.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def run(
 
 @contextmanager
 def _exit_codes(as_json: bool):
-    """The project's errors and Ctrl-C become messages and exit codes (DESIGN.md §2)."""
+    """The project's errors and Ctrl-C become messages and exit codes."""
     try:
         yield
     except MarlctlError as error:

@@ -55,15 +55,3 @@ class SpecError(MarlctlError):
     def at(cls, where: str, message: str) -> SpecError:
         """One problem with a command-line argument or a named thing, not a spec line."""
         return cls([Problem(where, None, "", message)])
-
-
-class RunFailed(MarlctlError):
-    """At least one training run failed (exit 1)."""
-
-    exit_code = 1
-
-
-class Interrupted(MarlctlError):
-    """The user interrupted the command (exit 130)."""
-
-    exit_code = 130

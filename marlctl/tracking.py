@@ -1,4 +1,4 @@
-"""MLflow layout (DESIGN.md §4): one parent run per invocation, one child run per seed.
+"""MLflow layout: one parent run per invocation, one child run per seed.
 
 Metrics are queued and sent by a background thread in batches, so logging never waits on
 the store inside the training loop.

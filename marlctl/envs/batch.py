@@ -1,4 +1,4 @@
-"""The batched multi-agent interface every algorithm sees (DESIGN.md §3).
+"""The batched multi-agent interface every algorithm sees.
 
 Tensors are shaped `[num_envs, n_agents, ...]` per agent group, on the run's device.
 """

@@ -43,7 +43,7 @@ STEPS_AXIS = "Environment steps"
 
 # ---------------------------------------------------------------- metrics
 
-# The project's metric vocabulary (DESIGN.md §4, and what the trainers log): every name a
+# The project's metric vocabulary (what the trainers log): every name a
 # report can plot gets a label a reader of a paper understands without the code.
 _METRICS = {
     "eval/return_mean": "Evaluation return (mean per agent)",

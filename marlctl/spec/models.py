@@ -1,4 +1,4 @@
-"""The typed spec (DESIGN.md §1). Every field is typed, bounded and described."""
+"""The typed spec. Every field is typed, bounded and described."""
 
 from __future__ import annotations
 

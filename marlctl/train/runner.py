@@ -219,10 +219,6 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
     return results
 
 
-def execute(request: RunRequest, progress: Progress | None = None) -> RunResult:
-    return execute_batch([request], progress)[0]
-
-
 def execute_batch(requests: list[RunRequest], progress: Progress | None = None) -> list[RunResult]:
     """Train one run, or several seeds of one spec as one batch, to completion.
 
