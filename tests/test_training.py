@@ -615,22 +615,6 @@ def test_a_crashed_run_process_leaves_the_other_seeds_running(tmp_path):
     assert finished["env_steps"] >= 6_000
 
 
-def test_readme_override_examples_are_valid():
-    readme = (TESTS.parent / "README.md").read_text()
-    import shlex
-
-    commands = [
-        shlex.split(line.split("#")[0])[2:]
-        for line in readme.splitlines()
-        if line.startswith(("marlctl run specs/", ".venv/bin/marlctl run specs/"))
-    ]
-    assert len(commands) >= 5
-    for command in commands:
-        spec, *overrides = command
-        result = run_cli("validate", str(TESTS.parent / spec), *overrides)
-        assert result.exit_code == 0, (command, result.output)
-
-
 def test_a_run_that_compiles_nothing_never_imports_the_compiler():
     """`torch._dynamo` costs about a second of start-up: a run without `hardware.compile:
     true` trains, checkpoints and resumes with every algorithm's optimiser without it."""
