@@ -90,11 +90,6 @@ def run_bench(
     import torch
 
     spec, info, run = loaded.spec, plan.env, plan.runs[0]
-    if train and spec.opponents:  # as `run` does, before anything is measured
-        from marlctl import tracking
-        from marlctl.train.opponents import check_players
-
-        check_players(loaded, plan, tracking.client_for(spec.tracking.uri))
     device = torch.device(run.device)
     torch.set_num_threads(run.threads)
     torch.manual_seed(run.seed)

@@ -82,10 +82,6 @@ def run_plan(
     uri = spec.tracking.uri
     tracking.check_reachable(uri)
     client = tracking.client_for(uri)
-    if spec.opponents or any(pool.include for pool in spec.pools.values()):
-        from marlctl.train.opponents import check_players
-
-        check_players(loaded, plan, client)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
     common = run_tags(loaded, plan)
     params = tracking.flatten(loaded.resolved)

@@ -1,11 +1,13 @@
-"""Compile a validated spec into runs placed on devices: what `run --dry-run` prints.
+"""Compile a checked spec into runs placed on devices, threads and memory: what
+`run --dry-run` prints.
 
 Pure: probes the environment through PettingZoo (numpy only) and never imports torch.
+`learner_info`, `learning_teams`, `unused_fields` and `vmas_problem` live in `marlctl.spec`
+and are imported from here too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 from dataclasses import asdict, dataclass, field
@@ -13,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.algos import registered_algos
-from marlctl.envs.registry import EnvInfo, probe
+from marlctl.envs.registry import EnvInfo
 from marlctl.errors import SpecError
-from marlctl.spec import LoadedSpec, env_problem, native_params_problem
+from marlctl.spec import LoadedSpec, check_spec
+from marlctl.spec.checks import resolve_device, vmas_problem
 from marlctl.spec.models import Spec
+from marlctl.spec.teams import learner_info, learning_teams, team_rollouts, unused_fields
 
 
 @dataclass(frozen=True)
@@ -137,200 +141,33 @@ def auto_threads(spec, info: EnvInfo, share: int, seeds: int = 1) -> int:
 def compile_plan(
     loaded: LoadedSpec, env_info: EnvInfo | None = None, cuda_devices: int | None = None
 ) -> Plan:
-    """Check what needs the environment and the machine, then place every seed."""
+    """Check the spec against the environment and the machine (`marlctl.spec.check_spec`),
+    then place every seed."""
     spec, prov = loaded.spec, loaded.provenance
-    problems = []
-    if env_info is None:
-        params = dict(spec.env.params)
-        problem = native_params_problem(spec.env.id, spec.env.backend, params, prov)
-        if problem is not None:
-            raise SpecError([problem])
-        try:
-            env_info = probe(spec.env.id, params)
-        except Exception as err:
-            raise SpecError([env_problem(spec.env.id, err, prov, params)]) from None
-    algo = registered_algos()[spec.algo.name]
-    from marlctl.envs.native import native_only_problem, native_problem
-
-    problem = native_only_problem(env_info.id, spec.env.backend) or vmas_problem(
-        spec.env.id, spec.env.backend, spec.hardware.env_workers
-    )
-    if problem is not None:
-        problems.append(prov.problem(*problem))
-    elif spec.env.backend == "native":
-        problem = native_problem(env_info.id, dict(spec.env.params))
-        if problem is not None:
-            problems.append(prov.problem(*problem))
-        if spec.hardware.env_workers:
-            problems.append(
-                prov.problem(
-                    "hardware.env_workers",
-                    "worker processes step PettingZoo envs only; backend: native steps every "
-                    "env in one batch on the run's device (set env_workers: 0)",
-                )
-            )
-    names = [g.name for g in env_info.groups]
-    for key in spec.groups:
-        if key not in names:
-            problems.append(
-                prov.problem(
-                    f"groups.{key}",
-                    f"no agent group '{key}' in env '{spec.env.id}'; groups: {', '.join(names)}",
-                )
-            )
-    opponents = spec.opponents
-    if names and set(names) <= set(opponents):
-        problems.append(
-            prov.problem(
-                "groups",
-                f"every agent group of env '{spec.env.id}' is scripted or frozen: leave at "
-                "least one to learn",
-            )
-        )
-    problems += _pool_problems(prov, spec, env_info)
-    for _, keys, algo_cfg, model, groups in learning_teams(spec, env_info):
-        problems += _algo_problems(prov, spec.env.id, env_info, keys, algo_cfg, model, groups)
-    weights, k = spec.env.reward_weights, env_info.objectives
-    if weights is not None and not k:
-        problems.append(
-            prov.problem(
-                "env.reward_weights",
-                f"env '{spec.env.id}' has a scalar reward: there are no objectives to weigh",
-            )
-        )
-    elif weights is not None and len(weights) != k:
-        problems.append(
-            prov.problem(
-                "env.reward_weights",
-                f"env '{spec.env.id}' has {k} objectives; give {k} weights, not {len(weights)}",
-            )
-        )
-    elif k and spec.env.backend != "pettingzoo":
-        problems.append(
-            prov.problem("env.backend", "multi-objective envs run on backend pettingzoo")
-        )
-    sharing = spec.model.sharing
-    if isinstance(sharing, dict):
-        for key in sharing:
-            if key not in names:
-                problems.append(
-                    prov.problem(
-                        f"model.sharing.{key}",
-                        f"no agent group '{key}' in env '{spec.env.id}'; "
-                        f"groups: {', '.join(sorted(names))}",
-                    )
-                )
-    rounds = [
-        (keys[0], getattr(algo_cfg, "rollout_steps", 1))
-        for _, keys, algo_cfg, _, _ in learning_teams(spec, env_info)
-    ]
-    longest = max((steps for _, steps in rounds), default=1)
-    for key, steps in rounds:
-        if longest % steps:
-            problems.append(
-                prov.problem(
-                    f"{key}.rollout_steps",
-                    f"{steps} rollout steps do not divide the longest team's {longest}: the "
-                    "teams step one env together, so each team's rollout_steps must divide "
-                    "every longer one's",
-                )
-            )
-
-    hw, train = spec.hardware, spec.train
     gpus = visible_cuda_devices() if cuda_devices is None else cuda_devices
-    pool = list(hw.devices) if hw.devices else [_resolve_device(hw.device, gpus)]
-    for index, device in enumerate(pool):
-        if device.startswith("cuda"):
-            ordinal = int(device.split(":")[1]) if ":" in device else 0
-            key = f"hardware.devices.{index}" if hw.devices else "hardware.device"
-            if ordinal >= gpus:
-                asked = hw.devices[index] if hw.devices else hw.device
-                problems.append(
-                    prov.problem(
-                        key, f"{asked} requested but this machine has {gpus} visible CUDA device(s)"
-                    )
-                )
-    if hw.devices and hw.device not in ("auto", *hw.devices):
-        problems.append(
-            prov.problem(
-                "hardware.device",
-                f"'{hw.device}' conflicts with hardware.devices {hw.devices}; "
-                "set device: auto or list it in hardware.devices",
-            )
-        )
-    if hw.batch_seeds and spec.env.backend not in ("native", "vmas"):
-        problems.append(
-            prov.problem(
-                "hardware.batch_seeds",
-                "seeds are batched on env.backend: native or vmas only (PettingZoo envs step "
-                "one at a time in Python)",
-            )
-        )
-    if hw.env_workers > hw.num_envs:
-        problems.append(
-            prov.problem(
-                "hardware.env_workers",
-                f"{hw.env_workers} workers for hardware.num_envs={hw.num_envs} environments; "
-                "use at most one worker per environment",
-            )
-        )
-    if train.eval_every > train.total_env_steps:
-        problems.append(
-            prov.problem(
-                "train.eval_every",
-                f"{train.eval_every} exceeds train.total_env_steps="
-                f"{train.total_env_steps}; no evaluation would run before the end",
-            )
-        )
-    if problems:
-        from marlctl.spec import sort_problems
-
-        raise SpecError(sort_problems(problems))
-
+    env_info = check_spec(loaded, env_info, gpus)
+    hw, train = spec.hardware, spec.train
+    pool = list(hw.devices) if hw.devices else [resolve_device(hw.device, gpus)]
     cores = available_cores()
     # Batched seeds share one process per device.
     processes = min(len(pool), len(spec.seeds)) if hw.batch_seeds else len(spec.seeds)
     concurrent = min(hw.parallel_runs, processes)
     if hw.threads_per_run != "auto" and hw.threads_per_run * concurrent > cores:
-        problems.append(
-            prov.problem(
-                "hardware.threads_per_run",
-                f"{hw.threads_per_run} threads × {concurrent} concurrent run processes "
-                f"(hardware.parallel_runs={hw.parallel_runs}) oversubscribe this machine's "
-                f"{cores} cores",
-            )
+        message = (
+            f"{hw.threads_per_run} threads × {concurrent} concurrent run processes "
+            f"(hardware.parallel_runs={hw.parallel_runs}) oversubscribe this machine's "
+            f"{cores} cores"
         )
-    if problems:
-        from marlctl.spec import sort_problems
-
-        raise SpecError(sort_problems(problems))
+        raise SpecError([prov.problem("hardware.threads_per_run", message)])
     seeds_per_process = len(spec.seeds) // processes if hw.batch_seeds else 1
     threads, most, note, passive = resolve_threads(
         spec, env_info, cores, concurrent, seeds_per_process
     )
-    rollout = longest  # a round of every team's iterations
-    per_iter = rollout * hw.num_envs
+    rollout = max((steps for _, steps in team_rollouts(spec, env_info)), default=1)
+    per_iter = rollout * hw.num_envs  # a round of every team's iterations
     iterations = -(-train.total_env_steps // per_iter)
     memory = _estimate_memory_mb(loaded, env_info, rollout)
-    # The estimate leaves out activations and the env itself: a run whose estimate alone
-    # exceeds the memory would be killed, or take the machine down with it, once it fills up.
-    ram = physical_memory_mb()
-    if "cpu" in pool[: len(spec.seeds)] and ram and memory * seeds_per_process > ram:
-        need = f"{memory * seeds_per_process:,.0f} MiB per run process"
-        if _buffer_mb(spec, env_info) * 2 > memory:  # the replay buffer is most of it
-            key = "algo.buffer_size"
-            what = f"a replay buffer of {spec.algo.buffer_size:,} transitions"
-        else:
-            key, what = "hardware.num_envs", f"{hw.num_envs:,} envs"
-        raise SpecError(
-            [
-                prov.problem(
-                    key,
-                    f"{what} need(s) an estimated {need} for rollouts, replay and networks, "
-                    f"more than this machine's {ram:,.0f} MiB of memory; lower {key}",
-                )
-            ]
-        )
+    _check_memory(loaded, env_info, pool, memory, seeds_per_process)
     runs = tuple(
         RunPlan(
             i,
@@ -345,12 +182,50 @@ def compile_plan(
         )
         for i, seed in enumerate(spec.seeds)
     )
+    return Plan(
+        loaded.experiment,
+        registered_algos()[spec.algo.name].name,
+        env_info,
+        runs,
+        concurrent,
+        cores,
+        per_iter,
+        hw.batch_seeds,
+        _players(spec, env_info),
+        note,
+        passive,
+    )
+
+
+def _check_memory(loaded: LoadedSpec, info: EnvInfo, pool, memory: float, seeds: int) -> None:
+    """SpecError where the estimate alone exceeds this machine's memory: it leaves out
+    activations and the env itself, so such a run would be killed, or take the machine down
+    with it, once it fills up."""
+    spec, prov = loaded.spec, loaded.provenance
+    ram = physical_memory_mb()
+    if "cpu" not in pool[: len(spec.seeds)] or not ram or memory * seeds <= ram:
+        return
+    need = f"{memory * seeds:,.0f} MiB per run process"
+    if _buffer_mb(spec, info) * 2 > memory:  # the replay buffer is most of it
+        key = "algo.buffer_size"
+        what = f"a replay buffer of {spec.algo.buffer_size:,} transitions"
+    else:
+        key, what = "hardware.num_envs", f"{spec.hardware.num_envs:,} envs"
+    message = (
+        f"{what} need(s) an estimated {need} for rollouts, replay and networks, "
+        f"more than this machine's {ram:,.0f} MiB of memory; lower {key}"
+    )
+    raise SpecError([prov.problem(key, message)])
+
+
+def _players(spec: Spec, info: EnvInfo) -> dict[str, str]:
+    """Who plays each group, as `run --dry-run` shows it."""
     players = {
         g.name: f"algo: {cfg.name}"
-        for _, _, cfg, _, groups in learning_teams(spec, env_info)
+        for _, _, cfg, _, groups in learning_teams(spec, info)
         for g in groups
     }
-    for name, g in opponents.items():
+    for name, g in spec.opponents.items():
         players[name] = f"scripted: {g.scripted}" if g.scripted else f"frozen: {g.frozen}"
     for name, pool in spec.pools.items():
         if name in players:
@@ -361,19 +236,7 @@ def compile_plan(
                 f"; {pool.share:.0%} of episodes by a snapshot ({pool.sample}, {pool.size} "
                 f"kept, one per {pool.every} steps{seats}{league})"
             )
-    return Plan(
-        loaded.experiment,
-        algo.name,
-        env_info,
-        runs,
-        concurrent,
-        cores,
-        per_iter,
-        hw.batch_seeds,
-        players,
-        note,
-        passive,
-    )
+    return players
 
 
 def resolve_threads(
@@ -429,189 +292,6 @@ def resolve_threads(
     return threads, most if watches else 0, note, False
 
 
-def _pool_problems(prov, spec, info: EnvInfo) -> list:
-    """What keeps a group's pool of snapshots from leaving anyone to learn."""
-    problems = []
-    sizes = {g.name: g.n_agents for g in info.groups}
-    learning = [name for name in sizes if name not in spec.opponents]
-    for name, pool in spec.pools.items():
-        if name not in sizes:
-            continue  # reported as an unknown group
-        where = f"groups.{name}.pool"
-        if pool.seats == "one":
-            if sizes[name] < 2:
-                problems.append(
-                    prov.problem(
-                        f"{where}.seats",
-                        f"seats: one leaves the learner the other agents of group '{name}', "
-                        f"which has only one; use seats: all",
-                    )
-                )
-            continue
-        if pool.share >= 1.0:
-            problems.append(
-                prov.problem(
-                    f"{where}.share",
-                    f"share: 1 with seats: all has snapshots play group '{name}' in every "
-                    "episode: it would never learn; lower share or use seats: one",
-                )
-            )
-        elif learning == [name]:
-            problems.append(
-                prov.problem(
-                    where,
-                    f"group '{name}' is the only one that learns: with seats: all a snapshot "
-                    "plays every learner in its episodes; use seats: one for self-play",
-                )
-            )
-    return problems
-
-
-def learning_teams(spec, info: EnvInfo):
-    """(team name, (spec key of its algorithm, of its model), algorithm config, model,
-    groups) of every team that learns: each group with an algorithm or model of its own is a
-    team named after it; the other learning groups are the default team, named "", with the
-    top-level `algo` and `model`."""
-    own, others = spec.teams, spec.opponents
-    rest = [g for g in info.groups if g.name not in own and g.name not in others]
-    if rest or not own:
-        yield "", ("algo", "model"), spec.algo, spec.model, rest
-    for g in info.groups:
-        if g.name in own:
-            group = own[g.name]
-            key = f"groups.{g.name}.algo" if group.algo is not None else "algo"
-            keys = (key, f"groups.{g.name}.model")
-            yield g.name, keys, group.algo or spec.algo, group.model, [g]
-
-
-def unused_fields(spec: Spec, info: EnvInfo) -> list[str]:
-    """The spec's fields that take no part in this run, by dotted key: a report leaves them
-    out of its hyperparameters. A key shared by several teams (`algo` of groups with a model
-    of their own) is unused only where every one of them leaves it unused."""
-    unused: dict[str, bool] = {}
-
-    def mark(key: str, is_unused: bool) -> None:
-        unused[key] = unused.get(key, True) and is_unused
-
-    for _, (algo_key, model_key), cfg, model, groups in learning_teams(spec, info):
-        algo = registered_algos()[cfg.name]
-        continuous = any(not g.discrete for g in groups)
-        # The actor's distribution of continuous actions (on-policy trainers').
-        mark(f"{model_key}.action_dist", not (algo.action_dists and continuous))
-        sharing = model.sharing
-        if isinstance(sharing, dict):
-            modes = {sharing.get(g.name, "shared") for g in groups}
-        else:
-            modes = {sharing}
-        mark(f"{model_key}.federated_every", "federated" not in modes)
-        mark(f"{model_key}.agent_ids", "shared" not in modes)  # ids go to shared networks
-        if hasattr(cfg, "sequence_length"):  # the Q-learners' windows of recurrent agents
-            for name in ("sequence_length", "burn_in"):
-                mark(f"{algo_key}.{name}", model.recurrent is None)
-        if hasattr(cfg, "tau") and hasattr(cfg, "target_update_every"):
-            mark(f"{algo_key}.tau", cfg.target_update_every > 0)  # hard copies instead
-    mark("env.reward_weights", not info.objectives)
-    return sorted(key for key, is_unused in unused.items() if is_unused)
-
-
-def _algo_problems(prov, env_id: str, info: EnvInfo, keys, cfg, model, groups) -> list:
-    """What keeps algorithm `cfg` with `model` (at spec `keys`) from training `groups`."""
-    algo = registered_algos()[cfg.name]
-    key, model_key = keys
-    problems = []
-    for group in groups:
-        kind = "discrete" if group.discrete else "continuous"
-        if kind not in algo.action_kinds:
-            problems.append(
-                prov.problem(
-                    f"{key}.name",
-                    f"algorithm '{algo.name}' does not support {kind} actions, which env "
-                    f"'{env_id}' group '{group.name}' has (env.id)",
-                )
-            )
-    if info.turn_based and not algo.turn_based:
-        able = ", ".join(name for name, a in registered_algos().items() if a.turn_based)
-        problems.append(
-            prov.problem(
-                f"{key}.name",
-                f"algorithm '{algo.name}' does not train on turn-based envs like "
-                f"'{env_id}' (one player moves per step): its transitions are single "
-                f"steps; use one of {able}",
-            )
-        )
-    dist = model.action_dist
-    if dist is not None and dist not in algo.action_dists:
-        able = ", ".join(name for name, a in registered_algos().items() if dist in a.action_dists)
-        problems.append(
-            prov.problem(
-                f"{model_key}.action_dist",
-                f"algorithm '{algo.name}' has no '{dist}' policy"
-                + (
-                    f" (its continuous policies: {', '.join(algo.action_dists)})"
-                    if algo.action_dists
-                    else " (its continuous actions are deterministic or it has none)"
-                )
-                + f"; set {model_key}.action_dist: null or use one of {able}",
-            )
-        )
-    if model.recurrent is not None and not algo.recurrent:
-        able = ", ".join(name for name, a in registered_algos().items() if a.recurrent)
-        problems.append(
-            prov.problem(
-                f"{model_key}.recurrent",
-                f"algorithm '{algo.name}' has no recurrent agents (env '{env_id}'): it "
-                f"trains on single transitions; set {model_key}.recurrent: null or use one "
-                f"of {able}",
-            )
-        )
-    elif model.recurrent is not None and getattr(cfg, "n_step", 1) > 1:
-        problems.append(
-            prov.problem(
-                f"{key}.n_step",
-                f"n-step returns ({cfg.n_step}) need feed-forward agents: recurrent ones "
-                f"train on sequences; set {key}.n_step: 1 or {model_key}.recurrent: null",
-            )
-        )
-    return problems
-
-
-def learner_info(info: EnvInfo, spec) -> EnvInfo:
-    """The env as its learners see it: the groups that learn, with every agent's state (the
-    spec's `groups` play the others)."""
-    others = spec.opponents
-    if not others:
-        return info
-    groups = tuple(g for g in info.groups if g.name not in others)
-    agents = tuple(a for g in groups for a in g.agents)
-    return dataclasses.replace(info, groups=groups, agents=agents)
-
-
-def vmas_problem(env_id: str, backend: str, workers: int) -> tuple[str, str] | None:
-    """(key, message) when a VMAS scenario and the vmas backend are not asked for together."""
-    from marlctl.envs.registry import lookup
-
-    vmas = lookup(env_id).suite == "vmas"
-    if vmas and backend != "vmas":
-        return "env.backend", f"'{env_id}' is a VMAS scenario; set env.backend: vmas"
-    if backend == "vmas" and not vmas:
-        return (
-            "env.backend",
-            f"'{env_id}' is not a VMAS scenario (vmas/...): backend vmas runs those",
-        )
-    if backend == "vmas" and workers:
-        return (
-            "hardware.env_workers",
-            "VMAS steps every env in one batch on the run's device (set env_workers: 0)",
-        )
-    return None
-
-
-def _resolve_device(device: str, gpus: int) -> str:
-    if device == "auto":
-        return "cuda:0" if gpus > 0 else "cpu"
-    return "cuda:0" if device == "cuda" else device
-
-
 def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float:
     """Networks with Adam state plus rollout buffers, in MiB (envs themselves excluded)."""
     spec = loaded.spec
@@ -645,3 +325,19 @@ def _buffer_mb(spec: Spec, env: EnvInfo) -> float:
         g.n_agents * (2 * g.obs_dim + g.n_actions + 4) for g in env.groups
     )
     return buffer * per_step * 4 / 2**20
+
+
+__all__ = [
+    "Plan",
+    "RunPlan",
+    "auto_threads",
+    "available_cores",
+    "compile_plan",
+    "learner_info",
+    "learning_teams",
+    "physical_memory_mb",
+    "resolve_threads",
+    "unused_fields",
+    "visible_cuda_devices",
+    "vmas_problem",
+]

@@ -315,6 +315,21 @@ def test_bench_checks_the_frozen_groups_before_it_measures():
     ]
 
 
+def test_validate_refuses_the_players_that_run_refuses():
+    frozen = write(tag_spec({"agent": {"frozen": "abcd1234"}}))
+    code, out = invoke("validate", str(frozen))
+    assert code == 2
+    assert out["errors"] == [
+        f"{frozen}:{line_of(frozen, 'frozen:')}: groups.agent.frozen: no run id starts with "
+        "'abcd1234'"
+    ]
+    scripted = write(tag_spec({"agent": {"scripted": "toy_envs:no_such_policy"}}), "other.yaml")
+    code, out = invoke("validate", str(scripted))
+    assert code == 2
+    (error,) = out["errors"]
+    assert error.startswith(f"{scripted}:{line_of(scripted, 'scripted:')}: groups.agent.scripted:")
+
+
 def test_a_stored_spec_naming_a_scripted_policy_runs_it_only_where_it_is_trusted():
     code, out = invoke("run", str(write(tag_spec({"agent": {"scripted": "toy_envs:still"}}))))
     assert code == 0, out

@@ -250,41 +250,6 @@ def _describe(g: GroupInfo | None) -> str:
     return f"{g.n_agents} agents, observations {list(g.obs_shape)}, {g.n_actions} {kind} actions"
 
 
-def check_players(loaded, plan, client) -> None:
-    """Before any run starts: every scripted policy imports, and every frozen run and every
-    run a pool includes fits its group, its weights loaded into its networks; SpecError
-    with the spec's FILE:LINE otherwise."""
-    spec, prov = loaded.spec, loaded.provenance
-    cpu = torch.device("cpu")
-    problems = []
-    for name, group in spec.opponents.items():
-        try:
-            if group.scripted not in (None, RANDOM_PLAYER):
-                import_policy(group.scripted, [prov.spec.path.parent])
-            elif group.frozen is not None:
-                frozen_player(client, spec, plan.env, name, group.frozen, cpu, 1)
-        except ValueError as err:
-            key = "scripted" if group.scripted is not None else "frozen"
-            problems.append(prov.problem(f"groups.{name}.{key}", str(err)))
-    learning = {g.name for g in learner_info(plan.env, spec).groups}
-    for name, pool in spec.pools.items():
-        for index, ref in enumerate(pool.include):
-            try:
-                player = frozen_player(client, spec, plan.env, name, ref, cpu, 1)
-                # It acts on what the learners see: every group its policies read must learn.
-                missing = [g for g in player.groups if g not in learning]
-                if missing:
-                    raise ValueError(
-                        f"run '{player.run_id}' also trained group(s) {', '.join(missing)}, "
-                        "which do not learn here: include a run whose other learning groups "
-                        "learn here too"
-                    )
-            except ValueError as err:
-                problems.append(prov.problem(f"groups.{name}.pool.include.{index}", str(err)))
-    if problems:
-        raise SpecError(problems)
-
-
 def build_players(
     spec: Spec, info: EnvInfo, client, device: torch.device, seeds: list[int], rows: int
 ) -> dict[str, Player]:

@@ -1,0 +1,231 @@
+"""The spec's sections that stand alone: the env, the model, training, the hardware and
+tracking. Every field is typed, bounded and described."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from marlctl.algos import AlgoConfig
+from marlctl.callables import standard_library_refusal
+from marlctl.strict import Strict
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+# `package.module:callable`, the form of an env factory.
+CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+RANDOM_PLAYER = "random"
+# MLflow's SQLAlchemy dialects (`postgresql+psycopg2://` counts as postgresql) and servers.
+_TRACKING_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
+
+
+class EnvSpec(Strict):
+    id: str = Field(description="Registered id (`marlctl list envs`) or `package.module:factory`.")
+    backend: Literal["pettingzoo", "native", "vmas"] = Field(
+        "pettingzoo",
+        description="pettingzoo = the real PettingZoo env; native = batched torch; "
+        "vmas = a VMAS scenario (`vmas/...` ids), batched by VMAS on the run's device.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the env factory."
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="A multi-objective env's (MOMAland's) weight of each objective: training "
+        "maximises the weighted sum of an agent's reward vector; null = equal weights summing "
+        "to 1. Every objective's return is logged either way.",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _not_standard_library(cls, value: str) -> str:
+        if ":" in value:
+            refusal = standard_library_refusal(value, "env factory")
+            if refusal is not None:
+                raise ValueError(refusal)
+        return value
+
+
+Sharing = Literal["shared", "independent", "federated"]
+
+
+class ModelSpec(Strict):
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [64, 64],
+        min_length=1,
+        max_length=16,
+        description="Hidden layer widths of actors and critics.",
+    )
+    activation: Literal["tanh", "relu", "elu", "gelu", "silu"] | None = Field(
+        None,
+        description="Hidden activation; null = the algorithm's reference choice (tanh for "
+        "MAPPO/IPPO as in the MAPPO paper, relu for the replay-based ones as in EPyMARL).",
+    )
+    layer_norm: bool | None = Field(
+        None,
+        description="LayerNorm on network inputs (MAPPO's feature norm); null = the "
+        "algorithm's reference choice (on for MAPPO/IPPO, off for the replay-based ones, "
+        "whose critics take one-hot actions as input).",
+    )
+    action_dist: Literal["normal", "tanh_normal"] | None = Field(
+        None,
+        description="Policy distribution of continuous actions (on-policy algorithms): "
+        "normal = a Gaussian with a state-independent log-std whose samples the env clips "
+        "(the MAPPO paper's); tanh_normal = a Gaussian with a state-dependent scale squashed "
+        "by tanh into the action bounds (TorchRL's TanhNormal, BenchMARL's default); "
+        "null = the algorithm's reference choice.",
+    )
+    init: Literal["orthogonal", "torch"] = Field(
+        "orthogonal",
+        description="Weight initialisation of actors and critics: orthogonal (gain sqrt 2, a "
+        "small last layer for actors, zero biases; the PPO implementations') or torch "
+        "(`nn.Linear`'s default, uniform in ±1/sqrt(fan_in); TorchRL's and BenchMARL's).",
+    )
+    agent_ids: bool = Field(
+        True,
+        description="Append a one-hot agent id to the input of a network that agents share "
+        "(`sharing: shared`), so shared parameters can still act per agent.",
+    )
+    sharing: Sharing | dict[str, Sharing] | None = Field(
+        None,
+        description="Parameters per agent group: shared (one network; see `agent_ids`), "
+        "independent (one per agent) or federated (one per agent, averaged every "
+        "`federated_every` updates); a mapping sets it per group name, others stay shared; "
+        "null = the algorithm's reference choice (shared; a network per agent for the "
+        "heterogeneous-agent algorithms, as in HARL).",
+    )
+    federated_every: int = Field(
+        10, ge=1, le=1_000_000, description="Updates between federated averaging rounds."
+    )
+    recurrent: Literal["gru"] | None = Field(
+        None,
+        description="gru = a GRU cell after the hidden layers, trained on sequences with the "
+        "state reset at episode starts (algorithms whose `list algos` says recurrent); "
+        "null = feed-forward.",
+    )
+
+    def for_algo(self, algo: AlgoConfig) -> ModelSpec:
+        """This model with the fields left null set to the algorithm's reference values."""
+        defaults = type(algo).model_defaults
+        unset = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        return self.model_copy(update=unset) if unset else self
+
+
+# Training metric points per run when `train.log_every` is not set: a smooth curve, and a
+# host read of the losses no more often than that.
+LOG_POINTS = 200
+
+
+class TrainSpec(Strict):
+    total_env_steps: int = Field(
+        1_000_000,
+        ge=1,
+        le=10**13,
+        description="Joint env steps per run (one step moves every agent).",
+    )
+    eval_every: int = Field(
+        100_000, ge=0, description="Env steps between evaluations; 0 = end only."
+    )
+    eval_episodes: int = Field(32, ge=1, le=100_000, description="Episodes per evaluation.")
+    checkpoint_every: int = Field(
+        250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one."
+    )
+    log_every: int | None = Field(
+        None,
+        ge=1,
+        description="Env steps between training metric points (losses, training returns, "
+        f"speed); null = the budget over {LOG_POINTS} (at least one point per iteration).",
+    )
+
+    @property
+    def log_interval(self) -> int:
+        """`log_every`, or the budget spread over `LOG_POINTS` points."""
+        return self.log_every or max(1, self.total_env_steps // LOG_POINTS)
+
+
+MAX_THREADS = 1024
+
+
+class HardwareSpec(Strict):
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    num_envs: int = Field(16, ge=1, le=1_000_000, description="Parallel environments per run.")
+    env_workers: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Worker processes stepping the envs (pettingzoo backend); 0 = in-process.",
+    )
+    parallel_runs: int = Field(1, ge=1, le=1024, description="Runs (seeds, trials) at once.")
+    threads_per_run: int | Literal["auto"] = Field(
+        "auto",
+        description="torch intra-op threads per run. auto = the cores this process may use "
+        "(CPU affinity, cgroup quota) less those other processes keep busy, split between "
+        "the run processes at once (at most OMP_NUM_THREADS where that is set), or one thread "
+        "where a gradient step computes fewer than 1,000 agent rows (a replay batch of 256 on "
+        "three agents), which a second thread slows down; a run alone in its process follows "
+        "the free cores while it trains.",
+    )
+    devices: list[str] | None = Field(
+        None, min_length=1, description="Placement pool; runs are spread over it round-robin."
+    )
+    batch_seeds: bool = Field(
+        False,
+        description="Train the seeds together in one process as one batched model set per "
+        "device (native and vmas backends): far higher total throughput when one seed leaves "
+        "the device idle. Each seed keeps its own MLflow run and computes what it would alone.",
+    )
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="On a GPU: capture each training iteration (rollout, advantages, every "
+        "minibatch update) as one CUDA graph and replay it, for on-policy algorithms on the "
+        "native backend; capturing takes a second or two. true also torch.compiles the "
+        "networks and the native env's step, on any device (seconds of compilation first, "
+        "fused kernels after). auto = capture on a GPU where the run allows it, eager on a "
+        "CPU; false = eager everywhere. Compare with `marlctl bench SPEC`.",
+    )
+
+    @field_validator("threads_per_run", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        if value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS):
+            return value
+        raise ValueError(f"must be a whole number from 1 to {MAX_THREADS}, or auto")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            if not _DEVICE.match(item) or item == "auto":
+                raise ValueError(f"'{item}' must be cpu, cuda or cuda:N")
+        return value
+
+
+class TrackingSpec(Strict):
+    uri: str | None = Field(
+        None, description="MLflow tracking URI; null = local SQLite `mlflow.db` in the working dir."
+    )
+    flush_every_s: float = Field(
+        5.0, gt=0, le=3600, description="Seconds between batched metric uploads."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _known_store(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme = value.split("://", 1)[0].split("+", 1)[0] if "://" in value else ""
+        if scheme not in _TRACKING_SCHEMES and value != "databricks":
+            raise ValueError(
+                "must be an MLflow database or server URI: sqlite:///PATH, "
+                "postgresql://HOST/DB, mysql://HOST/DB or http(s)://SERVER (MLflow's "
+                "file store is not supported)"
+            )
+        return value
