@@ -311,7 +311,7 @@ def test_reading_commands_create_no_store(monkeypatch, capsys):
 
 
 def test_a_study_name_cannot_place_best_yaml_elsewhere():
-    from marlctl.sweep import _file_name
+    from marlctl.sweep.records import _file_name
 
     assert _file_name("x/../../../../tmp/escaped") == "x_.._.._.._.._tmp_escaped"
     assert _file_name("../up") == "_up" and _file_name("..") == "study"

@@ -157,8 +157,8 @@ def test_conditional_parameters_are_sampled_only_when_their_condition_holds(
     tmp_path: Path,
 ) -> None:
     from marlctl.spec import load_spec
+    from marlctl.sweep.search import sample
     from marlctl.sweep.space import check_space, space_of
-    from marlctl.sweep.study import sample
 
     body = {
         **TINY,
@@ -289,7 +289,7 @@ def test_a_grid_never_passes_the_top_of_its_range() -> None:
 
 def test_grid_workers_cover_the_grid_once_between_them() -> None:
     from marlctl.spec.models import SweepSpec
-    from marlctl.sweep.study import make_sampler, sample
+    from marlctl.sweep.search import make_sampler, sample
 
     params = [Param("a", "f", 1, choices=(1, 2, 3)), Param("b", "f", 2, choices=("x", "y"))]
     storage = optuna.storages.InMemoryStorage()
@@ -313,7 +313,7 @@ def test_grid_workers_cover_the_grid_once_between_them() -> None:
 
 def test_a_silent_running_trial_is_failed_and_requeued_with_its_point() -> None:
     from marlctl.spec.models import SweepSpec
-    from marlctl.sweep.study import LostTrials, counted
+    from marlctl.sweep.budget import LostTrials, counted
 
     study = optuna.create_study()
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
@@ -340,7 +340,7 @@ def test_a_silent_running_trial_is_failed_and_requeued_with_its_point() -> None:
 
 def test_every_sampler_and_pruner_builds() -> None:
     from marlctl.spec.models import SweepSpec, TrainSpec
-    from marlctl.sweep.study import make_pruner, make_sampler
+    from marlctl.sweep.search import make_pruner, make_sampler
 
     params = [
         Param("a", "f", 1, low=1, high=5, step=1, is_int=True),

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marlctl import tracking
-from marlctl.report import INCIDENTAL, Group, Report, labels
+from marlctl.report import labels
+from marlctl.report.model import INCIDENTAL, Group, Report
 
 MISSING = "—"
 # Hardware settings change how fast runs go, not what they learn; the number of envs also

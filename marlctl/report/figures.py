@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from marlctl.report import Report, Sweep, labels
+from marlctl.report import labels
+from marlctl.report.model import Report, Sweep
 
 FILE_FORMATS = ("png", "svg", "pdf")
 

@@ -1,0 +1,44 @@
+"""The report as rich tables, for the terminal."""
+
+from __future__ import annotations
+
+from marlctl.report.content import crossplay_tables, rows, sweep_summary, trial_rows
+from marlctl.report.model import Report
+
+
+def rich_tables(report: Report) -> list:
+    from rich.markup import escape
+    from rich.table import Table
+
+    header, body, marks = rows(report)
+    tables = []
+    if body:
+        title = escape(f"{report.metric} at the end of training")
+        table = Table(*map(escape, header), title=title)
+        for i, cells in enumerate(body):
+            table.add_row(
+                *(
+                    f"[bold green]{escape(c)}[/bold green]" if marks.get((i, j)) else escape(c)
+                    for j, c in enumerate(cells)
+                )
+            )
+        tables.append(table)
+    for sweep in report.sweeps:
+        head, cells = trial_rows(sweep)
+        title = escape(f"sweep {sweep.name}: best trials — {sweep_summary(sweep)}")
+        trials = Table(*map(escape, head), title=title)
+        for row in cells:
+            trials.add_row(*map(escape, row))
+        tables.append(trials)
+        if sweep.importances:
+            title = escape(f"sweep {sweep.name}: importances")
+            imp = Table("parameter", "importance", title=title)
+            for name, value in sweep.importances.items():
+                imp.add_row(escape(name), f"{value:.3f}")
+            tables.append(imp)
+    for title, head, cells in crossplay_tables(report):
+        found = Table(*map(escape, head), title=escape(title))
+        for row in cells:
+            found.add_row(*map(escape, row))
+        tables.append(found)
+    return tables
