@@ -183,8 +183,9 @@ def _train_point(
 ) -> Point | None:
     from marlctl import tracking
     from marlctl.plan import learner_info
+    from marlctl.train.build import build_trainer
     from marlctl.train.opponents import with_opponents
-    from marlctl.train.runner import build_trainer, make_env, prepare_iterations
+    from marlctl.train.runner import make_env, prepare_iterations
 
     _reset_peak(device)
     trainer = build_trainer(spec, learner_info(info, spec), num_envs, device, 1_000, seeds)

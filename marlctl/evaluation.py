@@ -151,8 +151,10 @@ def _evaluate_one(
     from marlctl.plan import compile_plan, learner_info
     from marlctl.spec import load_spec
     from marlctl.stored import SPEC_ARTIFACT
+    from marlctl.train.build import build_trainer
     from marlctl.train.opponents import with_opponents
-    from marlctl.train.runner import EVAL_ENVS, build_trainer, eval_seed, evaluate, make_env
+    from marlctl.train.runner import make_env
+    from marlctl.train.scores import EVAL_ENVS, eval_seed, evaluate
 
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,8 +227,8 @@ def _render(client, spec, plan, policies: dict, device, render: Render, seed: in
     from marlctl.envs.native import NATIVE_ONLY
     from marlctl.envs.pettingzoo import PettingZooEnv
     from marlctl.plan import learner_info
+    from marlctl.train.build import build_trainer
     from marlctl.train.opponents import with_opponents
-    from marlctl.train.runner import build_trainer
 
     if spec.env.id in NATIVE_ONLY:
         raise SpecError.at(

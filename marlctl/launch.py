@@ -21,9 +21,9 @@ from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
 from marlctl.stored import SPEC_ARTIFACT
+from marlctl.train.lifecycle import Progress
 from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
-Progress = Callable[[dict[str, Any]], None]
 THREADS_TAG = "marlctl.threads"  # how the threads were chosen, where auto chose them
 
 
@@ -113,9 +113,7 @@ def run_plan(
         )
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
         log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
-        requests.append(
-            RunRequest(loaded.resolved, plan.env, run, uri, child.info.run_id, stop=stop)
-        )
+        requests.append(RunRequest(loaded.spec, plan.env, run, uri, child.info.run_id, stop=stop))
     summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
     with passive_wait(plan.passive_wait):
         summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
@@ -181,6 +179,7 @@ def resume(
     pending = [c for c in children if c.info.run_id in wanted and c.info.status != "FINISHED"]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)
+        # The one place a stored spec is validated again; its runs get the typed spec.
         loaded = load_spec(spec_path, stored=f"run {parent_id}")
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
@@ -192,7 +191,7 @@ def resume(
             client.set_tag(run_id, THREADS_TAG, plan.threads_note)
         requests.append(
             RunRequest(
-                loaded.resolved,
+                loaded.spec,
                 plan.env,
                 by_seed[int(child.data.tags["marlctl.seed"])],
                 store,  # where the run was found: the stored spec keeps no password
@@ -208,27 +207,25 @@ def resume(
         with passive_wait(plan.passive_wait):
             summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
-    for child in children:
-        if child.info.run_id in done:
-            continue
-        child = client.get_run(child.info.run_id)
-        metrics = child.data.metrics
-        summary.runs.append(
-            RunResult(
-                0,
-                int(child.data.tags["marlctl.seed"]),
-                child.info.run_id,
-                child.info.status,
-                final_return=metrics.get("eval/return_mean")
-                if child.info.status == "FINISHED"
-                else None,
-                steps_per_s=metrics.get("perf/env_steps_per_s_mean"),
-                error=child.data.tags.get(tracking.ERROR_TAG),
-            )
-        )
+    summary.runs += [_stored_result(client, c) for c in children if c.info.run_id not in done]
     summary.runs.sort(key=lambda r: r.seed)
     _finish_parent(client, parent_id, summary)
     return summary
+
+
+def _stored_result(client, child) -> RunResult:
+    """A seed that `resume` left alone, as its run in the store says it ended."""
+    child = client.get_run(child.info.run_id)
+    metrics = child.data.metrics
+    return RunResult(
+        0,
+        int(child.data.tags["marlctl.seed"]),
+        child.info.run_id,
+        child.info.status,
+        final_return=metrics.get("eval/return_mean") if child.info.status == "FINISHED" else None,
+        steps_per_s=metrics.get("perf/env_steps_per_s_mean"),
+        error=child.data.tags.get(tracking.ERROR_TAG),
+    )
 
 
 def log_spec(client, run_id: str, resolved: dict[str, Any]) -> None:

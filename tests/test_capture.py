@@ -173,11 +173,12 @@ def test_on_a_cpu_iterations_run_eagerly_and_say_so(tmp_path):
 
 def test_why_a_run_is_not_captured():
     from marlctl.envs.native import native_class
+    from marlctl.train.base import TrainerSetup
     from marlctl.train.ppo import PPOTrainer
 
     spec = Spec.model_validate({"env": {"id": "mpe/simple_spread"}, "algo": {"name": "mappo"}})
     env = native_class("mpe/simple_spread")({}, 4, "cpu")
-    trainer = PPOTrainer(spec.algo, spec.model, env.info, 4, "cpu", 10, True)
+    trainer = PPOTrainer(TrainerSetup(spec.algo, spec.model, env.info, 4, "cpu", 10, True))
     assert trainer.capture(env) == "CUDA graphs need a CUDA device"
     assert trainer.graph is None
 

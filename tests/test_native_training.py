@@ -177,11 +177,13 @@ def test_native_rollout_never_syncs_with_the_host_on_cuda():
     from marlctl.algos.ppo import MAPPOConfig
     from marlctl.envs.native import native_class
     from marlctl.spec.models import ModelSpec
+    from marlctl.train.base import TrainerSetup
     from marlctl.train.ppo import PPOTrainer
 
     device = torch.device("cuda")
     env = native_class("mpe/simple_spread")({}, 64, device)
-    trainer = PPOTrainer(MAPPOConfig(name="mappo"), ModelSpec(), env.info, 64, device, 10, True)
+    setup = TrainerSetup(MAPPOConfig(name="mappo"), ModelSpec(), env.info, 64, device, 10, True)
+    trainer = PPOTrainer(setup)
     ob = env.reset(0)
     trainer.collect(env, ob)  # warm-up: lazy CUDA initialisation may sync
     with no_host_sync():

@@ -69,3 +69,76 @@ def test_no_two_parts_of_the_package_import_each_other():
     graph = _import_graph()
     assert "marlctl.spec" in graph and "marlctl.sweep" in graph  # the graph was read
     assert _cycles(graph) == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of marlctl it imports, each named as far as it is a module
+    (`from marlctl.train.runner import X` -> `marlctl.train.runner`; a name that is no module
+    -> its package)."""
+    modules = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for p in PACKAGE.rglob("*.py")
+    }
+
+    def module_of(name: str) -> str:
+        while name not in modules and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        source = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        source = source.removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("marlctl.") and module_of(name) != source:
+                    graph.setdefault(source, set()).add(module_of(name))
+    return graph
+
+
+def _within(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The imports among the modules (and subpackages, each as one) of one package."""
+    depth = package.count(".") + 1
+
+    def child(module: str) -> str | None:
+        if not module.startswith(package + "."):
+            return None
+        return ".".join(module.split(".")[: depth + 1])
+
+    inside: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        if (mine := child(source)) is None:
+            continue
+        for target in targets:
+            if (other := child(target)) is not None and other != mine:
+                inside.setdefault(mine, set()).add(other)
+    return inside
+
+
+def _packages() -> list[str]:
+    return sorted(
+        ".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
+    )
+
+
+def test_no_two_modules_of_a_package_import_each_other():
+    graph = _module_graph()
+    assert "marlctl.train.runner" in graph  # the graph was read
+    found = {package: _cycles(_within(graph, package)) for package in _packages()}
+    assert {package: cycles for package, cycles in found.items() if cycles} == {}
+
+
+def test_the_trainer_of_every_algorithm_is_the_class_it_registers():
+    import importlib
+
+    from marlctl.algos import registered_algos
+    from marlctl.train.build import trainer_class
+
+    for name, algo in registered_algos().items():
+        module, _, cls = algo.trainer.partition(":")
+        assert trainer_class(name) is getattr(importlib.import_module(module), cls), name

@@ -10,6 +10,9 @@ Subclasses define `policies` (every network, incl. critics and targets), `optimi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -22,6 +25,24 @@ from marlctl.train.networks import AgentNet, reset_where, sharing_of
 
 # Argument validation costs a host sync and a pass over every tensor on each call.
 torch.distributions.Distribution.set_default_validate_args(False)
+
+
+@dataclass(frozen=True)
+class TrainerSetup:
+    """What every algorithm's trainer is built from (`marlctl.train.build.build_trainer`).
+
+    `total_iterations` drives schedules (learning-rate decay); `centralised` says whether
+    critics see the global state (the algorithm's `centralised_critic`); `seeds` are trained
+    as one batch."""
+
+    config: Any  # the algorithm's config (`marlctl.algos.AlgoConfig`)
+    model: ModelSpec
+    info: EnvInfo
+    num_envs: int
+    device: torch.device | str
+    total_iterations: int
+    centralised: bool
+    seeds: tuple[int, ...] = (0,)
 
 
 class Trainer:

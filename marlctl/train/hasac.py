@@ -22,6 +22,7 @@ import torch
 
 from marlctl.algos.hetero import HASACConfig
 from marlctl.train.actions import masked_mean
+from marlctl.train.base import TrainerSetup
 from marlctl.train.core import AgentAdam
 from marlctl.train.hetero import Unit, pick_agent, positions, units_of
 from marlctl.train.masac import MASACTrainer, flat_batch
@@ -33,8 +34,9 @@ class HASACTrainer(MASACTrainer):
     cfg: HASACConfig
     captured_by_default = False
 
-    def __init__(self, config: HASACConfig, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
+    def __init__(self, setup: TrainerSetup):
+        super().__init__(setup)
+        config = self.cfg
         self.optimizers["actor"] = AgentAdam(self.actor_params, config.lr, config.adam_eps)
 
     def joint_action(self, name: str, dist) -> torch.Tensor:

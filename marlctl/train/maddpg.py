@@ -23,10 +23,9 @@ from torch import nn
 
 from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import EnvInfo, GroupInfo
-from marlctl.spec.models import ModelSpec
+from marlctl.envs.registry import GroupInfo
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
-from marlctl.train.base import freeze
+from marlctl.train.base import TrainerSetup, freeze
 from marlctl.train.core import adam
 from marlctl.train.offpolicy import OffPolicyTrainer
 from marlctl.train.replay import Field
@@ -71,18 +70,10 @@ class JointActions:
 class MADDPGTrainer(OffPolicyTrainer):
     loss_keys = ("critic", "actor", "q", "grad_norm")
 
-    def __init__(
-        self,
-        config: DDPGFamilyConfig,
-        model: ModelSpec,
-        info: EnvInfo,
-        num_envs: int,
-        device: torch.device,
-        total_iterations: int,
-        centralised: bool,
-        seeds: tuple[int, ...] = (0,),
-    ):
-        super().__init__(config, model, info, num_envs, device, seeds)
+    def __init__(self, setup: TrainerSetup):
+        config: DDPGFamilyConfig = setup.config
+        info = setup.info
+        super().__init__(setup)
         self.twin = config.name == "matd3"
         self.groups = {g.name: g for g in info.groups}
         self.joint = JointActions(info.groups, self.device)
@@ -115,7 +106,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         }
         S = len(self.seeds)
         self._member = {  # ensemble member of each env's current episode
-            g.name: torch.zeros(S, num_envs, g.n_agents, dtype=torch.long, device=self.device)
+            g.name: torch.zeros(S, self.num_envs, g.n_agents, dtype=torch.long, device=self.device)
             for g in info.groups
         }
         self._acting_member: dict[str, torch.Tensor] = {}

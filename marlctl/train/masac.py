@@ -32,10 +32,8 @@ from torch import nn
 
 from marlctl.algos.masac import MASACConfig
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import EnvInfo
-from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, masked_log_softmax, masked_mean, tanh_log_det
-from marlctl.train.base import freeze
+from marlctl.train.base import TrainerSetup, freeze
 from marlctl.train.core import adam, per_seed
 from marlctl.train.offpolicy import OffPolicyTrainer
 
@@ -63,21 +61,13 @@ class MASACTrainer(OffPolicyTrainer):
 
     loss_keys = ("critic", "actor", "alpha", "entropy", "grad_norm")
 
-    def __init__(
-        self,
-        config: MASACConfig,
-        model: ModelSpec,
-        info: EnvInfo,
-        num_envs: int,
-        device: torch.device,
-        total_iterations: int,
-        centralised: bool,
-        seeds: tuple[int, ...] = (0,),
-    ):
+    def __init__(self, setup: TrainerSetup):
+        config: MASACConfig = setup.config
+        model, info = setup.model, setup.info
         # `centralised` is always true here; `total_iterations` has no schedule to drive.
         if model.recurrent is not None:
             raise ValueError("masac trains on single transitions: set model.recurrent: null")
-        super().__init__(config, model, info, num_envs, device, seeds)
+        super().__init__(setup)
         S = len(self.seeds)
         self.groups = {g.name: g for g in info.groups}
         # Width of each agent's slot in the joint action: a one-hot, or the action vector.

@@ -16,9 +16,12 @@ from torch import nn
 
 from marlctl.algos.offpolicy import OffPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
-from marlctl.envs.registry import EnvInfo
-from marlctl.spec.models import ModelSpec
-from marlctl.train.base import Trainer, clip_grad_norm_per_seed, next_observation
+from marlctl.train.base import (
+    Trainer,
+    TrainerSetup,
+    clip_grad_norm_per_seed,
+    next_observation,
+)
 from marlctl.train.core import RunningMeanStd, per_seed, per_seed_outcomes
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
 
@@ -26,17 +29,12 @@ from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fie
 class OffPolicyTrainer(Trainer):
     loss_keys: tuple[str, ...] = ()
 
-    def __init__(
-        self,
-        config: OffPolicyConfig,
-        model: ModelSpec,
-        info: EnvInfo,
-        num_envs: int,
-        device,
-        seeds: tuple[int, ...],
-        sequence_length: int = 1,
-    ):
-        super().__init__(model.for_algo(config), info, num_envs, device, seeds)
+    def __init__(self, setup: TrainerSetup, sequence_length: int = 1):
+        config: OffPolicyConfig = setup.config
+        info = setup.info
+        super().__init__(
+            setup.model.for_algo(config), info, setup.num_envs, setup.device, setup.seeds
+        )
         self.cfg = config
         self.sequence_length = sequence_length
         self.buffer: ReplayBuffer | None = None  # made on the first step: eval needs none

@@ -22,8 +22,7 @@ from torch.distributions import Categorical, Normal
 
 from marlctl.algos.onpolicy import OnPolicyConfig
 from marlctl.envs.batch import BatchedEnv, Observation
-from marlctl.envs.registry import EnvInfo, GroupInfo
-from marlctl.spec.models import ModelSpec
+from marlctl.envs.registry import GroupInfo
 from marlctl.train.actions import (
     ActionBounds,
     TanhNormal,
@@ -32,7 +31,7 @@ from marlctl.train.actions import (
     masked_mean,
     softplus_scale,
 )
-from marlctl.train.base import Trainer, clip_grad_norm_per_seed
+from marlctl.train.base import Trainer, TrainerSetup, clip_grad_norm_per_seed
 from marlctl.train.core import (
     Adam,
     RunningMeanStd,
@@ -186,19 +185,12 @@ class OnPolicyTrainer(Trainer):
 
     critic_sharing: str | None = None  # the critics' `model.sharing`; None = the actors'
 
-    def __init__(
-        self,
-        config: OnPolicyConfig,
-        model: ModelSpec,
-        info: EnvInfo,
-        num_envs: int,
-        device: torch.device,
-        total_iterations: int,
-        centralised: bool,
-        seeds: tuple[int, ...] = (0,),
-    ):
-        super().__init__(model.for_algo(config), info, num_envs, device, seeds)
-        self.cfg, self.total_iterations = config, max(1, total_iterations)
+    def __init__(self, setup: TrainerSetup):
+        config: OnPolicyConfig = setup.config
+        model, info, num_envs = setup.model, setup.info, setup.num_envs
+        centralised = setup.centralised
+        super().__init__(model.for_algo(config), info, num_envs, setup.device, setup.seeds)
+        self.cfg, self.total_iterations = config, max(1, setup.total_iterations)
         self.recurrent = model.recurrent is not None
         self.policies = nn.ModuleDict(
             {

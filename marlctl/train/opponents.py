@@ -271,7 +271,7 @@ def frozen_player(
 ) -> FrozenPlayer:
     """Group `name` played by the policy of run `ref` (RUN_ID[:CHECKPOINT])."""
     from marlctl.stored import load_into
-    from marlctl.train.runner import build_trainer
+    from marlctl.train.build import build_trainer
 
     run_id, theirs, their_info, weights, artifact = frozen_source(client, spec, info, name, ref)
     trainer = build_trainer(theirs, their_info, rows, device, total_iterations=1)

@@ -376,8 +376,8 @@ def with_pool(env, spec: Spec, learners: EnvInfo, seeds: list[int], device: torc
     tracking store) loads the runs a pool includes."""
     if not spec.pools:
         return env
+    from marlctl.train.build import build_trainer
     from marlctl.train.opponents import frozen_player
-    from marlctl.train.runner import build_trainer
 
     sizes = {g.name: g.n_agents for g in learners.groups}
     per_seed = env.num_envs // len(seeds)

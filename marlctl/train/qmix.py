@@ -18,9 +18,8 @@ from torch import nn
 
 from marlctl.algos.qmix import QLearningConfig
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import EnvInfo
-from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean, uniform_probs
+from marlctl.train.base import TrainerSetup
 from marlctl.train.core import BatchedMLP, adam
 from marlctl.train.networks import reset_where
 from marlctl.train.offpolicy import OffPolicyTrainer
@@ -87,20 +86,12 @@ class QLearningTrainer(OffPolicyTrainer):
 
     loss_keys = ("td", "q_taken", "grad_norm")
 
-    def __init__(
-        self,
-        config: QLearningConfig,
-        model: ModelSpec,
-        info: EnvInfo,
-        num_envs: int,
-        device: torch.device,
-        total_iterations: int,
-        centralised: bool,
-        seeds: tuple[int, ...] = (0,),
-    ):
+    def __init__(self, setup: TrainerSetup):
+        config: QLearningConfig = setup.config
+        model, info = setup.model, setup.info
         self.recurrent = model.recurrent is not None
         length = config.sequence_length if self.recurrent else 1
-        super().__init__(config, model, info, num_envs, device, seeds, length)
+        super().__init__(setup, length)
         S = len(self.seeds)
         self.groups = {g.name: g for g in info.groups}
         self.q = nn.ModuleDict(
@@ -122,7 +113,8 @@ class QLearningTrainer(OffPolicyTrainer):
         self.optimizer = adam(self.params, config.lr, config.adam_eps)
         self.optimizers = {"adam": self.optimizer}
         self._hidden = {
-            name: net.initial_state(S, num_envs, device=self.device) for name, net in self.q.items()
+            name: net.initial_state(S, self.num_envs, device=self.device)
+            for name, net in self.q.items()
         }
 
     def hidden_sizes(self) -> dict[str, int]:

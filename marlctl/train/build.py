@@ -1,0 +1,87 @@
+"""A spec's trainer: the algorithm's class for its name, built for an env and its seeds.
+
+Its own module because the runner, the opponents (a frozen run's policy) and the pools
+(shadow trainers) all build trainers; none of them imports another for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import torch
+
+from marlctl.algos import registered_algos
+from marlctl.envs.registry import EnvInfo
+from marlctl.spec.models import Spec
+from marlctl.train.base import Trainer, TrainerSetup
+
+
+def trainer_class(algo: str) -> type[Trainer]:
+    """The trainer of algorithm `algo`. The package's own are imported here, on demand (torch
+    code loads only for the algorithm a run uses); one registered elsewhere (`docs/extending.md`)
+    is found by the "module:Class" its `register_algo` names."""
+    match algo:
+        case "mappo" | "ippo":
+            from marlctl.train.ppo import PPOTrainer as found
+        case "happo":
+            from marlctl.train.hetero import HAPPOTrainer as found
+        case "hatrpo":
+            from marlctl.train.hetero import HATRPOTrainer as found
+        case "masac":
+            from marlctl.train.masac import MASACTrainer as found
+        case "hasac":
+            from marlctl.train.hasac import HASACTrainer as found
+        case "maddpg" | "matd3":
+            from marlctl.train.maddpg import MADDPGTrainer as found
+        case "qmix" | "vdn" | "iql":
+            from marlctl.train.qmix import QLearningTrainer as found
+        case _:
+            module, _, name = registered_algos()[algo].trainer.partition(":")
+            found = getattr(importlib.import_module(module), name)
+    return found
+
+
+def build_trainer(
+    spec: Spec,
+    info: EnvInfo,
+    num_envs: int,
+    device: torch.device,
+    total_iterations: int,
+    seeds: tuple[int, ...] = (0,),
+):
+    """The spec's algorithm for `seeds` (one, or several trained as one batch); where groups
+    learn with algorithms or models of their own, every team's trainer as one."""
+    if spec.teams:
+        trainer = _teams(spec, info, num_envs, device, total_iterations, tuple(seeds))
+    else:
+        setup = _setup(spec.algo, spec.model, info, num_envs, device, total_iterations, seeds)
+        trainer = trainer_class(spec.algo.name)(setup)
+    if spec.hardware.compile is True:
+        trainer.compile()
+    return trainer
+
+
+def _setup(algo_config, model, info, num_envs, device, total_iterations, seeds) -> TrainerSetup:
+    centralised = registered_algos()[algo_config.name].centralised_critic
+    return TrainerSetup(
+        algo_config, model, info, num_envs, device, total_iterations, centralised, tuple(seeds)
+    )
+
+
+def _teams(spec: Spec, info: EnvInfo, num_envs, device, total_iterations, seeds):
+    """A trainer per team (`marlctl.train.teams`); `total_iterations` counts rounds."""
+    from marlctl.plan import learning_teams
+    from marlctl.train.teams import Team, TeamsTrainer
+
+    found = list(learning_teams(spec, info))
+    longest = max(getattr(cfg, "rollout_steps", 1) for _, _, cfg, _, _ in found)
+    teams = []
+    for name, _, cfg, model, groups in found:
+        sub = dataclasses.replace(
+            info, groups=tuple(groups), agents=tuple(a for g in groups for a in g.agents)
+        )
+        per_round = longest // getattr(cfg, "rollout_steps", 1)
+        setup = _setup(cfg, model, sub, num_envs, device, total_iterations * per_round, seeds)
+        teams.append(Team(name, [g.name for g in groups], trainer_class(cfg.name)(setup)))
+    return TeamsTrainer(teams, info, num_envs, device, seeds)

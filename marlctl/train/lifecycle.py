@@ -1,0 +1,370 @@
+"""The parts of a training run that act around its iterations, like Stable-Baselines3's
+callbacks: metric logging, evaluation, checkpoints, progress events and pruning.
+
+`marlctl.train.runner` owns the loop and calls every part's hooks in order: `on_start`
+before the first episodes reset, `on_training_start` once they have, `on_iteration` after
+each training iteration, `on_interrupt` on Ctrl-C / SIGTERM and `on_end` when the budget is
+spent. Every part reads and updates the one `RunState` of the run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from marlctl.atomic import staging
+from marlctl.spec.models import Spec
+from marlctl.stored import CHECKPOINT, POLICY, load_tensors
+from marlctl.train.scores import eval_metrics, eval_seed
+
+Progress = Callable[[dict[str, Any]], None]
+COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA graph, ...
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class Clock:
+    """Training time: started once the first episodes reset; evaluations and checkpoints
+    are `paused()` out of the throughput between two logs, not out of the run's mean."""
+
+    def __init__(self) -> None:
+        self.started = self.tick = time.perf_counter()
+        self.start_steps, self.elapsed = 0, 0.0
+
+    def start(self, env_steps: int) -> None:
+        self.started = self.tick = time.perf_counter()
+        self.start_steps = env_steps
+
+    def mean_rate(self, env_steps: int) -> float:
+        """Env steps per second since `start`, evaluations and checkpoints included."""
+        self.elapsed = time.perf_counter() - self.started
+        return (env_steps - self.start_steps) / max(self.elapsed, 1e-9)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        paused = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tick += time.perf_counter() - paused
+
+
+@dataclass
+class RunState:
+    """What the parts of a run share: its spec, runs, env, trainer and where training is."""
+
+    spec: Spec
+    requests: list  # the `RunRequest`s of the batch, one per seed
+    results: list  # their `RunResult`s, filled in as the run ends
+    client: Any
+    sinks: list  # a `tracking.MetricSink` per seed
+    trainer: Any
+    env: Any
+    eval_env: Any
+    pool: Any  # the pools' wrapper of `env` (`marlctl.train.pool.WithPool`), or None
+    progress: Progress | None = None
+    env_steps: int = 0  # per seed
+    next_eval: int = 0
+    next_checkpoint: int = 0
+    clock: Clock = field(default_factory=Clock)
+    threads: int | None = None  # as `threads_per_run: auto` last set them
+    last_return: list[float | None] = field(default_factory=list)
+    pruned_at: int | None = None  # set when a sweep's pruner stops the run
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.run.seed for r in self.requests]
+
+    @property
+    def eval_seeds(self) -> list[int]:
+        # Separate seed streams for training (re-drawn on resume) and evaluation: env
+        # copies of the two never replay the same episodes.
+        return [eval_seed(seed) for seed in self.seeds]
+
+    @property
+    def total_env_steps(self) -> int:
+        return self.requests[0].run.total_env_steps
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            sink.flush()
+
+
+class Part:
+    """A hook does nothing unless a part overrides it."""
+
+    def on_start(self, run: RunState) -> None: ...
+
+    def on_training_start(self, run: RunState) -> None: ...
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None: ...
+
+    def on_interrupt(self, run: RunState) -> None: ...
+
+    def on_end(self, run: RunState) -> None: ...
+
+
+class ThreadWatch(Part):
+    """`threads_per_run: auto` follows the cores that other work leaves free."""
+
+    def __init__(self, max_threads: int):
+        self.max_threads = max_threads
+
+    def on_training_start(self, run: RunState) -> None:
+        from marlctl.cores import CoreWatch
+
+        self.watch = CoreWatch(torch.get_num_threads(), self.max_threads)
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        if (threads := self.watch.poll()) is not None:
+            torch.set_num_threads(threads)
+        run.threads = self.watch.threads
+
+
+class PoolSnapshots(Part):
+    """The opponent pools' snapshots of the learning policy, on their schedule."""
+
+    def on_start(self, run: RunState) -> None:
+        run.pool.snapshot_due(run.trainer.policies, run.env_steps)  # the policy as it starts
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        run.pool.snapshot_due(run.trainer.policies, run.env_steps)
+
+
+class MetricLogger(Part):
+    """Losses (summed on the device, read once per `train.log_interval`: reading them every
+    iteration would make the device wait for the host at each off-policy env step),
+    throughput, training episodes and the pools' figures, per seed; a non-finite loss ends
+    the run."""
+
+    def __init__(self, run: RunState):
+        self.loss_sum: torch.Tensor | None = None
+        self.loss_iterations = 0
+        self.next_log = run.env_steps
+        self.log_steps = run.env_steps
+
+    def on_training_start(self, run: RunState) -> None:
+        self.log_steps = run.env_steps
+        age = process_age()
+        if age is not None and not run.requests[0].resume:
+            for sink in run.sinks:  # how long the command took to reach its first env step
+                sink.log({"perf/startup_s": age}, run.env_steps)
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        graph = run.trainer.graph
+        if graph is not None and graph.calls == 2:
+            _report_capture(run, graph)
+        stacked = torch.stack([v.float() for v in losses.values()])
+        self.loss_sum = stacked if self.loss_sum is None else self.loss_sum + stacked
+        self.loss_iterations += 1
+        if run.env_steps >= self.next_log or run.env_steps >= run.total_env_steps:
+            self._log(run, list(losses))
+            self.next_log = run.env_steps + run.spec.train.log_interval
+
+    def _log(self, run: RunState, keys: list[str]) -> None:
+        values = (self.loss_sum / self.loss_iterations).tolist()  # [loss][seed]
+        self.loss_sum, self.loss_iterations = None, 0
+        for index, seed in enumerate(run.seeds):
+            bad = [k for k, v in zip(keys, values, strict=True) if not math.isfinite(v[index])]
+            if bad:
+                raise NonFiniteLoss(
+                    f"non-finite loss by env step {run.env_steps} (seed {seed}): {', '.join(bad)}"
+                )
+        now = time.perf_counter()
+        rate = (run.env_steps - self.log_steps) / max(now - run.clock.tick, 1e-9)
+        run.clock.tick, self.log_steps = now, run.env_steps
+        episodes = run.trainer.stats.take()
+        pooled = run.pool.metrics() if run.pool is not None else [{}] * len(run.seeds)
+        agents = run.requests[0].env_info.n_agents
+        for index, sink in enumerate(run.sinks):
+            if episodes[index] is not None:
+                run.last_return[index] = episodes[index]["return_mean"]
+            metrics = {k: v[index] for k, v in zip(keys, values, strict=True)}
+            metrics["perf/env_steps_per_s"] = rate
+            metrics["perf/agent_steps_per_s"] = rate * agents
+            if run.threads is not None:
+                metrics["perf/threads"] = run.threads
+            metrics.update(pooled[index])
+            if episodes[index] is not None:
+                trained = episodes[index].items()
+                metrics.update({f"train/{k}": v for k, v in trained if k != "episodes"})
+            sink.log(metrics, run.env_steps)
+
+
+def _report_capture(run: RunState, graph) -> None:
+    """Once, at the iteration that was captured: its capture time, or why it ran eagerly."""
+    if graph.failed:
+        for request in run.requests:
+            tag = f"eager (capture failed: {graph.failed})"
+            run.client.set_tag(request.run_id, COMPILE_TAG, tag)
+        return
+    for sink in run.sinks:
+        sink.log({"perf/capture_s": graph.capture_seconds}, run.env_steps)
+
+
+class Evaluator(Part):
+    """The untrained policy's score, one every `train.eval_every` env steps (a sweep's
+    objective, sent as progress events too) and the final one, which the run's result
+    reports."""
+
+    def __init__(self, run: RunState):
+        self.every, self.episodes = run.spec.train.eval_every, run.spec.train.eval_episodes
+
+    def scores(self, run: RunState) -> list[dict]:
+        return eval_metrics(run.trainer, run.eval_env, self.episodes, run.eval_seeds)
+
+    def on_start(self, run: RunState) -> None:
+        if self.every and run.env_steps == 0:
+            # The untrained policy's score is where every learning curve starts. Logged
+            # only: a sweep's pruner is not shown a score no training has produced yet.
+            for sink, scores in zip(run.sinks, self.scores(run), strict=True):
+                sink.log(scores, 0)
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        steps = run.env_steps
+        if not self.every or steps < run.next_eval or steps >= run.total_env_steps:
+            return
+        with run.clock.paused():  # throughput counts training only
+            for index, scores in enumerate(self.scores(run)):
+                run.sinks[index].log(scores, steps)
+                if run.progress is not None:
+                    seed = run.seeds[index]
+                    event = {"kind": "eval", "seed": seed, "step": steps, "metrics": scores}
+                    run.progress(event)
+            run.next_eval = (steps // self.every + 1) * self.every
+
+    def on_end(self, run: RunState) -> None:
+        rate = run.clock.mean_rate(run.env_steps)
+        for index, final in enumerate(self.scores(run)):
+            final["perf/env_steps_per_s_mean"] = rate
+            run.sinks[index].log(final, run.env_steps)
+            result = run.results[index]
+            result.steps_per_s = rate
+            result.final_return = final.get("eval/return_mean")
+            result.env_steps = run.env_steps
+
+
+class Checkpointer(Part):
+    """A checkpoint every `train.checkpoint_every` env steps, on Ctrl-C and at the end, and
+    the final policy; a checkpoint never gets ahead of the metrics logged before it."""
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        every = run.spec.train.checkpoint_every
+        if every and run.env_steps >= run.next_checkpoint:
+            run.next_checkpoint = (run.env_steps // every + 1) * every
+            with run.clock.paused():
+                run.flush()
+                save_checkpoints(run)
+
+    def on_interrupt(self, run: RunState) -> None:
+        import signal
+        import threading
+
+        # A second Ctrl-C or SIGTERM must not cut the checkpoint short.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        run.flush()
+        save_checkpoints(run)
+
+    def on_end(self, run: RunState) -> None:
+        save_checkpoints(run)
+        for index, request in enumerate(run.requests):
+            policies = run.trainer.seed_state(index)["policies"]
+            _log_torch(run.client, request.run_id, {"policies": policies}, POLICY)
+
+
+class ProgressEvents(Part):
+    """Where each seed stands, after every iteration, for the live display."""
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        for index, request in enumerate(run.requests):
+            p = request.run
+            event = {"index": p.index, "seed": p.seed, "step": run.env_steps}
+            event |= {"total": p.total_env_steps, "return": run.last_return[index]}
+            run.progress(event)
+
+
+class Pruning(Part):
+    """A sweep's pruner sets `stop`: the run ends after this iteration, without a final
+    evaluation or checkpoint."""
+
+    def __init__(self, stop):
+        self.stop = stop
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        if self.stop.is_set():
+            run.pruned_at = run.env_steps
+
+
+def parts_for(run: RunState) -> list[Part]:
+    """The run's parts, in the order their hooks run."""
+    plan, stop = run.requests[0].run, run.requests[0].stop
+    parts: list[Part] = []
+    if plan.max_threads > 1:  # threads_per_run: auto follows the cores left free
+        parts.append(ThreadWatch(plan.max_threads))
+    if run.pool is not None:
+        parts.append(PoolSnapshots())
+    parts += [MetricLogger(run), Evaluator(run), Checkpointer()]
+    if run.progress is not None:
+        parts.append(ProgressEvents())
+    if stop is not None:
+        parts.append(Pruning(stop))
+    return parts
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's /proc), or None where it cannot be read.
+    In a run's own process (`hardware.parallel_runs` > 1) it counts from that process."""
+    import os
+    from pathlib import Path
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
+
+# ---- checkpoints: one file per seed, in the single-seed layout
+
+
+def save_checkpoints(run: RunState) -> None:
+    for index, request in enumerate(run.requests):
+        state = {
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "trainer": run.trainer.seed_state(index),
+            "env_steps": run.env_steps,
+            "next_eval": run.next_eval,
+            "next_checkpoint": run.next_checkpoint,
+            "torch_rng": torch.get_rng_state(),
+        }
+        if run.pool is not None:  # the snapshots, their win rates, the schedule
+            state["pool"] = run.pool.seed_state(index)
+        _log_torch(run.client, request.run_id, state, CHECKPOINT)
+
+
+def load_checkpoint(client, run_id: str) -> dict | None:
+    folder = CHECKPOINT.rsplit("/", 1)[0]
+    if not any(f.path == CHECKPOINT for f in client.list_artifacts(run_id, folder)):
+        return None
+    with staging() as tmp:
+        path = client.download_artifacts(run_id, CHECKPOINT, str(tmp))
+        return load_tensors(path, CHECKPOINT)
+
+
+def _log_torch(client, run_id: str, state: dict, artifact: str) -> None:
+    folder, name = artifact.rsplit("/", 1)
+    with staging() as tmp:
+        path = tmp / name
+        torch.save(state, path)
+        client.log_artifact(run_id, str(path), artifact_path=folder)
