@@ -359,7 +359,7 @@ def test_list_envs_says_how_to_install_an_env_that_is_missing(monkeypatch) -> No
     assert rows["mpe/simple_tag"]["preset"] == "simple_tag"
     from marlctl import cli
 
-    monkeypatch.setattr(cli.out, "_width", 250)  # one table row per env
+    monkeypatch.setattr(cli.output.out, "_width", 250)  # one table row per env
     table = runner.invoke(app, ["list", "envs"]).output
     (line,) = [line for line in table.splitlines() if "sisl/multiwalker" in line]
     assert "no: pip install 'marlctl[sisl]'" in line

@@ -174,7 +174,7 @@ def test_a_defect_prints_one_line_and_keeps_the_traceback(as_json, monkeypatch, 
     def broken(*args, **kwargs):
         raise RuntimeError("something internal\nwith a second line")
 
-    monkeypatch.setattr(cli, "_load", broken)
+    monkeypatch.setattr(cli.validate, "load", broken)
     Path("spec.yaml").write_text(MINIMAL)
     args = ["validate", "spec.yaml", *(["--json"] if as_json else [])]
     code, out, err = main(monkeypatch, capsys, *args)

@@ -260,7 +260,7 @@ def test_a_study_continues_only_with_the_space_it_began_with(tmp_path: Path, mon
     from marlctl import cli
 
     shown = []  # the progress display: a refused sweep never opens it
-    monkeypatch.setattr(cli, "_with_sweep_progress", lambda *args: shown.append(args))
+    monkeypatch.setattr(cli.sweep, "with_sweep_progress", lambda *args: shown.append(args))
     spec = write_spec(tmp_path, {**TINY, "sweep": {"space": {"algo.clip": {"choices": [0.2]}}}})
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "optuna.journal"))

@@ -653,14 +653,14 @@ def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = [RunResult(0, 0, "a" * 32, "FINISHED"), RunResult(1, 1, "b" * 32, "KILLED")]
     buffer = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=buffer, width=80))
+    monkeypatch.setattr(cli.output, "out", Console(file=buffer, width=80))
     default = Summary("spread", f"sqlite:///{tmp_path / 'mlflow.db'}", "c" * 32, runs)
-    cli._print_summary(default)
+    cli.run._print_summary(default)
     text = buffer.getvalue()
     assert "interrupted" in text and "failed" not in text
     assert f"to continue: marlctl run --resume {'c' * 32}\n" in text
     elsewhere = Summary("spread", "sqlite:////data/runs.db", "c" * 32, runs)
-    assert cli.resume_command(elsewhere).endswith("--tracking-uri sqlite:////data/runs.db")
+    assert cli.run.resume_command(elsewhere).endswith("--tracking-uri sqlite:////data/runs.db")
 
 
 def test_progress_and_summary_fit_80_columns_without_cutting_a_value(monkeypatch):
@@ -675,8 +675,8 @@ def test_progress_and_summary_fit_80_columns_without_cutting_a_value(monkeypatch
     from marlctl.train.runner import RunResult
 
     buffer = io.StringIO()
-    monkeypatch.setattr(cli, "err", Console(file=buffer, width=80))
-    monkeypatch.setattr(cli, "out", Console(file=buffer, width=80))
+    monkeypatch.setattr(cli.output, "err", Console(file=buffer, width=80))
+    monkeypatch.setattr(cli.output, "out", Console(file=buffer, width=80))
     plan = SimpleNamespace(
         runs=[SimpleNamespace(seed=s, total_env_steps=6_000_000) for s in (0, 1)]
     )
@@ -687,9 +687,11 @@ def test_progress_and_summary_fit_80_columns_without_cutting_a_value(monkeypatch
             update({"seed": 1, "step": step, "total": 6_000_000, "return": -126.49})
         update({"kind": "eval", "seed": 1, "metrics": {"eval/return_mean": -114.1}})
 
-    cli._with_progress(work, as_json=False)
+    cli.progress.with_progress(work, as_json=False)
     runs = [RunResult(0, 10, "d" * 32, "FINISHED", 6_000_000, -14.82, 123_456.7)]
-    cli._print_summary(Summary("spread-mappo-native-a-long-name", "sqlite:///x.db", "e" * 32, runs))
+    cli.run._print_summary(
+        Summary("spread-mappo-native-a-long-name", "sqlite:///x.db", "e" * 32, runs)
+    )
     text = buffer.getvalue()
     assert "4.50M/6.00M" in text and "-126.49" in text and "-114.10" in text, text
     assert "…" not in text, text

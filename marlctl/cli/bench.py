@@ -1,0 +1,114 @@
+"""`marlctl bench`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from marlctl.cli import output
+from marlctl.cli.app import JsonOpt, Overrides, load
+from marlctl.cli.output import arg_problem, emit_json, exit_codes, stop_on_sigterm
+from marlctl.errors import SpecError
+
+NumEnvsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--num-envs",
+        metavar="N,N,...",
+        help="num_envs values to measure (default: a sweep for the backend and device).",
+    ),
+]
+SecondsOpt = Annotated[
+    float, typer.Option("--seconds", min=0.1, max=600, help="Measured time per point.")
+]
+EnvOnlyOpt = Annotated[
+    bool, typer.Option("--env-only", help="Measure env stepping only, no training.")
+]
+
+
+def bench(
+    spec: Annotated[str, typer.Argument(help="Spec file (.yaml or .toml).")],
+    overrides: Overrides = None,
+    num_envs: NumEnvsOpt = None,
+    seconds: SecondsOpt = 2.0,
+    env_only: EnvOnlyOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure env-only and training throughput of the spec's env and algorithm."""
+    stop_on_sigterm()
+    with exit_codes(as_json):
+        sweep = _parse_sizes(num_envs)
+        loaded, plan = load(spec, overrides)
+        from marlctl.bench import learning_note, run_bench
+
+        console = output.err if as_json else output.out
+        console.print(
+            f"[bold]{plan.env.id}[/bold] ({loaded.spec.env.backend}) · {plan.algo} · "
+            f"{plan.runs[0].device} · {plan.runs[0].threads} thread(s)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        # Progress on one transient line; the figures are printed once, in the table.
+        with output.err.status("measuring env num_envs=…", spinner="dots") as status:
+
+            def show(point) -> None:
+                status.update(f"measured {point.kind} num_envs={point.num_envs}; measuring on…")
+
+            from marlctl.cores import passive_wait
+
+            with passive_wait(plan.passive_wait):  # as `run` would train it
+                result = run_bench(loaded, plan, sweep, seconds, train=not env_only, report=show)
+    data = result.to_dict()
+    best = result.best("train")
+    if best is not None:
+        data["suggestion_note"] = learning_note(loaded.spec, best.num_envs)
+    if not as_json:
+        batched = any(p.seeds > 1 for p in result.points)
+        graphs = any(p.mode != "eager" for p in result.points)
+        columns = ["measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB"]
+        table = Table(
+            *columns,
+            *(["seeds", "env steps/s per seed"] if batched else []),
+            *(["mode", "compile s"] if graphs else []),
+        )
+        for p in result.points:
+            extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []
+            row = [
+                p.kind,
+                str(p.num_envs),
+                f"{p.env_steps_per_s:,.0f}",
+                f"{p.agent_steps_per_s:,.0f}",
+                f"{p.peak_memory_mb:,.0f}",
+            ]
+            table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []), *extra)
+        output.out.print(table)
+        if result.skipped:
+            output.out.print(
+                f"not measured: {', '.join(result.skipped)} (one call of a smaller size took "
+                f"longer than --seconds {seconds:g}; pass --num-envs to measure them)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if best is not None:
+            output.out.print(
+                f"fastest training: hardware.num_envs={best.num_envs} "
+                f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+    else:
+        emit_json(data)
+
+
+def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise SpecError([arg_problem(f"--num-envs: '{text}' is not a list of positive integers")])
+    return sizes
