@@ -32,7 +32,8 @@ from marlctl.algos.hetero import HAPPOConfig, HATRPOConfig, HeteroConfig
 from marlctl.train.actions import TanhNormal, masked_mean
 from marlctl.train.base import clip_grad_norm_per_seed
 from marlctl.train.core import AgentAdam, adam, select_copy
-from marlctl.train.onpolicy import GroupPolicy, OnPolicyTrainer, entropy, log_prob, set_lr
+from marlctl.train.onpolicy import OnPolicyTrainer, set_lr
+from marlctl.train.policies import GroupPolicy, entropy, log_prob
 
 
 def pick_agent(x: torch.Tensor, copy: torch.Tensor, dim: int) -> torch.Tensor:

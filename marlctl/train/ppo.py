@@ -13,7 +13,8 @@ import torch
 
 from marlctl.algos.ppo import PPOConfig
 from marlctl.train.actions import masked_mean
-from marlctl.train.onpolicy import GroupPolicy, Minibatch, OnPolicyTrainer
+from marlctl.train.onpolicy import OnPolicyTrainer
+from marlctl.train.policies import GroupPolicy, Minibatch
 
 
 class PPOTrainer(OnPolicyTrainer):
