@@ -4,6 +4,7 @@ through others (imports inside functions included)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "marlctl"
@@ -142,3 +143,56 @@ def test_the_trainer_of_every_algorithm_is_the_class_it_registers():
     for name, algo in registered_algos().items():
         module, _, cls = algo.trainer.partition(":")
         assert trainer_class(name) is getattr(importlib.import_module(module), cls), name
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+LONGEST_MODULE = 500  # lines, anywhere in the package
+LONGEST_FUNCTION = 80  # lines, in the modules a spec passes through before training
+PIPELINE = ("cli", "spec", "plan.py", "launch.py", "train/runner.py", "train/lifecycle.py")
+
+
+def _layers() -> dict[str, int]:
+    """Part -> layer, from the table of docs/architecture.md."""
+    layers = {}
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0].isdigit():
+            for part in re.findall(r"`([\w.]+)`", cells[1]):
+                layers[f"marlctl.{part}"] = int(cells[0])
+    return layers
+
+
+def test_every_part_imports_only_parts_of_lower_layers():
+    layers = _layers()
+    graph = _import_graph()
+    parts = set(graph) | {p for targets in graph.values() for p in targets}
+    assert sorted(parts - set(layers)) == []  # every part has its layer in the docs
+    upward = {
+        f"{source} -> {target}": (layers[source], layers[target])
+        for source, targets in graph.items()
+        for target in targets
+        if layers[target] >= layers[source]
+    }
+    assert upward == {}
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST_MODULE
+    }
+    assert long == {}
+
+
+def test_no_function_on_the_way_to_training_is_longer_than_the_limit():
+    long = {}
+    for name in PIPELINE:
+        root = PACKAGE / name
+        for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > LONGEST_FUNCTION:
+                        long[f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}"] = lines
+    assert long == {}
