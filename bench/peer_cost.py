@@ -57,7 +57,7 @@ def benchmarl_timers(algo: str, task: str) -> dict[str, float]:
 def marlctl_timers(algo: str, task: str, iterations: int, threads: int) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
     from marlctl.spec import load_spec
     from marlctl.train.runner import build_trainer, make_env
 

@@ -123,7 +123,7 @@ class Learner:
         import torch
         from mlflow.tracking import MlflowClient
 
-        from marlctl.envs.registry import probe
+        from marlctl.envs.probe import probe
         from marlctl.plan import learner_info
         from marlctl.train.opponents import frozen_player
 

@@ -56,7 +56,7 @@ def learned_groups(client, run_id: str) -> list[str]:
     """The groups a seed run's policy plays: the env's, less those its spec gave players."""
     import tempfile
 
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
     from marlctl.plan import learner_info
     from marlctl.spec import load_spec
     from marlctl.stored import SPEC_ARTIFACT

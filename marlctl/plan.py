@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.algos import registered_algos
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.errors import SpecError
 from marlctl.spec import LoadedSpec, check_spec
 from marlctl.spec.checks import resolve_device, vmas_problem

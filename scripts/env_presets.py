@@ -21,8 +21,7 @@ from typing import Any
 
 import yaml
 
-from marlctl.envs.native import NATIVE_ONLY
-from marlctl.envs.registry import env_params, lookup, preset_name, registered_ids
+from marlctl.envs.registry import backends, env_params, lookup, preset_name, registered_ids
 from marlctl.envs.signature import REQUIRED
 
 PRESETS = Path(__file__).resolve().parent.parent / "envs"
@@ -34,7 +33,7 @@ def preset_text(env_id: str) -> str:
     """The preset of `env_id`: its id, backend and every parameter at its default."""
     entry = lookup(env_id)
     params = env_params(env_id)
-    backend = "native" if env_id in NATIVE_ONLY else "vmas" if entry.suite == "vmas" else "pettingzoo"
+    backend = backends(env_id)[0]
     lines = [
         "# @package env",
         f"# {env_id}: {entry.summary}.",

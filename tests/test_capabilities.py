@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from marlctl.algos import ALGOS, AlgoConfig, register_algo
 from marlctl.cli import app
-from marlctl.envs.registry import ENVS, probe
+from marlctl.envs.families import ENVS
+from marlctl.envs.probe import probe
 
 runner = CliRunner()
 

@@ -15,16 +15,11 @@ import torch
 import yaml
 
 from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.families import ENVS
+from marlctl.envs.info import EnvInfo
 from marlctl.envs.native import is_native, native_class
-from marlctl.envs.registry import (
-    ENVS,
-    EnvInfo,
-    env_params,
-    lookup,
-    preset_name,
-    probe,
-    registered_ids,
-)
+from marlctl.envs.probe import probe
+from marlctl.envs.registry import env_params, lookup, preset_name, registered_ids
 
 PRESETS = Path(__file__).resolve().parent.parent / "envs"
 COPIES = 2

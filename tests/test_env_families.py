@@ -9,8 +9,10 @@ from test_algorithms import QUICK
 from test_training import client, run_json, write_spec
 
 from marlctl.algos import registered_algos
+from marlctl.envs.families import ENVS
 from marlctl.envs.native import NATIVE, NATIVE_ONLY, native_class
-from marlctl.envs.registry import ENVS, EnvLookupError, env_params, lookup, probe
+from marlctl.envs.probe import probe
+from marlctl.envs.registry import EnvLookupError, env_params, lookup
 
 LBF = "lbf/Foraging-8x8-2p-2f-coop-v3"
 RWARE = "rware/rware-tiny-2ag-v2"

@@ -17,17 +17,10 @@ import yaml
 from typer.testing import CliRunner
 
 from marlctl.cli import app
-from marlctl.envs import registry
+from marlctl.envs import families
+from marlctl.envs.families import DISTRIBUTIONS, ENVS, EnvEntry
 from marlctl.envs.native import NATIVE_ONLY
-from marlctl.envs.registry import (
-    DISTRIBUTIONS,
-    ENVS,
-    EnvEntry,
-    env_params,
-    lookup,
-    preset_name,
-    registered_ids,
-)
+from marlctl.envs.registry import env_params, lookup, preset_name, registered_ids
 from marlctl.envs.signature import REQUIRED, FactoryParams, factory_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,13 +85,13 @@ def test_every_preset_validates_and_envs_name_switches_to_it(env_id: str, tmp_pa
 
 def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
     known = {
-        *(f"mpe/{n}" for n in registry.MPE),
-        *(f"sisl/{n}" for n in registry.SISL),
-        *(f"butterfly/{n}" for n in registry.BUTTERFLY),
-        *(f"lbf/{n}" for n in registry.LBF_TASKS),
-        *(f"rware/{n}" for n in registry.RWARE_TASKS),
-        *(f"classic/{n}" for n in registry.CLASSIC),
-        *(e for e in registry.ENVS if e.startswith(("vmas/", "momaland/"))),
+        *(f"mpe/{n}" for n in families.MPE),
+        *(f"sisl/{n}" for n in families.SISL),
+        *(f"butterfly/{n}" for n in families.BUTTERFLY),
+        *(f"lbf/{n}" for n in families.LBF_TASKS),
+        *(f"rware/{n}" for n in families.RWARE_TASKS),
+        *(f"classic/{n}" for n in families.CLASSIC),
+        *(e for e in families.ENVS if e.startswith(("vmas/", "momaland/"))),
         *NATIVE_ONLY,
     }
     for path in sorted(PRESETS.glob("*.y*ml")):
@@ -123,7 +116,7 @@ def test_the_generator_writes_what_is_committed_and_finds_nothing_missing() -> N
 
 def test_suites_that_share_an_env_name_get_prefixed_presets(monkeypatch) -> None:
     clash = EnvEntry("vmas/simple_tag", "vmas:make", "vmas", "VMAS's simple_tag")
-    monkeypatch.setattr(registry, "ENVS", {**registry.ENVS, clash.id: clash})
+    monkeypatch.setattr(families, "ENVS", {**families.ENVS, clash.id: clash})
     assert preset_name("mpe/simple_tag") == "simple_tag"  # listed first: keeps the name
     assert preset_name("vmas/simple_tag") == "vmas_simple_tag"
     assert preset_name("mpe/simple_spread") == "simple_spread"
@@ -347,8 +340,8 @@ def test_every_extra_an_env_names_exists_and_installs_what_it_imports(repo_root:
 def test_list_envs_says_how_to_install_an_env_that_is_missing(monkeypatch) -> None:
     if "sisl/multiwalker" not in ENVS:
         pytest.skip("this PettingZoo has no multiwalker")
-    importable = registry._importable
-    monkeypatch.setattr(registry, "_importable", lambda m: m != "Box2D" and importable(m))
+    importable = families._importable
+    monkeypatch.setattr(families, "_importable", lambda m: m != "Box2D" and importable(m))
     result = runner.invoke(app, ["list", "envs", "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["id"]: row for row in json.loads(result.stdout)["envs"]}
@@ -365,5 +358,5 @@ def test_list_envs_says_how_to_install_an_env_that_is_missing(monkeypatch) -> No
     assert "no: pip install 'marlctl[sisl]'" in line
     # Without an extra to name, the hint names the distributions themselves.
     bare = EnvEntry("x/y", "mpe2.simple_v3:parallel_env", "x", "", ("pygame", "Box2D"))
-    monkeypatch.setattr(registry, "_importable", lambda m: m == "mpe2")
+    monkeypatch.setattr(families, "_importable", lambda m: m == "mpe2")
     assert bare.install_hint == "pip install pygame-ce box2d"

@@ -15,7 +15,7 @@ from gymnasium import spaces
 from test_training import run_json, write_spec
 
 from marlctl.envs.pettingzoo import PettingZooEnv
-from marlctl.envs.registry import probe
+from marlctl.envs.probe import probe
 
 ZOO = "toy_envs:space_zoo"
 RPS = "pettingzoo.classic.rps_v2:parallel_env"

@@ -85,7 +85,7 @@ def test_the_algorithm_template_is_listed_and_learns(tmp_path: Path) -> None:
 
 
 def test_the_pettingzoo_template_validates_and_trains(templates, tmp_path: Path, monkeypatch):
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
 
     monkeypatch.chdir(tmp_path)
     info = probe("pettingzoo_env:parallel_env", {"size": 6})

@@ -639,7 +639,7 @@ def test_the_probe_time_limit_holds_when_env_code_swallows_the_first_timeout():
     attribute lookup) must not swallow the time limit and then build on for minutes."""
     import time
 
-    from marlctl.envs.registry import ProbeTimeout, time_limit
+    from marlctl.envs.probe import ProbeTimeout, time_limit
 
     swallowed = []
     start = time.perf_counter()

@@ -10,7 +10,7 @@ import torch
 
 from marlctl.envs.native import native_class
 from marlctl.envs.pettingzoo import PettingZooEnv
-from marlctl.envs.registry import probe
+from marlctl.envs.probe import probe
 
 GAMES = ["classic/tictactoe", "classic/connect_four"]
 PARAMS = {"opponent": None}

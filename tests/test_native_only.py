@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from marlctl.cli import app
 from marlctl.envs.native import NATIVE_ONLY, native_class
 from marlctl.envs.native.matrix import CLIMBING, penalty
-from marlctl.envs.registry import lookup, probe
+from marlctl.envs.probe import probe
+from marlctl.envs.registry import lookup
 
 runner = CliRunner()
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from marlctl.envs.native import NATIVE, native_class
-from marlctl.envs.registry import describe, lookup, make_env
+from marlctl.envs.probe import describe
+from marlctl.envs.registry import lookup, make_env
 
 ENVS = 4
 TOL = 1e-5

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from marlctl.cli import app
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import GroupInfo
+from marlctl.envs.info import GroupInfo
 
 
 @pytest.fixture(autouse=True)

@@ -74,7 +74,7 @@ def test_a_seed_in_a_batch_computes_exactly_what_it_computes_alone():
 def test_tanh_normal_log_prob_is_torchs_squashed_gaussian_on_the_action_box():
     from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
-    from marlctl.envs.registry import GroupInfo
+    from marlctl.envs.info import GroupInfo
     from marlctl.train.actions import ActionBounds, TanhNormal, softplus_scale
 
     group = GroupInfo("agent", ("a",), (2,), "float32", False, 2, (-2.0, 0.0), (3.0, 1.0))

@@ -202,7 +202,7 @@ def test_agents_that_leave_early_are_inactive_until_the_episode_ends(monkeypatch
     import torch
 
     from marlctl.envs.pettingzoo import PettingZooEnv
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
 
     monkeypatch.syspath_prepend(str(TESTS))
     params = {"max_cycles": 6, "leave_at": 2}

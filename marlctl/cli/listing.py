@@ -144,19 +144,12 @@ def _print_stacked(cells: list[list[str]]) -> None:
 
 
 def _env_row(entry) -> dict:
-    from marlctl.envs.native import NATIVE_ONLY, is_native
-    from marlctl.envs.registry import preset_name
+    from marlctl.envs.registry import backends, preset_name
 
     return {
         "id": entry.id,
         "suite": entry.suite,
-        "backends": ["native"]
-        if entry.id in NATIVE_ONLY
-        else ["pettingzoo", "native"]
-        if is_native(entry.id)
-        else ["vmas"]
-        if entry.suite == "vmas"
-        else ["pettingzoo"],
+        "backends": backends(entry.id),
         "factory": entry.factory,
         "installed": entry.installed,
         "missing": list(entry.missing),  # modules not installed
@@ -168,7 +161,7 @@ def _env_row(entry) -> dict:
 
 def _describe_env(row: dict) -> dict:
     """An env's groups, spaces and global state, built at its preset's params."""
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
     from marlctl.spec import preset_roots
 
     params: dict = {}

@@ -9,7 +9,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 
 
 class Observation(NamedTuple):

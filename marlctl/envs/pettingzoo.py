@@ -14,7 +14,8 @@ import torch
 from gymnasium.spaces import flatten
 
 from marlctl.envs.batch import Observation, Transition
-from marlctl.envs.registry import EnvInfo, make_env
+from marlctl.envs.info import EnvInfo
+from marlctl.envs.registry import make_env
 
 Arrays = dict[str, np.ndarray]
 

@@ -156,7 +156,7 @@ class VmasEnv:
         import torch
         import vmas
 
-        from marlctl.envs.registry import EnvInfo, GroupInfo, _group_name
+        from marlctl.envs.info import EnvInfo, GroupInfo, group_name
 
         known = parameters(scenario)
         unknown = [k for k in params if not known.accepts(k)]
@@ -201,7 +201,7 @@ class VmasEnv:
                     f"VMAS agent '{members[0]}' has action space {act}; set "
                     "multidiscrete_actions: false"
                 )
-            name = _group_name(members)
+            name = group_name(members)
             while name in taken:
                 name += "_"
             taken.add(name)

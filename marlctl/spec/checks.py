@@ -14,7 +14,7 @@ from marlctl.spec.provenance import LoadedSpec, Provenance, sort_problems
 from marlctl.spec.teams import learning_teams, team_rollouts
 
 if TYPE_CHECKING:
-    from marlctl.envs.registry import EnvInfo
+    from marlctl.envs.info import EnvInfo
 
 
 def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvInfo:
@@ -42,7 +42,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
 
 def probed_env(loaded: LoadedSpec) -> EnvInfo:
     """The spec's env, built, reset and stepped once; SpecError at its lines if it fails."""
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
 
     spec, prov = loaded.spec, loaded.provenance
     params = dict(spec.env.params)
@@ -333,7 +333,7 @@ def probe_problems(data: dict[str, Any], provenance: Provenance) -> list[Problem
     problem = native_params_problem(env["id"], env.get("backend"), params, provenance)
     if problem is not None:
         return [problem]
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
 
     try:
         probe(env["id"], params)

@@ -13,7 +13,7 @@ from marlctl.spec.provenance import LoadedSpec
 from marlctl.spec.teams import learner_info
 
 if TYPE_CHECKING:
-    from marlctl.envs.registry import EnvInfo
+    from marlctl.envs.info import EnvInfo
 
 # The players are built by the trainers, which import the spec: they are named here and
 # imported only for a spec that has such players, as the algorithm registry names its

@@ -228,12 +228,8 @@ def env_problem(
 ) -> Problem:
     """What building, resetting or stepping the env once raised, placed on the spec."""
     from marlctl.callables import UserCodeError
-    from marlctl.envs.registry import (
-        EnvLookupError,
-        ProbeTimeout,
-        UnsupportedSpace,
-        module_path_hint,
-    )
+    from marlctl.envs.probe import ProbeTimeout, UnsupportedSpace
+    from marlctl.envs.registry import EnvLookupError, module_path_hint
 
     if isinstance(err, EnvLookupError):
         near = [Path.cwd(), provenance.spec.path.parent]

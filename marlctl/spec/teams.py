@@ -10,7 +10,7 @@ from marlctl.algos import registered_algos
 from marlctl.spec.models import Spec
 
 if TYPE_CHECKING:
-    from marlctl.envs.registry import EnvInfo
+    from marlctl.envs.info import EnvInfo
 
 
 def learning_teams(spec, info: EnvInfo):

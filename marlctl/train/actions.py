@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal
 
-from marlctl.envs.registry import GroupInfo
+from marlctl.envs.info import GroupInfo
 
 
 def flat_obs(obs: torch.Tensor, group: GroupInfo) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from marlctl.envs.batch import Observation, Transition
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import action_bounds, one_hot, uniform_probs
 from marlctl.train.core import EpisodeStats, inclusive_cumsum, per_seed

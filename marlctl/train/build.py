@@ -12,7 +12,7 @@ import importlib
 import torch
 
 from marlctl.algos import registered_algos
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.spec.models import Spec
 from marlctl.train.base import Trainer, TrainerSetup
 

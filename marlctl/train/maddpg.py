@@ -23,7 +23,7 @@ from torch import nn
 
 from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import GroupInfo
+from marlctl.envs.info import GroupInfo
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
 from marlctl.train.base import TrainerSetup, freeze
 from marlctl.train.core import adam

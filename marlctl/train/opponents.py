@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from marlctl.envs.batch import Observation, Transition, Wrapper, only, transition_for
-from marlctl.envs.registry import EnvInfo, GroupInfo
+from marlctl.envs.info import EnvInfo, GroupInfo
 from marlctl.errors import SpecError, one_line
 from marlctl.plan import learner_info
 from marlctl.spec.models import RANDOM_PLAYER, Spec, run_ref
@@ -226,7 +226,7 @@ def frozen_source(client, spec: Spec, info: EnvInfo, name: str, ref: str):
             raise ValueError(named) from None
     if name in theirs.opponents:
         raise ValueError(f"group '{name}' did not learn in run '{seed_id}'")
-    from marlctl.envs.registry import probe
+    from marlctl.envs.probe import probe
 
     their_info = learner_info(probe(theirs.env.id, dict(theirs.env.params)), theirs)
     mine = next(g for g in info.groups if g.name == name)

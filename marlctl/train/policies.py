@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from marlctl.envs.batch import Observation
-from marlctl.envs.registry import GroupInfo
+from marlctl.envs.info import GroupInfo
 from marlctl.train.actions import (
     ActionBounds,
     TanhNormal,

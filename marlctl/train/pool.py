@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from marlctl.envs.batch import Observation, Transition, Wrapper
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.spec.models import PoolSpec, Spec
 
 WIN_RATE_STEP = 0.02  # weight of one new game in a snapshot's running win rate

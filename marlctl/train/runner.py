@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from marlctl.envs.batch import BatchedEnv
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, PRUNED_TAG

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from marlctl.envs.batch import Observation, Transition, only, transition_for
-from marlctl.envs.registry import EnvInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.train.core import EpisodeStats, per_seed_outcomes
 
 DEFAULT = ""  # the default team's name: its keys are unprefixed

@@ -10,9 +10,9 @@ Pure (no torch import): `validate` checks a `backend: native` spec against this 
 from __future__ import annotations
 
 import importlib
-import re
 from typing import Any
 
+from marlctl.envs.families import LBF_TASK
 from marlctl.envs.native.params import choice, flag, integer, number
 
 NATIVE: dict[str, str] = {
@@ -72,17 +72,11 @@ UNSUPPORTED = {
 }
 
 
-_FORAGING = re.compile(
-    r"^Foraging(?P<grid>-grid)?(?:-(?P<sight>\d+)s)?-(?P<size>\d+)x(?P=size)-(?P<players>\d+)p"
-    r"-(?P<food>\d+)f(?P<coop>-coop)?(?P<ind>-ind)?(?P<pen>-pen)?-v3$"
-)
-
-
 def foraging_task(task: str) -> dict[str, Any] | None:
     """The `lbforaging` package's registration keywords of a `Foraging...-v3` task name (as
     its `__init__` registers them), or None for another name."""
-    m = _FORAGING.match(task)
-    if m is None:
+    m = LBF_TASK.match(task)
+    if m is None or m["version"] != "3":  # the version the native kernel reproduces
         return None
     size = int(m["size"])
     return {

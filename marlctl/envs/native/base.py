@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.info import EnvInfo, GroupInfo
 from marlctl.envs.native.params import integer
-from marlctl.envs.registry import EnvInfo, GroupInfo
 from marlctl.envs.signature import FactoryParams, method_params
 
 

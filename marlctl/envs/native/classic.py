@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from marlctl.envs.batch import Observation
+from marlctl.envs.info import GroupInfo
 from marlctl.envs.native.base import NativeEnv
-from marlctl.envs.registry import GroupInfo
 from marlctl.envs.signature import FactoryParams
 
 

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from marlctl.envs.batch import Observation, Transition
+from marlctl.envs.families import ENVS
+from marlctl.envs.info import EnvInfo, GroupInfo, group_name
 from marlctl.envs.native import RENDER_ONLY, UNSUPPORTED
 from marlctl.envs.native.base import SeededBatch
-from marlctl.envs.registry import EnvInfo, GroupInfo, _group_name, lookup
 
 DIM_P = 2
 MOVE = 5  # no-op, left, right, down, up
@@ -177,7 +178,7 @@ class MPEWorld(SeededBatch):
         taken: set[str] = set()
         for (obs_dim, discrete, n_actions), members in keys.items():
             names = [layout.agents[i].name for i in members]
-            name = _group_name(names)
+            name = group_name(names)
             while name in taken:
                 name += "_"
             taken.add(name)
@@ -193,7 +194,7 @@ class MPEWorld(SeededBatch):
             if len(flags) != 1:
                 raise ValueError(f"agents {names} share spaces but not movable/silent flags")
             self._group_flags[name] = flags.pop()
-        entry = lookup(self.env_id)
+        entry = ENVS[self.env_id]  # the PettingZoo env this one steps as
         agents = tuple(a.name for a in layout.agents)
         state_dim = sum(layout.obs_dims.values())
         self.info = EnvInfo(entry.id, entry.factory, tuple(groups), state_dim, True, agents)
