@@ -214,9 +214,9 @@ def test_values_that_would_only_fail_once_running(override, message, monkeypatch
 
 
 def test_an_env_too_large_to_build_quickly_is_refused(monkeypatch, capsys):
-    from marlctl.envs import registry
+    from marlctl.envs import probe
 
-    monkeypatch.setattr(registry, "PROBE_SECONDS", 0.5)
+    monkeypatch.setattr(probe, "PROBE_SECONDS", 0.5)
     Path("spec.yaml").write_text(MINIMAL)
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "env.params.N=3000")
     assert "env.params: building, resetting and stepping env 'mpe/simple_spread' once took" in err
