@@ -64,3 +64,12 @@ def test_one_parser_reads_foraging_task_names():
     assert keywords["sight"] == 2 and keywords["field_size"] == (8, 8) and keywords["force_coop"]
     assert foraging_task("Foraging-8x8-2p-2f-v2") is None  # not the version the kernel steps
     assert families.LBF_TASK.match("Foraging-8x10-2p-2f-v3") is None  # the package's are square
+
+
+def test_momaland_is_listed_without_momaland(monkeypatch):
+    importable = families._importable
+    monkeypatch.setattr(families, "_importable", lambda m: m != "momaland" and importable(m))
+    entries = list(families._momaland())
+    assert [e.id for e in entries] == [f"momaland/{name}" for name in families.MOMALAND]
+    assert all(not e.installed for e in entries)
+    assert {e.install_hint for e in entries} == {"pip install --no-deps momaland"}

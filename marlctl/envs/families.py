@@ -265,8 +265,11 @@ MOMALAND = {
 
 
 def _momaland():
+    """MOMAland's envs at their newest installed version; without MOMAland, listed at their
+    first, not installed, with the command that installs it."""
+    installed = _importable("momaland")
     for name, (package, stem, summary) in MOMALAND.items():
-        module = _latest(package, stem)
+        module = _latest(package, stem) if installed else f"{package}.{stem}_v0"
         if module is not None:
             text = f"{summary} (multi-objective)"
             yield EnvEntry(f"momaland/{name}", f"{module}:parallel_env", "momaland", text)
