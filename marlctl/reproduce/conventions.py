@@ -1,0 +1,66 @@
+"""A reference's result in marlctl's conventions, or the reason it cannot be.
+
+marlctl's `eval/return_*` metrics are an episode's return averaged over the agents, from the
+deterministic policy (the most probable action), and a budget counts joint env steps (one
+step moves every agent). A reference that sums the return over its agents is divided by their
+number; one that counts agent steps has its budget divided by the agents. What cannot be
+translated is refused: a stochastic policy's score is not a deterministic one's, and an episode
+of another length is another task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marlctl.reproduce.suite import Reference
+
+
+class Refused(ValueError):
+    """The reference cannot be compared with a marlctl run; the message says why."""
+
+
+@dataclass(frozen=True)
+class Translated:
+    value: float | None
+    interval: tuple[float, float] | None
+    per_seed: tuple[float, ...] | None
+    budget: int  # joint env steps
+    notes: tuple[str, ...]  # what was translated, for the verdict table
+
+
+def translate(reference: Reference, agents: int, episode_length: int | None) -> Translated:
+    """`reference` for an env of `agents` agents whose episodes last `episode_length` steps
+    (None where they end on their own)."""
+    c = reference.conventions
+    if c.evaluation != "deterministic":
+        raise Refused(
+            "the reference evaluates a stochastic policy; marlctl evaluates the deterministic "
+            "one (the most probable action), whose scores differ"
+        )
+    if c.episode_length is not None and c.episode_length != episode_length:
+        raise Refused(
+            f"the reference's episodes last {c.episode_length} steps, the spec's "
+            f"{episode_length if episode_length is not None else 'until they end'}"
+        )
+    if c.agents is not None and c.agents != agents:
+        raise Refused(f"the reference has {c.agents} agents, the spec's env {agents}")
+    scale, notes = 1.0, []
+    if c.aggregation == "sum" and c.metric.startswith("eval/return"):
+        scale = 1.0 / agents
+        notes.append(f"summed return divided by {agents} agents")
+    budget = reference.budget
+    if c.step == "agent":
+        budget = max(1, round(budget / agents))
+        notes.append(f"{reference.budget:,} agent steps are {budget:,} env steps")
+
+    def scaled(v: float) -> float:
+        return v * scale
+
+    low_high = reference.interval
+    return Translated(
+        value=None if reference.value is None else scaled(reference.value),
+        interval=None if low_high is None else (scaled(low_high[0]), scaled(low_high[1])),
+        per_seed=None if reference.per_seed is None else tuple(map(scaled, reference.per_seed)),
+        budget=budget,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,160 @@
+"""Suites of published results: the suite file read and checked like a spec, a reference
+translated to marlctl's conventions or refused, and the verdict on constructed cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from marlctl.errors import SpecError
+from marlctl.reproduce import Refused, decide, load_suite, translate
+from marlctl.reproduce.suite import Reference
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+REFERENCE = {
+    "value": -20.0,
+    "interval": [-21.0, -19.0],
+    "budget": 100_000,
+    "source": {
+        "kind": "paper",
+        "citation": "Someone et al. 2021, arXiv:0000.00000",
+        "table": "Table 2",
+    },
+    "conventions": {
+        "aggregation": "mean",
+        "evaluation": "deterministic",
+        "episodes": 32,
+        "step": "env",
+        "episode_length": 25,
+    },
+    "env_package": {"name": "mpe2", "version": "0.0.1"},
+}
+
+
+def reference(**changes) -> Reference:
+    data = {**REFERENCE, **changes}
+    return Reference.model_validate(data)
+
+
+def write_suite(tmp_path: Path, cells: dict) -> Path:
+    (tmp_path / "spread.yaml").write_text((SPECS / "spread_mappo.yaml").read_text())
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "cells": cells}, sort_keys=False))
+    return path
+
+
+def test_a_suite_reads_its_cells(tmp_path):
+    path = write_suite(
+        tmp_path, {"spread": {"spec": "spread.yaml", "seeds": 3, "reference": REFERENCE}}
+    )
+    suite, folder = load_suite(path)
+    assert folder == tmp_path and list(suite.cells) == ["spread"]
+    assert suite.cells["spread"].reference.conventions.episodes == 32
+
+
+def test_every_malformed_field_is_located(tmp_path):
+    bad = {
+        **REFERENCE,
+        "value": -30.0,  # outside its interval
+        "source": {"kind": "paper", "citation": "x"},  # no table
+        "conventions": {**REFERENCE["conventions"], "evaluation": "greedyish", "episodes": 0},
+        "colour": "blue",
+    }
+    cells = {
+        "a": {"spec": "missing.yaml", "reference": REFERENCE},
+        "b": {"spec": "spread.yaml", "seeds": 0, "reference": bad},
+    }
+    path = write_suite(tmp_path, cells)
+    with pytest.raises(SpecError) as caught:
+        load_suite(path)
+    problems = {p.path: p for p in caught.value.problems}
+    assert set(problems) >= {
+        "cells.b.seeds",
+        "cells.b.reference.source",
+        "cells.b.reference.conventions.evaluation",
+        "cells.b.reference.conventions.episodes",
+        "cells.b.reference.colour",
+    }, problems
+    assert "needs `table`" in problems["cells.b.reference.source"].message
+    assert problems["cells.b.reference.colour"].message == "unknown key"
+    lines = path.read_text().splitlines()
+    assert "seeds: 0" in lines[problems["cells.b.seeds"].line - 1]
+    assert str(path) in str(problems["cells.b.seeds"])
+    # A reference's own rules are checked once its fields are valid.
+    outside = write_suite(
+        tmp_path, {"b": {"spec": "spread.yaml", "reference": {**REFERENCE, "value": -30.0}}}
+    )
+    with pytest.raises(SpecError) as caught:
+        load_suite(outside)
+    (problem,) = caught.value.problems
+    assert problem.path == "cells.b.reference" and "must hold the value -30.0" in problem.message
+    # Once the fields are valid, a spec file that is not there is named at its line.
+    good = write_suite(tmp_path, {"a": {"spec": "missing.yaml", "reference": REFERENCE}})
+    with pytest.raises(SpecError) as caught:
+        load_suite(good)
+    (problem,) = caught.value.problems
+    assert problem.path == "cells.a.spec" and "missing.yaml" in problem.message
+
+
+def test_a_summed_return_and_agent_steps_are_translated():
+    ref = reference(
+        value=-60.0,
+        interval=[-63.0, -57.0],
+        budget=300_000,
+        conventions={**REFERENCE["conventions"], "aggregation": "sum", "step": "agent"},
+    )
+    out = translate(ref, agents=3, episode_length=25)
+    assert out.value == pytest.approx(-20.0) and out.interval == pytest.approx((-21.0, -19.0))
+    assert out.budget == 100_000 and len(out.notes) == 2
+
+
+@pytest.mark.parametrize(
+    ("conventions", "agents", "length", "reason"),
+    [
+        ({"evaluation": "stochastic"}, 3, 25, "stochastic"),
+        ({}, 3, 50, "last 25 steps, the spec's 50"),
+        ({"agents": 4, "aggregation": "sum"}, 3, 25, "4 agents, the spec's env 3"),
+    ],
+)
+def test_what_cannot_be_translated_is_refused_with_the_reason(conventions, agents, length, reason):
+    ref = reference(conventions={**REFERENCE["conventions"], **conventions})
+    with pytest.raises(Refused, match=reason):
+        translate(ref, agents=agents, episode_length=length)
+
+
+def translated(**changes):
+    return translate(reference(**changes), agents=3, episode_length=25)
+
+
+@pytest.mark.parametrize(
+    ("finals", "kind"),
+    [
+        ([-20.5, -19.8, -20.1, -19.6, -20.3], "reproduced"),
+        ([-15.2, -14.8, -15.1, -14.9, -15.0], "above"),
+        ([-25.2, -24.8, -25.1, -24.9, -25.0], "below"),
+        ([-20.0, -20.2], "inconclusive"),  # too few seeds
+    ],
+)
+def test_verdicts_on_constructed_cases(finals, kind):
+    assert decide(finals, translated()).kind == kind
+
+
+def test_a_scaled_budget_is_inconclusive_whatever_the_numbers():
+    verdict = decide([-15.2, -14.8, -15.1, -14.9, -15.0], translated(), scaled=True)
+    assert verdict.kind == "inconclusive" and "scaled" in verdict.reason
+
+
+def test_a_baseline_is_matched_never_reproduced_and_lower_is_better_for_a_loss():
+    finals = [-20.5, -19.8, -20.1, -19.6, -20.3]
+    assert decide(finals, translated(), baseline=True).kind == "matches baseline"
+    assert decide([-25.0] * 3 + [-25.1, -24.9], translated(), maximize=False).kind == "above"
+
+
+def test_per_seed_values_give_the_reference_a_bootstrap_interval():
+    ref = translated(value=None, interval=None, per_seed=[-21.0, -20.0, -19.0, -20.5, -19.5])
+    verdict = decide([-20.2, -19.9, -20.1, -19.8, -20.0], ref)
+    low, high = verdict.reference
+    assert -21.0 <= low < -20.0 < high <= -19.0 and verdict.kind == "reproduced"
