@@ -158,3 +158,66 @@ def test_per_seed_values_give_the_reference_a_bootstrap_interval():
     verdict = decide([-20.2, -19.9, -20.1, -19.8, -20.0], ref)
     low, high = verdict.reference
     assert -21.0 <= low < -20.0 < high <= -19.0 and verdict.kind == "reproduced"
+
+
+TINY_SPEC = """\
+defaults:
+  - envs: simple_spread
+  - algos: mappo
+  - _self_
+env:
+  backend: native
+train:
+  total_env_steps: 100000
+  eval_every: 50000
+  eval_episodes: 4
+  checkpoint_every: 0
+hardware:
+  num_envs: 16
+  batch_seeds: true
+  threads_per_run: 1
+"""
+
+
+def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlctl.cli import app
+
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    wide = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
+    stochastic = {
+        **wide,
+        "conventions": {**REFERENCE["conventions"], "evaluation": "stochastic"},
+    }
+    suite = {
+        "name": "tiny",
+        "cells": {
+            "spread": {"spec": "tiny.yaml", "seeds": 3, "reference": wide},
+            "spread-stochastic": {"spec": "tiny.yaml", "reference": stochastic},
+        },
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    runner = CliRunner()
+    result = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    cells = {c["name"]: c for c in json.loads(result.stdout)["cells"]}
+    ran = cells["spread"]
+    assert ran["kind"] in ("reproduced", "above", "below"), ran
+    assert ran["budget"] == 2_000 and ran["seeds"] == 3 and len(ran["run_id"]) == 32
+    assert ran["ours"]["low"] <= ran["ours"]["value"] <= ran["ours"]["high"]
+    assert ran["reference"] == [-90.0, -5.0]
+    refused = cells["spread-stochastic"]
+    assert refused["kind"] == "refused" and "stochastic" in refused["reason"]
+    assert refused["run_id"] is None  # refused before anything trained
+    # Fewer seeds or a scaled budget: inconclusive, whatever the numbers.
+    args = ["reproduce", str(path), "--cells", "spread", "--seeds", "2", "--budget-scale", "0.5"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    (cell,) = json.loads(result.stdout)["cells"]
+    assert cell["kind"] == "inconclusive" and cell["budget"] == 1_000
+    result = runner.invoke(app, ["reproduce", str(path), "--cells", "nothing*"])
+    assert result.exit_code == 2 and "no cell of tiny matches 'nothing*'" in result.output

@@ -4,7 +4,17 @@ runs a command. torch and mlflow are imported only inside commands that train.""
 
 from __future__ import annotations
 
-from marlctl.cli import bench, evaluate, listing, output, report, run, sweep, validate
+from marlctl.cli import (
+    bench,
+    evaluate,
+    listing,
+    output,
+    report,
+    reproduce,
+    run,
+    sweep,
+    validate,
+)
 from marlctl.cli.app import app
 from marlctl.cli.main import main
 
@@ -17,6 +27,7 @@ for _name, _command in [
     ("sweep", sweep.sweep),
     ("report", report.report),
     ("eval", evaluate.eval_),
+    ("reproduce", reproduce.reproduce),
     ("bench", bench.bench),
     ("list", listing.list_),
 ]:
