@@ -213,6 +213,14 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     refused = cells["spread-stochastic"]
     assert refused["kind"] == "refused" and "stochastic" in refused["reason"]
     assert refused["run_id"] is None  # refused before anything trained
+    # The same suite again: its finished seeds are read back, nothing trains.
+    again = runner.invoke(app, ["reproduce", str(path), "--cells", "spread", "--json"])
+    assert again.exit_code == 0, again.output
+    (same,) = json.loads(again.stdout)["cells"]
+    assert same["run_id"] is None and same["reused"] == 3 and same["ours"] == ran["ours"]
+    rerun = runner.invoke(app, ["reproduce", str(path), "--cells", "spread", "--rerun", "--json"])
+    (trained,) = json.loads(rerun.stdout)["cells"]
+    assert trained["reused"] == 0 and trained["run_id"] not in (None, ran["run_id"])
     # Fewer seeds or a scaled budget: inconclusive, whatever the numbers.
     args = ["reproduce", str(path), "--cells", "spread", "--seeds", "2", "--budget-scale", "0.5"]
     result = runner.invoke(app, [*args, "--json"])

@@ -27,20 +27,28 @@ ScaleOpt = Annotated[
 ]
 
 
+RerunOpt = Annotated[
+    bool,
+    typer.Option("--rerun", help="Train every seed, also those the store holds finished."),
+]
+
+
 def reproduce(
     suite: Annotated[str, typer.Argument(help="Suite file (.yaml or .toml).")],
     overrides: Overrides = None,
     cells: CellsOpt = None,
     seeds: SeedsOpt = None,
     scale: ScaleOpt = 1.0,
+    rerun: RerunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train a suite's cells and judge each against its published reference."""
+    """Train a suite's cells and judge each against its published reference; seeds already
+    finished with the same spec and versions are not trained again."""
     stop_on_sigterm()
     with exit_codes(as_json):
         from marlctl.reproduce.runner import reproduce as run_suite
 
-        outcomes = run_suite(suite, overrides or [], cells, seeds, scale)
+        outcomes = run_suite(suite, overrides or [], cells, seeds, scale, rerun)
     failed = any(o.kind == "failed" for o in outcomes)
     if as_json:
         emit_json({"ok": not failed, "cells": [o.to_dict() for o in outcomes]})
@@ -58,5 +66,6 @@ def _row(o) -> list[str]:
     ours = "—" if o.ours is None else f"{o.ours.value:.2f} [{o.ours.low:.2f}, {o.ours.high:.2f}]"
     ref = "—" if o.reference is None else f"[{o.reference[0]:.2f}, {o.reference[1]:.2f}]"
     verdict = f"{o.kind}: {o.reason}" if o.reason else o.kind
-    return [o.name, verdict, ours, ref, f"{o.budget:,}", str(o.seeds), f"{o.wall_s:.0f} s",
+    seeds = f"{o.seeds} ({o.reused} done before)" if o.reused else str(o.seeds)
+    return [o.name, verdict, ours, ref, f"{o.budget:,}", seeds, f"{o.wall_s:.0f} s",
             o.run_id or "—"]  # fmt: skip

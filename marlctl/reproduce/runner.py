@@ -30,7 +30,8 @@ class CellOutcome:
     budget: int = 0  # env steps per seed
     seeds: int = 0
     wall_s: float = 0.0
-    run_id: str | None = None  # the MLflow parent run of the cell's seeds
+    run_id: str | None = None  # the MLflow parent run of the seeds trained now
+    reused: int = 0  # seeds whose finished runs the store held already
     source: str = ""  # where the reference comes from
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -46,6 +47,32 @@ def episode_length(params: dict[str, Any]) -> int | None:
     return None
 
 
+def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
+    """The seeds of this spec that finished in its store with a final `metric`, by seed: their
+    value and run id. The same spec means the same spec hash (seeds aside), the same versions
+    of marlctl and torch, and the same env package and version."""
+    from marlctl import tracking
+    from marlctl.launch import run_tags
+
+    tags = run_tags(loaded, plan)
+    client = tracking.client_for(loaded.spec.tracking.uri)
+    experiment = client.get_experiment_by_name(plan.experiment)
+    if experiment is None:
+        return {}
+    same = ("marlctl.spec_hash", "marlctl.versions", tracking.ENV_PACKAGE_TAG)
+    query = " and ".join(f"tags.`{k}` = '{_quoted(tags[k])}'" for k in same)
+    found: dict[int, tuple[float, str]] = {}
+    for run in client.search_runs([experiment.experiment_id], f"{query} and status = 'FINISHED'"):
+        seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
+        if seed is not None and value is not None:
+            found.setdefault(int(seed), (value, run.info.run_id))
+    return found
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
 def _load(folder: Path, cell: Cell, overrides: list[str]):
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
@@ -55,11 +82,12 @@ def _load(folder: Path, cell: Cell, overrides: list[str]):
 
 
 def plan_cell(
-    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: int, scale: float
-):
-    """The cell's spec and plan at its translated budget (times `scale`), and the reference in
-    marlctl's conventions; Refused where it cannot be translated."""
-    base = [*overrides, f"name={suite}-{name}", f"seeds=[{','.join(map(str, range(seeds)))}]"]
+    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: list[int],
+    scale: float,
+):  # fmt: skip
+    """The cell's spec and plan for `seeds` at its translated budget (times `scale`), and the
+    reference in marlctl's conventions; Refused where it cannot be translated."""
+    base = [*overrides, f"name={suite}-{name}", f"seeds=[{','.join(map(str, seeds))}]"]
     loaded, plan = _load(folder, cell, base)
     params = dict(loaded.spec.env.params)
     translated = translate(cell.reference, plan.env.n_agents, episode_length(params))
@@ -75,27 +103,43 @@ def plan_cell(
 
 
 def run_cell(
-    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: int, scale: float
-) -> CellOutcome:
+    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: int,
+    scale: float, rerun: bool = False,
+) -> CellOutcome:  # fmt: skip
+    """Train the cell's seeds that its store does not hold finished already (all of them with
+    `rerun`), then judge every seed's final value."""
     from marlctl.launch import run_plan
 
-    ref = cell.reference
+    ref, wanted = cell.reference, list(range(seeds))
     outcome = CellOutcome(name, "failed", seeds=seeds, source=ref.source.citation)
     try:
         loaded, plan, translated, budget = plan_cell(
-            folder, name, cell, suite, overrides, seeds, scale
+            folder, name, cell, suite, overrides, wanted, scale
         )
     except Refused as refusal:
         outcome.kind, outcome.reason = "refused", str(refusal)
         return outcome
     outcome.budget, outcome.notes = budget, translated.notes
-    start = time.perf_counter()
-    summary = run_plan(loaded, plan)
-    outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
-    finals = [r.final_return for r in summary.runs if r.final_return is not None]
-    if not summary.ok or len(finals) != len(summary.runs):
-        failed = [r for r in summary.runs if r.status != "FINISHED"]
-        outcome.reason = "; ".join(f"seed {r.seed}: {r.error}" for r in failed) or "no score"
+    metric = ref.conventions.metric
+    done = {} if rerun else finished_seeds(loaded, plan, metric)
+    missing = [s for s in wanted if s not in done]
+    if missing:
+        if len(missing) < len(wanted):
+            loaded, plan, *_ = plan_cell(folder, name, cell, suite, overrides, missing, scale)
+        start = time.perf_counter()
+        summary = run_plan(loaded, plan)
+        outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
+        if not summary.ok:
+            failed = [r for r in summary.runs if r.status != "FINISHED"]
+            outcome.reason = "; ".join(f"seed {r.seed}: {r.error}" for r in failed)
+            return outcome
+        done = {**done, **{r.seed: (r.final_return, r.run_id) for r in summary.runs}}
+        if metric != "eval/return_mean":  # the runs' summary holds the return only
+            done = {**done, **finished_seeds(loaded, plan, metric)}
+    outcome.reused = len(wanted) - len(missing)
+    finals = [done[s][0] for s in wanted if done.get(s, (None,))[0] is not None]
+    if len(finals) != len(wanted):
+        outcome.reason = f"no final {metric} for {len(wanted) - len(finals)} seed(s)"
         return outcome
     verdict = decide(finals, translated, baseline=ref.source.kind == "baseline", scaled=scale < 1)
     outcome.kind, outcome.reason = verdict.kind, verdict.reason
@@ -117,9 +161,11 @@ def reproduce(
     cells: str | None = None,
     seeds: int | None = None,
     scale: float = 1.0,
+    rerun: bool = False,
 ) -> list[CellOutcome]:
     """Run the suite at `path` (its cells `cells` picks), `seeds` seeds a cell (default: the
-    cell's own), budgets times `scale`: every cell's outcome."""
+    cell's own), budgets times `scale`: every cell's outcome. Seeds whose finished runs the
+    store holds are not trained again unless `rerun`."""
     suite, folder = load_suite(path)
     names = selected(list(suite.cells), cells)
     if not names:
@@ -128,5 +174,5 @@ def reproduce(
     for name in names:
         cell = suite.cells[name]
         count = seeds if seeds is not None else cell.seeds
-        outcomes.append(run_cell(folder, name, cell, suite.name, overrides, count, scale))
+        outcomes.append(run_cell(folder, name, cell, suite.name, overrides, count, scale, rerun))
     return outcomes
