@@ -146,6 +146,29 @@ def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     return tags
 
 
+def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
+    """The seeds of this spec that finished in its store with a final `metric`, by seed: their
+    value and run id. The same spec means the same spec hash (seeds aside), the same versions
+    of marlctl and torch, and the same env package and version."""
+    tags = run_tags(loaded, plan)
+    client = tracking.client_for(loaded.spec.tracking.uri)
+    experiment = client.get_experiment_by_name(plan.experiment)
+    if experiment is None:
+        return {}
+    same = ("marlctl.spec_hash", "marlctl.versions", tracking.ENV_PACKAGE_TAG)
+    query = " and ".join(f"tags.`{k}` = '{_quoted(tags[k])}'" for k in same)
+    found: dict[int, tuple[float, str]] = {}
+    for run in client.search_runs([experiment.experiment_id], f"{query} and status = 'FINISHED'"):
+        seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
+        if seed is not None and value is not None:
+            found.setdefault(int(seed), (value, run.info.run_id))
+    return found
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
 def resume(
     run_id: str,
     tracking_uri: str | None,

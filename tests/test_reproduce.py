@@ -229,3 +229,26 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     assert cell["kind"] == "inconclusive" and cell["budget"] == 1_000
     result = runner.invoke(app, ["reproduce", str(path), "--cells", "nothing*"])
     assert result.exit_code == 2 and "no cell of tiny matches 'nothing*'" in result.output
+
+
+def test_run_skip_finished_trains_only_the_seeds_not_finished_before(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl.cli import app
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY_SPEC.replace("100000", "2000").replace("50000", "1000"))
+    runner = CliRunner()
+    first = runner.invoke(app, ["run", str(spec), "seeds=[0,1]", "--json"])
+    assert first.exit_code == 0, first.output
+    done = {r["seed"]: r["run_id"] for r in json.loads(first.stdout)["runs"]}
+    again = runner.invoke(app, ["run", str(spec), "seeds=[0,1]", "--skip-finished", "--json"])
+    assert again.exit_code == 0, again.output
+    document = json.loads(again.stdout)
+    assert document["trained"] == []
+    assert {r["seed"]: r["run_id"] for r in document["finished_before"]} == done
+    more = runner.invoke(app, ["run", str(spec), "seeds=[0,1,2]", "--skip-finished", "--json"])
+    assert more.exit_code == 0, more.output
+    assert [r["seed"] for r in json.loads(more.stdout[more.stdout.index("{") :])["runs"]] == [2]

@@ -11,7 +11,14 @@ from rich.text import Text
 
 from marlctl.cli import output
 from marlctl.cli.app import JsonOpt, Overrides, TrustOpt, load, trust
-from marlctl.cli.output import arg_problem, emit_json, exit_codes, stop_on_sigterm
+from marlctl.cli.output import (
+    arg_problem,
+    emit_json,
+    exit_codes,
+    print_rows,
+    say,
+    stop_on_sigterm,
+)
 from marlctl.cli.progress import with_progress
 from marlctl.errors import SpecError
 from marlctl.redact import redact
@@ -35,6 +42,14 @@ def run(
             "--tracking-uri", help="MLflow store holding the run to resume (default: ./mlflow.db)."
         ),
     ] = None,
+    skip_finished: Annotated[
+        bool,
+        typer.Option(
+            "--skip-finished",
+            help="Train only the seeds the store does not hold finished with the same spec and "
+            "versions.",
+        ),
+    ] = False,
     trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -55,6 +70,10 @@ def run(
             if dry_run:
                 _print_plan(plan, loaded, as_json)
                 return
+            if skip_finished:
+                loaded, plan = _unfinished(spec, overrides, loaded, plan, as_json)
+                if plan is None:
+                    return
             from marlctl.cores import passive_wait
 
             # Set before torch loads: OpenMP reads how to wait once, as it starts.
@@ -72,6 +91,39 @@ def run(
         raise typer.Exit(130)
     if not summary.ok:
         raise typer.Exit(1)
+
+
+def _unfinished(spec: str, overrides: list[str] | None, loaded, plan, as_json: bool):
+    """The spec and plan of the seeds the store does not hold finished; (loaded, None) where
+    every seed finished before, which it prints."""
+    from marlctl.launch import finished_seeds
+
+    done = finished_seeds(loaded, plan, "eval/return_mean")
+    todo = [r.seed for r in plan.runs if r.seed not in done]
+    seeds = {r.seed for r in plan.runs}
+    skipped = [
+        {"seed": s, "run_id": run_id, "eval_return": value}
+        for s, (value, run_id) in sorted(done.items())
+        if s in seeds
+    ]
+    if not todo:
+        if as_json:
+            emit_json({"ok": True, "trained": [], "finished_before": skipped})
+        else:
+            output.out.print("every seed finished before with this spec; nothing to train")
+            cells = [[str(r["seed"]), f"{r['eval_return']:.2f}", r["run_id"]] for r in skipped]
+            print_rows(["seed", "eval return", "MLflow run"], cells, whole=(2,))
+        return loaded, None
+    if skipped:
+        listed = ", ".join(str(r["seed"]) for r in skipped)
+        say(
+            output.err,
+            f"seeds {listed} finished before with this spec: not trained again",
+            "note",
+            "yellow",
+        )
+        loaded, plan = load(spec, [*(overrides or []), f"seeds=[{','.join(map(str, todo))}]"])
+    return loaded, plan
 
 
 def _print_plan(plan, loaded, as_json: bool) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from marlctl.errors import SpecError
+from marlctl.launch import finished_seeds
 from marlctl.report.stats import Estimate
 from marlctl.reproduce.conventions import Refused, translate
 from marlctl.reproduce.suite import Cell, load_suite
@@ -45,32 +46,6 @@ def episode_length(params: dict[str, Any]) -> int | None:
         if isinstance(params.get(name), int):
             return params[name]
     return None
-
-
-def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
-    """The seeds of this spec that finished in its store with a final `metric`, by seed: their
-    value and run id. The same spec means the same spec hash (seeds aside), the same versions
-    of marlctl and torch, and the same env package and version."""
-    from marlctl import tracking
-    from marlctl.launch import run_tags
-
-    tags = run_tags(loaded, plan)
-    client = tracking.client_for(loaded.spec.tracking.uri)
-    experiment = client.get_experiment_by_name(plan.experiment)
-    if experiment is None:
-        return {}
-    same = ("marlctl.spec_hash", "marlctl.versions", tracking.ENV_PACKAGE_TAG)
-    query = " and ".join(f"tags.`{k}` = '{_quoted(tags[k])}'" for k in same)
-    found: dict[int, tuple[float, str]] = {}
-    for run in client.search_runs([experiment.experiment_id], f"{query} and status = 'FINISHED'"):
-        seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
-        if seed is not None and value is not None:
-            found.setdefault(int(seed), (value, run.info.run_id))
-    return found
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _load(folder: Path, cell: Cell, overrides: list[str]):
