@@ -122,18 +122,28 @@ def run_plan(
     return summary
 
 
+def identity_tags(loaded: LoadedSpec) -> dict[str, str]:
+    """What makes two runs of a spec the same experiment: the spec's hash (seeds aside), the
+    versions of marlctl and torch, and the env package with its version."""
+    from marlctl.envs.registry import env_package
+
+    env = loaded.spec.env
+    return {
+        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
+        "marlctl.versions": tracking.package_versions(),
+        tracking.ENV_PACKAGE_TAG: env_package(env.id, env.backend),
+    }
+
+
 def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     """Tags every run of a spec carries: what it trains and with which code."""
-    from marlctl.envs.registry import env_package
     from marlctl.plan import unused_fields
 
     spec = loaded.spec
     tags = {
-        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
-        "marlctl.versions": tracking.package_versions(),
+        **identity_tags(loaded),
         "marlctl.algo": plan.algo,
         "marlctl.env": plan.env.id,
-        tracking.ENV_PACKAGE_TAG: env_package(spec.env.id, spec.env.backend),
         tracking.UNUSED_TAG: ",".join(unused_fields(spec, plan.env)),
     }
     if plan.threads_note:
@@ -147,18 +157,19 @@ def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
 
 
 def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
-    """The seeds of this spec that finished in its store with a final `metric`, by seed: their
-    value and run id. The same spec means the same spec hash (seeds aside), the same versions
-    of marlctl and torch, and the same env package and version."""
-    tags = run_tags(loaded, plan)
+    """The seeds of this spec (`identity_tags`) that finished in its store with a final
+    `metric`, by seed: their value and run id, the newest run of a seed trained more than once."""
     client = tracking.client_for(loaded.spec.tracking.uri)
     experiment = client.get_experiment_by_name(plan.experiment)
     if experiment is None:
         return {}
-    same = ("marlctl.spec_hash", "marlctl.versions", tracking.ENV_PACKAGE_TAG)
-    query = " and ".join(f"tags.`{k}` = '{_quoted(tags[k])}'" for k in same)
+    query = " and ".join(f"tags.`{k}` = '{_quoted(v)}'" for k, v in identity_tags(loaded).items())
     found: dict[int, tuple[float, str]] = {}
-    for run in client.search_runs([experiment.experiment_id], f"{query} and status = 'FINISHED'"):
+    newest = ["attributes.start_time DESC"]
+    runs = client.search_runs(
+        [experiment.experiment_id], f"{query} and status = 'FINISHED'", order_by=newest
+    )
+    for run in runs:
         seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
         if seed is not None and value is not None:
             found.setdefault(int(seed), (value, run.info.run_id))

@@ -136,7 +136,7 @@ def field_rows(model: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str
         cells = [f"`{path}`", type_name(field.annotation), bounds(field), default(field)]
         rows.append("| " + " | ".join([*cells, describe(field)]) + " |")
         for key, inner in nested_models(field.annotation):
-            if inner.__name__ == "AlgoConfig" or name == "algo":
+            if name == "algo":  # each algorithm's fields: a section of their own
                 continue
             below.extend(field_rows(inner, f"{path}{key}."))
     return rows + below

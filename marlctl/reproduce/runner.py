@@ -108,9 +108,8 @@ def run_cell(
             failed = [r for r in summary.runs if r.status != "FINISHED"]
             outcome.reason = "; ".join(f"seed {r.seed}: {r.error}" for r in failed)
             return outcome
-        done = {**done, **{r.seed: (r.final_return, r.run_id) for r in summary.runs}}
-        if metric != "eval/return_mean":  # the runs' summary holds the return only
-            done = {**done, **finished_seeds(loaded, plan, metric)}
+        trained = finished_seeds(loaded, plan, metric)  # the newest runs: these
+        done = {**done, **{s: trained[s] for s in missing if s in trained}}
     outcome.reused = len(wanted) - len(missing)
     finals = [done[s][0] for s in wanted if done.get(s, (None,))[0] is not None]
     if len(finals) != len(wanted):
