@@ -71,11 +71,13 @@ def run_plan(
     progress: Progress | None = None,
     parent_id: str | None = None,
     stop: Any = None,
+    tags: dict[str, str] | None = None,
 ) -> Summary:
     """Create the MLflow runs for a validated plan and train every seed.
 
     The seeds' runs go under a new parent run, or under `parent_id` (a sweep's trial run,
-    which its caller creates and ends). `stop` (an Event) ends every seed early.
+    which its caller creates and ends). `stop` (an Event) ends every seed early. `tags` go on
+    every run besides the spec's own (a suite's cell and its reference).
     """
     remove_stale_staging()
     spec = loaded.spec
@@ -83,7 +85,7 @@ def run_plan(
     tracking.check_reachable(uri)
     client = tracking.client_for(uri)
     experiment_id = tracking.ensure_experiment(client, plan.experiment, uri)
-    common = run_tags(loaded, plan)
+    common = {**run_tags(loaded, plan), **(tags or {})}
     params = tracking.flatten(loaded.resolved)
     # The threads the runs start with, not `auto`: the tag says how auto chose them.
     params["hardware.threads_per_run"] = str(plan.runs[0].threads)

@@ -232,6 +232,11 @@ NO_COMMIT_TAG = "marlctl.no_commit"
 HARDWARE_TAG = "marlctl.hardware"  # the CPU or GPU a run trained on, by name
 ENV_PACKAGE_TAG = "marlctl.env_package"  # the env's distribution and version
 UNUSED_TAG = "marlctl.unused"  # spec fields that take no part in the run, comma-separated
+# A seed of a suite's cell (`marlctl reproduce`): the suite and cell, and the cell's reference
+# in marlctl's conventions as JSON (`report.references`).
+SUITE_TAG = "marlctl.suite"
+CELL_TAG = "marlctl.cell"
+REFERENCE_TAG = "marlctl.reference"
 
 
 def git_state() -> tuple[str | None, str | None]:

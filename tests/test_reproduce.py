@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from marlctl.errors import SpecError
-from marlctl.reproduce import Refused, decide, load_suite, translate
+from marlctl.report.reproduction import decide
+from marlctl.reproduce import Refused, load_suite, translate
 from marlctl.reproduce.suite import Reference
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
@@ -139,23 +140,23 @@ def translated(**changes):
     ],
 )
 def test_verdicts_on_constructed_cases(finals, kind):
-    assert decide(finals, translated()).kind == kind
+    assert decide(finals, translated().bounds).kind == kind
 
 
 def test_a_scaled_budget_is_inconclusive_whatever_the_numbers():
-    verdict = decide([-15.2, -14.8, -15.1, -14.9, -15.0], translated(), scaled=True)
+    verdict = decide([-15.2, -14.8, -15.1, -14.9, -15.0], translated().bounds, scaled=True)
     assert verdict.kind == "inconclusive" and "scaled" in verdict.reason
 
 
 def test_a_baseline_is_matched_never_reproduced_and_lower_is_better_for_a_loss():
     finals = [-20.5, -19.8, -20.1, -19.6, -20.3]
-    assert decide(finals, translated(), baseline=True).kind == "matches baseline"
-    assert decide([-25.0] * 3 + [-25.1, -24.9], translated(), maximize=False).kind == "above"
+    assert decide(finals, translated().bounds, baseline=True).kind == "matches baseline"
+    assert decide([-25.0] * 3 + [-25.1, -24.9], translated().bounds, maximize=False).kind == "above"
 
 
 def test_per_seed_values_give_the_reference_a_bootstrap_interval():
     ref = translated(value=None, interval=None, per_seed=[-21.0, -20.0, -19.0, -20.5, -19.5])
-    verdict = decide([-20.2, -19.9, -20.1, -19.8, -20.0], ref)
+    verdict = decide([-20.2, -19.9, -20.1, -19.8, -20.0], ref.bounds)
     low, high = verdict.reference
     assert -21.0 <= low < -20.0 < high <= -19.0 and verdict.kind == "reproduced"
 
@@ -213,6 +214,20 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     refused = cells["spread-stochastic"]
     assert refused["kind"] == "refused" and "stochastic" in refused["reason"]
     assert refused["run_id"] is None  # refused before anything trained
+    # The results document: the judged runs' report with the verdict and the cell's figure.
+    text = (tmp_path / "tiny.md").read_text()
+    assert (
+        "## Reproduction" in text and f"| tiny | spread | spread · mappo | {ran['kind']} |" in text
+    )
+    assert (tmp_path / "tiny_files" / "cell0.png").is_file()
+    # Every seed carries its suite, cell and reference: `marlctl report` reads them back.
+    from marlctl import tracking
+
+    tagged = tracking.client_for(None).search_runs(
+        [e.experiment_id for e in tracking.client_for(None).search_experiments()],
+        f"tags.`{tracking.CELL_TAG}` = 'spread' and tags.`marlctl.role` = 'seed'",
+    )
+    assert sorted(r.info.run_id for r in tagged) == sorted(ran["run_ids"])
     # The same suite again: its finished seeds are read back, nothing trains.
     again = runner.invoke(app, ["reproduce", str(path), "--cells", "spread", "--json"])
     assert again.exit_code == 0, again.output
@@ -252,3 +267,55 @@ def test_run_skip_finished_trains_only_the_seeds_not_finished_before(tmp_path):
     more = runner.invoke(app, ["run", str(spec), "seeds=[0,1,2]", "--skip-finished", "--json"])
     assert more.exit_code == 0, more.output
     assert [r["seed"] for r in json.loads(more.stdout[more.stdout.index("{") :])["runs"]] == [2]
+
+
+def test_a_dry_run_estimates_every_cell_and_trains_nothing(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl import tracking
+    from marlctl.cli import app
+
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    wide = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 20_000}
+    suite = {"name": "tiny", "compare": ["ippo"], "cells": {"spread": {"spec": "tiny.yaml",
+             "seeds": 2, "reference": wide}}}  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = CliRunner().invoke(app, ["reproduce", str(path), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    rows = {(c["name"], c["method"]): c for c in document["cells"]}
+    assert set(rows) == {("spread", "mappo"), ("spread", "ippo")}
+    for row in rows.values():
+        cost = row["cost"]
+        assert row["budget"] == 20_000 and cost["env_steps_per_s"] > 0 and cost["evals"] == 2
+        # Two seeds batched in one process: their steps at the measured rate, and more.
+        assert cost["total_s"] > 2 * 20_000 / cost["env_steps_per_s"]
+    assert document["estimated_s"] == pytest.approx(
+        sum(r["cost"]["total_s"] for r in rows.values())
+    )
+    client = tracking.client_for(None)
+    assert not [e for e in client.search_experiments() if e.name.startswith("tiny")]
+
+
+def test_every_cell_is_planned_before_any_trains(tmp_path):
+    from typer.testing import CliRunner
+
+    from marlctl import tracking
+    from marlctl.cli import app
+
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    cells = {
+        "good": {"spec": "tiny.yaml", "reference": REFERENCE},
+        "bad-lr": {"spec": "tiny.yaml", "overrides": ["algo.lr=-1"], "reference": REFERENCE},
+        "bad-key": {"spec": "tiny.yaml", "overrides": ["train.colour=1"], "reference": REFERENCE},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "cells": cells}, sort_keys=False))
+    result = CliRunner().invoke(app, ["reproduce", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "algo.lr" in result.output and "train.colour" in result.output
+    client = tracking.client_for(None)
+    assert not [e for e in client.search_experiments() if e.name.startswith("tiny")]

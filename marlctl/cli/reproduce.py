@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from marlctl.cli import output
 from marlctl.cli.app import JsonOpt, Overrides
-from marlctl.cli.output import emit_json, exit_codes, print_rows, stop_on_sigterm
+from marlctl.cli.output import emit_json, exit_codes, print_rows, say, stop_on_sigterm
 
 CellsOpt = Annotated[
     str | None,
@@ -25,12 +27,37 @@ ScaleOpt = Annotated[
         help="Train each cell for this fraction of its budget; its verdict is then inconclusive.",
     ),
 ]
-
-
 RerunOpt = Annotated[
     bool,
     typer.Option("--rerun", help="Train every seed, also those the store holds finished."),
 ]
+CompareOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compare",
+        metavar="ALGO,...",
+        help="Also run these algorithm presets through every cell (beside the suite's"
+        " `compare`), judged against the same references.",
+    ),
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the cells, their runs and the estimated cost (from a few seconds of"
+        " measured training per cell); train nothing.",
+    ),
+]
+OutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        help="The results document: a report of the judged runs with verdicts, a performance"
+        " profile and a figure per cell (.md, .html, .json or .csv; default SUITE-NAME.md).",
+    ),
+]
+# Seconds of training a dry run measures per cell: long enough for a steady rate.
+ESTIMATE_SECONDS = 2.0
 
 
 def reproduce(
@@ -40,24 +67,49 @@ def reproduce(
     seeds: SeedsOpt = None,
     scale: ScaleOpt = 1.0,
     rerun: RerunOpt = False,
+    compare: CompareOpt = None,
+    dry_run: DryRunOpt = False,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a suite's cells and judge each against its published reference; seeds already
     finished with the same spec and versions are not trained again."""
     stop_on_sigterm()
+    methods = [m.strip() for m in (compare or "").split(",") if m.strip()]
     with exit_codes(as_json):
-        from marlctl.reproduce.runner import reproduce as run_suite
+        from marlctl.reproduce import runner
 
-        outcomes = run_suite(suite, overrides or [], cells, seeds, scale, rerun)
+        planned = runner.plan_suite(suite, overrides or [], cells, seeds, scale, methods)
+        if dry_run:
+            rows = runner.dry_run(planned, ESTIMATE_SECONDS, rerun)
+        else:
+            outcomes = runner.reproduce(planned, rerun)
+            target = Path(out or f"{planned[0].suite}.md")
+            from marlctl.reproduce.results import write_results
+
+            metrics = {cp.name: cp.metric for cp in planned}
+            written = write_results(outcomes, metrics, target)
+    if dry_run:
+        _print_dry_run(rows, as_json)
+        return
     failed = any(o.kind == "failed" for o in outcomes)
     if as_json:
-        emit_json({"ok": not failed, "cells": [o.to_dict() for o in outcomes]})
+        emit_json(
+            {
+                "ok": not failed,
+                "cells": [o.to_dict() for o in outcomes],
+                "written": [str(p) for p in written],
+            }
+        )
     else:
         print_rows(
-            ["cell", "verdict", "ours", "reference", "env steps", "seeds", "wall-clock", "run"],
+            ["cell", "algorithm", "verdict", "ours", "reference", "env steps", "seeds",
+             "wall-clock", "run"],
             [_row(o) for o in outcomes],
-            whole=(0, 7),
-        )
+            whole=(0, 8),
+        )  # fmt: skip
+        if written:
+            say(output.out, f"results: {written[0]}")
     if failed:
         raise typer.Exit(1)
 
@@ -67,5 +119,37 @@ def _row(o) -> list[str]:
     ref = "—" if o.reference is None else f"[{o.reference[0]:.2f}, {o.reference[1]:.2f}]"
     verdict = f"{o.kind}: {o.reason}" if o.reason else o.kind
     seeds = f"{o.seeds} ({o.reused} done before)" if o.reused else str(o.seeds)
-    return [o.name, verdict, ours, ref, f"{o.budget:,}", seeds, f"{o.wall_s:.0f} s",
-            o.run_id or "—"]  # fmt: skip
+    return [o.name, o.method or "—", verdict, ours, ref, f"{o.budget:,}", seeds,
+            f"{o.wall_s:.0f} s", o.run_id or "—"]  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _print_dry_run(rows, as_json: bool) -> None:
+    total = sum(r.cost.total_s for r in rows if r.cost is not None)
+    if as_json:
+        cells = [{**vars(r), "cost": r.cost.to_dict() if r.cost else None} for r in rows]
+        emit_json({"ok": True, "cells": cells, "estimated_s": total})
+        return
+    body = []
+    for r in rows:
+        if r.refused is not None:
+            body.append([r.name, r.method, "—", str(r.seeds), "—", f"refused: {r.refused}"])
+            continue
+        seeds = f"{r.seeds} ({r.finished} finished before)" if r.finished else str(r.seeds)
+        cost = "nothing to train" if r.cost is None else _duration(r.cost.total_s)
+        if r.cost is not None:
+            cost += f" ({r.cost.env_steps_per_s:,.0f} env steps/s measured)"
+        body.append([r.name, r.method, r.env, seeds, f"{r.budget:,}", cost])
+    print_rows(
+        ["cell", "algorithm", "env", "seeds", "env steps per seed", "estimated wall-clock"],
+        body,
+        whole=(0,),
+    )
+    say(output.out, f"estimated total: {_duration(total)}, one cell after another")

@@ -8,7 +8,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from marlctl.report import labels, stats
+from marlctl import tracking
+from marlctl.report import labels, reproduction, stats
 from marlctl.report.labels import plural, public
 from marlctl.report.model import Group, Report, Sweep, seed_of
 
@@ -161,6 +162,11 @@ def notes(report: Report) -> list[str]:
                 f"{with_curves}; the curve starts where every seed has data "
                 f"({labels.steps(g.curve.steps[0])} env steps)"
             )
+        if g.references > 1:
+            out.append(
+                f"{g.label}: its runs carry {g.references} different suite references; "
+                "no verdict for runs of several cells pooled (group by cell)"
+            )
     if report.left_out:
         counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(report.left_out.items()))
         out.append(f"left out, not finished: {counts}")
@@ -186,6 +192,7 @@ def warnings(report: Report) -> list[str]:
             )
         elif has_interval and count < stats.RELIABLE_SEEDS:
             out.append(f"{g.label}: {plural(count, 'seed')}{where}; {unreliable}")
+    out += _env_versions(report)
     for sweep in report.sweeps:
         fitted = sweep.counts.get("COMPLETE", 0)
         if sweep.importances and fitted < stats.RELIABLE_TRIALS:
@@ -276,3 +283,70 @@ CROSSPLAY_EXPLAINED = (
     "Ratings: openskill's Thurstone-Mosteller model (TrueSkill's) over those games in a fixed "
     "order, without dynamics; mu − 3 sigma ranks conservatively."
 )
+
+
+def _env_versions(report: Report) -> list[str]:
+    """Runs of one env made with different versions of its package: their scores may differ
+    for that alone (an env's dynamics, observations or rewards change between releases)."""
+    by_env: dict[str, dict[str, int]] = {}
+    for g in report.groups:
+        for run in g.runs:
+            version = run.tags.get(tracking.ENV_PACKAGE_TAG)
+            if version:
+                found = by_env.setdefault(str(run.lookup("env.id")), {})
+                found[version] = found.get(version, 0) + 1
+    return [
+        f"runs on {env} were made with different env package versions: "
+        + ", ".join(f"{v} ({plural(n, 'run')})" for v, n in sorted(versions.items()))
+        + "; their scores may differ for that alone"
+        for env, versions in sorted(by_env.items())
+        if len(versions) > 1
+    ]
+
+
+VERDICTS_EXPLAINED = (
+    "Verdict: ours is the mean of the seeds' final values with its 95% bootstrap interval; "
+    "`reproduced` where it overlaps the reference's interval (`matches baseline` against "
+    "marlctl's own earlier result), `above` or `below` where it lies wholly on one side, "
+    f"`inconclusive` with fewer than {reproduction.MIN_SEEDS} seeds or a budget below the "
+    "reference's. References are in marlctl's conventions: per-agent return, deterministic "
+    "evaluation, joint env steps."
+)
+PROFILE_EXPLAINED = (
+    "Normalised score of a run: (final − untrained) / (reference − untrained), the untrained "
+    "value being its group's evaluation at step 0; 1.0 reaches the reference. The profile at τ "
+    "is the fraction of runs scoring at least τ, every cell weighing the same."
+)
+
+
+def verdict_rows(report: Report, results) -> tuple[list[str], list[list[str]]]:
+    header = ["suite", "cell", "group", "verdict", "ours", "95% CI", "reference", "source",
+              "env steps", "seeds"]  # fmt: skip
+    body = []
+    for r in results:
+        g, ref, v = report.groups[r.group], r.reference, r.verdict
+        body.append(
+            [
+                public(ref.suite),
+                public(ref.cell),
+                public(g.label),
+                f"{v.kind} ({v.reason})" if v.reason else v.kind,
+                number(v.ours.value),
+                _ci(v.ours),
+                ref.interval_text,
+                public(f"{ref.kind}: {ref.source}"),
+                _steps(g.env_steps),
+                _seeds(g),
+            ]
+        )
+    return header, body
+
+
+def profile_rows(profiled: dict) -> tuple[list[str], list[list[str]]]:
+    taus = reproduction.PROFILE_TAUS
+    header = ["method", *(f"runs ≥ {t:g}" for t in reproduction.PROFILE_SHOWN)]
+    body = []
+    for method, fractions in sorted(profiled.items()):
+        at = [float(fractions[int(abs(taus - t).argmin())]) for t in reproduction.PROFILE_SHOWN]
+        body.append([public(method), *(f"{v:.0%}" for v in at)])
+    return header, body

@@ -7,8 +7,15 @@ import io
 import math
 from typing import Any
 
-from marlctl.report import appendix, labels
-from marlctl.report.content import CROSSPLAY_EXPLAINED, config_text, notes, seed_order, warnings
+from marlctl.report import appendix, labels, reproduction
+from marlctl.report.content import (
+    CROSSPLAY_EXPLAINED,
+    VERDICTS_EXPLAINED,
+    config_text,
+    notes,
+    seed_order,
+    warnings,
+)
 from marlctl.report.labels import public
 from marlctl.report.model import Report, seed_of
 
@@ -101,8 +108,39 @@ def to_dict(report: Report) -> dict[str, Any]:
         "warnings": warnings(report),
         "appendix": appendix.to_dict(report),
         "crossplay": _crossplay_dict(report),
+        "reproduction": _reproduction_dict(report),
     }
     return labels.public_all(document)
+
+
+def _reproduction_dict(report: Report) -> dict | None:
+    from dataclasses import asdict
+
+    results = reproduction.cell_results(report)
+    if not results:
+        return None
+    cells = [
+        {
+            **asdict(r.reference),
+            "group": report.groups[r.group].label,
+            "method": r.method,
+            "verdict": r.verdict.kind,
+            "reason": r.verdict.reason,
+            "ours": _estimate(r.verdict.ours),
+            "untrained": r.start,
+            "normalised": reproduction.normalised(r, report),
+        }
+        for r in results
+    ]
+    profiled = reproduction.profiles(report)
+    return {
+        "cells": cells,
+        "profile": {
+            "taus": reproduction.PROFILE_TAUS.tolist(),
+            "fractions": {m: f.tolist() for m, f in profiled.items()},
+        },
+        "explained": VERDICTS_EXPLAINED,
+    }
 
 
 def _crossplay_dict(report: Report) -> dict | None:

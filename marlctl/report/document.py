@@ -9,20 +9,24 @@ sweep."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
-from marlctl.report import appendix
+from marlctl.report import appendix, reproduction
 from marlctl.report.content import (
     CROSSPLAY_EXPLAINED,
     EXPLAINED,
+    PROFILE_EXPLAINED,
+    VERDICTS_EXPLAINED,
     crossplay_tables,
     notes,
+    profile_rows,
     rows,
     seed_rows,
     sweep_summary,
     trial_rows,
+    verdict_rows,
     warnings,
 )
 from marlctl.report.figures import has_curves
@@ -64,8 +68,8 @@ class Figure:
     """A figure of the report: `key` names its file (`curves`, `sweep{i}_history`,
     `sweep{i}_importances`); `plot` says what it draws from `source`."""
 
-    key: str
-    plot: Literal["curves", "history", "importances"]
+    key: str  # also `cell{i}` (a suite cell's curves) and `profile`
+    plot: Literal["curves", "history", "importances", "profile"]
     source: Report | Sweep
     alt: str
     title: str | None = None  # a heading where the format shows the plot itself
@@ -100,6 +104,7 @@ def blocks(report: Report) -> list[Block]:
     out += [Paragraph((n,), "item") for n in notes(report)]
     if has_curves(report):
         out.append(Figure("curves", "curves", report, "sample efficiency", "Sample efficiency"))
+    out += _reproduction_blocks(report)
     if report.groups:
         out += [Heading(2, ("Per-seed results",)), Table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
@@ -112,6 +117,37 @@ def blocks(report: Report) -> list[Block]:
         out.append(Paragraph((CROSSPLAY_EXPLAINED,), "note"))
     if report.groups:
         out += [Heading(2, ("Appendix",)), *_appendix_blocks(report)]
+    return out
+
+
+def _reproduction_blocks(report: Report) -> list[Block]:
+    """The verdict of every suite cell in the report, the performance profile across them
+    and a figure per cell: its groups' curves against the reference."""
+    results = reproduction.cell_results(report)
+    if not results:
+        return []
+    out: list[Block] = [
+        Heading(2, ("Reproduction",)),
+        Table(*verdict_rows(report, results)),
+        Paragraph((VERDICTS_EXPLAINED,), "note"),
+    ]
+    profiled = reproduction.profiles(report)
+    if profiled:
+        out += [
+            Heading(3, ("Performance profile",)),
+            Table(*profile_rows(profiled)),
+            Figure("profile", "profile", report, "performance profile"),
+            Paragraph((PROFILE_EXPLAINED,), "note"),
+        ]
+    for i, ((suite, cell), members) in enumerate(reproduction.cells_of(report).items()):
+        part = replace(
+            report, groups=[report.groups[g] for g in members], title=f"{suite} · {cell}"
+        )
+        if has_curves(part):
+            out += [
+                Heading(3, (f"{suite} · {cell}",)),
+                Figure(f"cell{i}", "curves", part, f"{cell}: curves against the reference"),
+            ]
     return out
 
 

@@ -51,7 +51,32 @@ def _pyplot():
 
 
 def _title(report: Report) -> str:
-    return f"{labels.metric(report.metric)}: mean over seeds, 95% bootstrap CI"
+    title = f"{labels.metric(report.metric)}: mean over seeds, 95% bootstrap CI"
+    return f"{report.title}: {title}" if report.title else title
+
+
+def references(report: Report):
+    """`(colour, label, reference, span)` once per suite cell among the report's groups whose
+    reference compares to its metric, `span` the steps its groups' curves cover: a dashed line
+    at the reference's value, in the colour of the cell's first group (black in a figure of one
+    cell)."""
+    seen: dict[tuple[str, str], tuple[int, list[float]]] = {}
+    for i, group in enumerate(report.groups):
+        ref = group.reference
+        if group.curve is None or ref is None or ref.metric != report.metric:
+            continue
+        _, span = seen.setdefault((ref.suite, ref.cell), (i, []))
+        span += [float(group.curve.steps[0]), float(group.curve.steps[-1])]
+    one = len(seen) == 1
+    for (_, cell), (i, span) in seen.items():
+        ref = report.groups[i].reference
+        colour = "#000000" if one else _colour(i)
+        label = "reference" if one else f"{labels.public(cell)}: reference"
+        yield colour, label, ref, (min(span), max(span))
+
+
+PROFILE_TITLE = "Performance profile: share of runs reaching τ of the reference's gain"
+PROFILE_X = "τ: (final − untrained) / (reference − untrained)"
 
 
 def has_curves(report: Report) -> bool:
@@ -96,6 +121,10 @@ def curves_figure(report: Report):
         ax.plot(curve.steps, curve.value, color=colour, lw=2, marker="o", ms=3, label=group.label)
         if np.isfinite(curve.low).all():
             ax.fill_between(curve.steps, curve.low, curve.high, color=colour, alpha=0.2, lw=0)
+    for colour, label, ref, _ in references(report):
+        ax.axhline(ref.value, color=colour, ls="--", lw=1.5, label=label)
+        if ref.high > ref.low:
+            ax.axhspan(ref.low, ref.high, color=colour, alpha=0.08, lw=0)
     _steps_axis(ax)
     _finish(fig, ax, labels.STEPS_AXIS, labels.metric(report.metric), _title(report))
     return fig
@@ -104,6 +133,20 @@ def curves_figure(report: Report):
 def curves_file(report: Report, path: Path) -> Path:
     """The sample-efficiency figure as `path` (PNG, SVG or PDF, by its suffix)."""
     return _save(curves_figure(report), path)
+
+
+def profile_file(report: Report, path: Path) -> Path:
+    """The performance profile across a suite's cells (`reproduction.profiles`)."""
+    from marlctl.report.reproduction import PROFILE_TAUS, profiles
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.4), dpi=120)
+    for i, (method, fractions) in enumerate(sorted(profiles(report).items())):
+        ax.plot(PROFILE_TAUS, fractions, color=_colour(i), lw=2, label=labels.public(method))
+    ax.axvline(1.0, color="#7f7f7f", ls=":", lw=1)
+    ax.set_ylim(-0.02, 1.02)
+    _finish(fig, ax, PROFILE_X, "Fraction of runs ≥ τ", PROFILE_TITLE)
+    return _save(fig, path)
 
 
 def trial_ticks(sweep: Sweep) -> list[int]:
@@ -244,9 +287,39 @@ def curves_div(report: Report, first: bool) -> str:
                 name=group.label,
             )
         )
+    for colour, label, ref, span in references(report):
+        fig.add_trace(
+            go.Scatter(
+                x=list(span),
+                y=[ref.value, ref.value],
+                mode="lines",
+                line={"color": colour, "width": 1.5, "dash": "dash"},
+                name=label,
+            )
+        )
     return _div(
         fig, first, _title(report), 480, labels.STEPS_AXIS, labels.metric(report.metric), True
     )
+
+
+def profile_div(report: Report, first: bool) -> str:
+    import plotly.graph_objects as go
+
+    from marlctl.report.reproduction import PROFILE_TAUS, profiles
+
+    fig = go.Figure()
+    for i, (method, fractions) in enumerate(sorted(profiles(report).items())):
+        fig.add_trace(
+            go.Scatter(
+                x=PROFILE_TAUS.tolist(),
+                y=fractions.tolist(),
+                mode="lines",
+                line={"color": _colour(i), "width": 2},
+                name=labels.public(method),
+            )
+        )
+    fig.update_yaxes(range=[-0.02, 1.02])
+    return _div(fig, first, PROFILE_TITLE, 420, PROFILE_X, "Fraction of runs ≥ τ")
 
 
 def history_div(sweep: Sweep, first: bool) -> str:

@@ -17,6 +17,7 @@ _DRAW = {
     "curves": figures.curves_file,
     "history": figures.history_file,
     "importances": figures.importances_file,
+    "profile": figures.profile_file,
 }
 
 

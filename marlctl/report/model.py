@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from marlctl.report import labels, stats
+from marlctl.report.references import Reference
 from marlctl.report.runs import RunRecord
 
 DEFAULT_GROUP_BY = ("algo.name", "env.id")
@@ -61,6 +62,10 @@ class Group:
     finals: dict[str, float | None] = field(default_factory=dict)  # run id -> final value
     # The name a spec's `label` or `report --label` gives the group, or None.
     custom: str | None = None
+    # The suite cell's reference every run of the group carries (`marlctl reproduce`), or None;
+    # `references`: how many different ones its runs carry (more than one: cells pooled).
+    reference: Reference | None = None
+    references: int = 0
 
     @property
     def parts(self) -> list[str]:
@@ -146,6 +151,7 @@ class Report:
     sweeps: list[Sweep]
     left_out: dict[str, int]
     crossplay: CrossPlayTable | None = None
+    title: str | None = None  # what a figure of part of the report is of (a suite's cell)
 
     @property
     def store(self) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from marlctl.report.content import crossplay_tables, rows, sweep_summary, trial_rows
+from marlctl.report import reproduction
+from marlctl.report.content import crossplay_tables, rows, sweep_summary, trial_rows, verdict_rows
 from marlctl.report.model import Report
 
 
@@ -23,6 +24,13 @@ def rich_tables(report: Report) -> list:
                 )
             )
         tables.append(table)
+    results = reproduction.cell_results(report)
+    if results:
+        head, cells = verdict_rows(report, results)
+        verdicts = Table(*map(escape, head), title="suite cells against their references")
+        for row in cells:
+            verdicts.add_row(*map(escape, row))
+        tables.append(verdicts)
     for sweep in report.sweeps:
         head, cells = trial_rows(sweep)
         title = escape(f"sweep {sweep.name}: best trials — {sweep_summary(sweep)}")

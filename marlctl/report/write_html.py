@@ -29,6 +29,7 @@ _DIVS = {
     "curves": figures.curves_div,
     "history": figures.history_div,
     "importances": figures.importances_div,
+    "profile": figures.profile_div,
 }
 
 

@@ -1,11 +1,10 @@
 """Published results as suites: named cells, each a spec with the reference result it should
 reproduce and the conventions that reference was measured under (`suite`), the reference
-translated to marlctl's metrics or refused with the reason (`conventions`), and a verdict per
-cell (`verdict`)."""
+translated to marlctl's metrics or refused with the reason (`conventions`), each cell trained
+and judged (`runner`, by `report.reproduction`'s verdict) or its cost estimated (`estimate`)."""
 
 from marlctl.reproduce.conventions import Refused, Translated, translate
 from marlctl.reproduce.suite import Cell, Reference, Suite, load_suite
-from marlctl.reproduce.verdict import Verdict, decide
 
 __all__ = [
     "Cell",
@@ -13,8 +12,6 @@ __all__ = [
     "Refused",
     "Suite",
     "Translated",
-    "Verdict",
-    "decide",
     "load_suite",
     "translate",
 ]

@@ -10,6 +10,7 @@ of another length is another task.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from marlctl.reproduce.suite import Reference
@@ -26,6 +27,24 @@ class Translated:
     per_seed: tuple[float, ...] | None
     budget: int  # joint env steps
     notes: tuple[str, ...]  # what was translated, for the verdict table
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The interval a verdict compares ours with: the reference's own, the 95% bootstrap
+        interval of the mean of its per-seed values (as ours), or its value alone."""
+        if self.per_seed is not None:
+            import numpy as np
+
+            from marlctl.report.stats import estimate
+
+            found = estimate(np.asarray(self.per_seed), [0] * len(self.per_seed), "mean")
+            if math.isnan(found.low):  # one seed: its value
+                return (found.value, found.value)
+            return (found.low, found.high)
+        if self.interval is not None:
+            return self.interval
+        assert self.value is not None  # a Reference has a value or per-seed values
+        return (self.value, self.value)
 
 
 def translate(reference: Reference, agents: int, episode_length: int | None) -> Translated:

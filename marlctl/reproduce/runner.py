@@ -1,6 +1,8 @@
-"""A suite run: each cell's spec trained through the run machinery (`launch.run_plan`: device
-pools, batched seeds, MLflow), its reference translated to marlctl's conventions, and its
-verdict. A cell whose reference cannot be translated is refused before it trains."""
+"""A suite run: every cell planned first (its spec loaded and checked, its reference translated
+to marlctl's conventions or refused), so a suite with a bad cell trains nothing; then each
+cell's seeds trained through the run machinery (`launch.run_plan`: device pools, batched seeds,
+MLflow), tagged with the suite, the cell and the reference, and judged by
+`report.reproduction.decide`; or, for `--dry-run`, each cell's cost estimated (`estimate`)."""
 
 from __future__ import annotations
 
@@ -10,21 +12,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.launch import finished_seeds
+from marlctl.report.references import Reference as TaggedReference
+from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
-from marlctl.reproduce.conventions import Refused, translate
+from marlctl.reproduce.conventions import Refused, Translated, translate
 from marlctl.reproduce.suite import Cell, load_suite
-from marlctl.reproduce.verdict import decide
 
 # Env parameters that fix an episode's length, by the names the env families use.
 EPISODE_LENGTH_PARAMS = ("max_cycles", "max_steps", "max_episode_steps")
 
 
 @dataclass
+class CellPlan:
+    """One cell with one algorithm: its own (`method` None) or a compared preset."""
+
+    suite: str
+    name: str
+    method: str | None
+    cell: Cell
+    folder: Path
+    overrides: list[str]  # the command's, then `algos=METHOD`
+    seeds: list[int]
+    scale: float
+    loaded: Any = None
+    plan: Any = None
+    translated: Translated | None = None
+    budget: int = 0  # env steps per seed
+    refused: str | None = None
+
+    @property
+    def metric(self) -> str:
+        return self.cell.reference.conventions.metric
+
+    def tags(self) -> dict[str, str]:
+        """What each seed run of the cell carries, for `marlctl report`."""
+        assert self.translated is not None
+        low, high = self.translated.bounds
+        ref = self.cell.reference
+        tagged = TaggedReference(
+            self.suite, self.name, self.metric, low, high, self.translated.budget,
+            ref.source.kind, ref.source.citation,
+        )  # fmt: skip
+        return {
+            tracking.SUITE_TAG: self.suite,
+            tracking.CELL_TAG: self.name,
+            tracking.REFERENCE_TAG: tagged.to_tag(),
+        }
+
+
+@dataclass
 class CellOutcome:
     name: str
     kind: str  # a verdict, `refused` (the reference cannot be compared) or `failed`
+    method: str = ""  # the algorithm trained
     reason: str = ""
     ours: Estimate | None = None
     reference: tuple[float, float] | None = None
@@ -32,9 +75,11 @@ class CellOutcome:
     seeds: int = 0
     wall_s: float = 0.0
     run_id: str | None = None  # the MLflow parent run of the seeds trained now
+    run_ids: list[str] = field(default_factory=list)  # every seed run judged
     reused: int = 0  # seeds whose finished runs the store held already
     source: str = ""  # where the reference comes from
     notes: tuple[str, ...] = field(default_factory=tuple)
+    uri: str | None = None  # the cell's store
 
     def to_dict(self) -> dict[str, Any]:
         ours = None if self.ours is None else vars(self.ours)
@@ -48,77 +93,129 @@ def episode_length(params: dict[str, Any]) -> int | None:
     return None
 
 
-def _load(folder: Path, cell: Cell, overrides: list[str]):
+def _load(cp: CellPlan, seeds: list[int], extra: list[str]):
     from marlctl.plan import compile_plan
     from marlctl.spec import load_spec
 
-    loaded = load_spec(str(folder / cell.spec), [*cell.overrides, *overrides])
+    named = [f"name={cp.suite}-{cp.name}", f"seeds=[{','.join(map(str, seeds))}]"]
+    given = [*cp.cell.overrides, *cp.overrides, *named, *extra]
+    loaded = load_spec(str(cp.folder / cp.cell.spec), given)
     return loaded, compile_plan(loaded)
 
 
-def plan_cell(
-    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: list[int],
-    scale: float,
-):  # fmt: skip
-    """The cell's spec and plan for `seeds` at its translated budget (times `scale`), and the
-    reference in marlctl's conventions; Refused where it cannot be translated."""
-    base = [*overrides, f"name={suite}-{name}", f"seeds=[{','.join(map(str, seeds))}]"]
-    loaded, plan = _load(folder, cell, base)
-    params = dict(loaded.spec.env.params)
-    translated = translate(cell.reference, plan.env.n_agents, episode_length(params))
-    budget = max(1, round(translated.budget * scale))
+def _sized(loaded, budget: int) -> list[str]:
     train = loaded.spec.train
-    sized = [
+    return [
         f"train.total_env_steps={budget}",
         f"train.eval_every={min(train.eval_every, budget)}",
         f"train.checkpoint_every={min(train.checkpoint_every, budget)}",
     ]
-    loaded, plan = _load(folder, cell, [*base, *sized])
-    return loaded, plan, translated, budget
 
 
-def run_cell(
-    folder: Path, name: str, cell: Cell, suite: str, overrides: list[str], seeds: int,
-    scale: float, rerun: bool = False,
-) -> CellOutcome:  # fmt: skip
+def plan_cell(cp: CellPlan) -> CellPlan:
+    """The cell's spec and plan at its translated budget (times its scale), and the reference
+    in marlctl's conventions; `refused` set where it cannot be translated. A spec that does not
+    load or check raises its SpecError."""
+    loaded, plan = _load(cp, cp.seeds, [])
+    params = dict(loaded.spec.env.params)
+    try:
+        cp.translated = translate(cp.cell.reference, plan.env.n_agents, episode_length(params))
+    except Refused as refusal:
+        cp.refused = str(refusal)
+        return cp
+    cp.budget = max(1, round(cp.translated.budget * cp.scale))
+    cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget))
+    return cp
+
+
+def plan_suite(
+    path: str,
+    overrides: list[str],
+    cells: str | None = None,
+    seeds: int | None = None,
+    scale: float = 1.0,
+    compare: list[str] | None = None,
+) -> list[CellPlan]:
+    """Every picked cell with each algorithm (its own, then the suite's and the command's
+    `compare`), planned; the problems of every cell at once as one SpecError."""
+    suite, folder = load_suite(path)
+    names = selected(list(suite.cells), cells)
+    if not names:
+        raise SpecError.at("--cells", f"no cell of {suite.name} matches '{cells}'")
+    methods = [None, *dict.fromkeys([*suite.compare, *(compare or [])])]
+    planned, problems = [], []
+    for name in names:
+        cell = suite.cells[name]
+        wanted = list(range(seeds if seeds is not None else cell.seeds))
+        for method in methods:
+            extra = [*overrides, *([f"algos={method}"] if method else [])]
+            cp = CellPlan(suite.name, name, method, cell, folder, extra, wanted, scale)
+            try:
+                planned.append(plan_cell(cp))
+            except SpecError as err:
+                problems += err.problems
+    if problems:
+        raise SpecError(problems)
+    return planned
+
+
+def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     """Train the cell's seeds that its store does not hold finished already (all of them with
     `rerun`), then judge every seed's final value."""
     from marlctl.launch import run_plan
 
-    ref, wanted = cell.reference, list(range(seeds))
-    outcome = CellOutcome(name, "failed", seeds=seeds, source=ref.source.citation)
-    try:
-        loaded, plan, translated, budget = plan_cell(
-            folder, name, cell, suite, overrides, wanted, scale
-        )
-    except Refused as refusal:
-        outcome.kind, outcome.reason = "refused", str(refusal)
+    ref = cp.cell.reference
+    outcome = CellOutcome(cp.name, "failed", seeds=len(cp.seeds), source=ref.source.citation)
+    if cp.refused is not None:
+        outcome.kind, outcome.reason = "refused", cp.refused
+        outcome.method = cp.method or ""
         return outcome
-    outcome.budget, outcome.notes = budget, translated.notes
-    metric = ref.conventions.metric
-    done = {} if rerun else finished_seeds(loaded, plan, metric)
-    missing = [s for s in wanted if s not in done]
+    assert cp.translated is not None
+    loaded, plan = cp.loaded, cp.plan
+    outcome.method, outcome.uri = plan.algo, loaded.spec.tracking.uri
+    outcome.budget, outcome.notes = cp.budget, cp.translated.notes
+    done = {} if rerun else finished_seeds(loaded, plan, cp.metric)
+    missing = [s for s in cp.seeds if s not in done]
+    tags = cp.tags()
     if missing:
-        if len(missing) < len(wanted):
-            loaded, plan, *_ = plan_cell(folder, name, cell, suite, overrides, missing, scale)
+        if len(missing) < len(cp.seeds):
+            loaded, plan = _load(cp, missing, _sized(loaded, cp.budget))
         start = time.perf_counter()
-        summary = run_plan(loaded, plan)
+        summary = run_plan(loaded, plan, tags=tags)
         outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
         if not summary.ok:
             failed = [r for r in summary.runs if r.status != "FINISHED"]
             outcome.reason = "; ".join(f"seed {r.seed}: {r.error}" for r in failed)
             return outcome
-        trained = finished_seeds(loaded, plan, metric)  # the newest runs: these
+        trained = finished_seeds(loaded, plan, cp.metric)  # the newest runs: these
         done = {**done, **{s: trained[s] for s in missing if s in trained}}
-    outcome.reused = len(wanted) - len(missing)
-    finals = [done[s][0] for s in wanted if done.get(s, (None,))[0] is not None]
-    if len(finals) != len(wanted):
-        outcome.reason = f"no final {metric} for {len(wanted) - len(finals)} seed(s)"
+    outcome.reused = len(cp.seeds) - len(missing)
+    _tag_reused(loaded, [done[s][1] for s in cp.seeds if s in done and s not in missing], tags)
+    finals = [done[s][0] for s in cp.seeds if s in done]
+    outcome.run_ids = [done[s][1] for s in cp.seeds if s in done]
+    if len(finals) != len(cp.seeds):
+        outcome.reason = f"no final {cp.metric} for {len(cp.seeds) - len(finals)} seed(s)"
         return outcome
-    verdict = decide(finals, translated, baseline=ref.source.kind == "baseline", scaled=scale < 1)
+    verdict = decide(
+        finals,
+        cp.translated.bounds,
+        baseline=ref.source.kind == "baseline",
+        scaled=cp.budget < cp.translated.budget,
+        maximize=not cp.metric.startswith("loss/"),
+    )
     outcome.kind, outcome.reason = verdict.kind, verdict.reason
     outcome.ours, outcome.reference = verdict.ours, verdict.reference
     return outcome
+
+
+def _tag_reused(loaded, run_ids: list[str], tags: dict[str, str]) -> None:
+    """Seeds read back from the store join the cell: a report of the suite finds them."""
+    if not run_ids:
+        return
+    client = tracking.client_for(loaded.spec.tracking.uri)
+    for run_id in run_ids:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
 
 
 def selected(names: list[str], pattern: str | None) -> list[str]:
@@ -129,24 +226,41 @@ def selected(names: list[str], pattern: str | None) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in wanted)]
 
 
-def reproduce(
-    path: str,
-    overrides: list[str],
-    cells: str | None = None,
-    seeds: int | None = None,
-    scale: float = 1.0,
-    rerun: bool = False,
-) -> list[CellOutcome]:
-    """Run the suite at `path` (its cells `cells` picks), `seeds` seeds a cell (default: the
-    cell's own), budgets times `scale`: every cell's outcome. Seeds whose finished runs the
-    store holds are not trained again unless `rerun`."""
-    suite, folder = load_suite(path)
-    names = selected(list(suite.cells), cells)
-    if not names:
-        raise SpecError.at("--cells", f"no cell of {suite.name} matches '{cells}'")
-    outcomes = []
-    for name in names:
-        cell = suite.cells[name]
-        count = seeds if seeds is not None else cell.seeds
-        outcomes.append(run_cell(folder, name, cell, suite.name, overrides, count, scale, rerun))
-    return outcomes
+def reproduce(planned: list[CellPlan], rerun: bool = False) -> list[CellOutcome]:
+    """Run the planned cells one after another: every cell's outcome. Seeds whose finished
+    runs the store holds are not trained again unless `rerun`."""
+    return [run_cell(cp, rerun) for cp in planned]
+
+
+@dataclass
+class DryRow:
+    name: str
+    method: str
+    env: str
+    seeds: int
+    finished: int  # seeds the store holds finished: not trained again
+    budget: int
+    refused: str | None
+    cost: Any = None  # estimate.CostEstimate of the seeds still to train
+
+
+def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> list[DryRow]:
+    """Each planned cell's runs and, for the seeds still to train, its estimated cost."""
+    from marlctl.reproduce.estimate import estimate
+
+    rows = []
+    for cp in planned:
+        if cp.refused is not None:
+            method = cp.method or "—"
+            rows.append(DryRow(cp.name, method, "—", len(cp.seeds), 0, 0, cp.refused))
+            continue
+        loaded, plan = cp.loaded, cp.plan
+        done = {} if rerun else finished_seeds(loaded, plan, cp.metric)
+        missing = [s for s in cp.seeds if s not in done]
+        row = DryRow(cp.name, plan.algo, plan.env.id, len(cp.seeds), len(done), cp.budget, None)
+        if missing:
+            if len(missing) < len(cp.seeds):
+                loaded, plan = _load(cp, missing, _sized(loaded, cp.budget))
+            row.cost = estimate(loaded, plan, seconds)
+        rows.append(row)
+    return rows

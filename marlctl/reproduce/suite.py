@@ -95,6 +95,10 @@ class Cell(Strict):
 class Suite(Strict):
     name: str = Field(min_length=1)
     description: str | None = None
+    compare: list[str] = Field(
+        default_factory=list,
+        description="Algorithm presets run through every cell beside its own (`algos=NAME`).",
+    )
     cells: dict[str, Cell] = Field(min_length=1)
 
 
