@@ -245,6 +245,103 @@ def spec_for(algo: str, task: str, steps: int, seeds: int, on_policy: bool, hw: 
     return spec
 
 
+# The recorded cells as suites `marlctl reproduce` runs, by env family: marlctl's own earlier
+# results, regression baselines.
+SUITES = {
+    "baseline-mpe": ("simple_spread", "simple_speaker_listener"),
+    "baseline-smax": SMAX,
+    "baseline-vmas-het": VMAS,
+}
+
+
+def write_suites(done: list[dict]) -> None:
+    """Each family's recorded cells (of an algorithm on a task, the one of the largest
+    budget) as a suite of regression baselines: the cell's spec from its recorded settings,
+    its reference the seeds' final returns, with the commit that recorded them."""
+    import subprocess
+    from importlib import metadata
+
+    commit = subprocess.run(
+        ["git", "log", "-1", "--format=%h", "--", str(DONE)],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    ).stdout.strip()  # fmt: skip
+    version = metadata.version("marlctl")
+    for name, tasks in SUITES.items():
+        chosen: dict[tuple[str, str], dict] = {}
+        for row in done:
+            key = (row["algo"], row["task"])
+            if row["task"] in tasks and row.get("ok") and len(row["returns"]) >= 2:
+                if key not in chosen or row["budget"] > chosen[key]["budget"]:
+                    chosen[key] = row
+        folder = ROOT / "suites" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        cells = {}
+        for (algo, task), row in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            cell = f"{algo}-{task}"
+            spec = suite_spec(algo, task, row)
+            (folder / f"{cell}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+            length = TASKS[task].get("max_cycles", TASKS[task].get("max_steps"))
+            cells[cell] = {
+                "spec": f"{name}/{cell}.yaml",
+                "seeds": len(row["returns"]),
+                "reference": {
+                    "per_seed": [round(v, 4) for v in row["returns"]],
+                    "budget": row["budget"],
+                    "source": {
+                        "kind": "baseline",
+                        "citation": "marlctl's own earlier result, a regression baseline "
+                        "(bench/results/algorithms.jsonl)",
+                        "code": f"marlctl {commit} or earlier",
+                        "machine": row["machine"],
+                    },
+                    "conventions": {
+                        "metric": "eval/return_mean",
+                        "aggregation": "mean",
+                        "evaluation": "deterministic",
+                        "episodes": 100,
+                        "step": "env",
+                        "episode_length": length,
+                    },
+                    "env_package": (
+                        {"name": "vmas", "version": metadata.version("vmas")}
+                        if task in VMAS
+                        else {"name": "marlctl", "version": version}
+                    ),
+                },
+            }
+        body = {
+            "name": name,
+            "description": (
+                "marlctl's own recorded results (bench/algorithms.py): regression baselines, "
+                "not reproductions of a published result."
+            ),
+            "cells": cells,
+        }
+        (ROOT / "suites" / f"{name}.yaml").write_text(
+            yaml.safe_dump(body, sort_keys=False, width=100)
+        )
+
+
+def suite_spec(algo: str, task: str, row: dict) -> dict:
+    """The cell's spec from its recorded settings over the algorithm's defaults when it ran,
+    every field pinned (seeds and name come from the suite)."""
+    family, steps = row["settings"], row["budget"]
+    spec = {
+        "env": {"id": env_id(task), "backend": backend(task), "params": TASKS[task]},
+        "algo": {**row["defaults"], "name": registered(algo), **family["algo"]},
+        "train": {
+            "total_env_steps": steps,
+            "eval_every": max(steps // 20, 1),
+            "eval_episodes": 100,
+            "checkpoint_every": 0,
+        },
+        "hardware": {"num_envs": family["num_envs"], "batch_seeds": True, "threads_per_run": 2},
+    }
+    if "model" in family:
+        spec["model"] = family["model"]
+    return spec
+
+
 def t_interval(values: list[float]) -> tuple[float, float]:
     """Mean and half-width of its 95% Student-t confidence interval."""
     from scipy import stats
@@ -497,7 +594,15 @@ def main() -> None:
         "before its budget (on a machine held for a limited time), instead of training it",
     )
     parser.add_argument("--machine", help="with --from-store: the machine the run ran on")
+    parser.add_argument(
+        "--suites",
+        action="store_true",
+        help="write the recorded cells as regression-baseline suites in suites/ and stop",
+    )
     args = parser.parse_args()
+    if args.suites:
+        write_suites(list(load_done().values()))
+        return
     hw = {"device": args.device, "threads_per_run": args.threads}
     done = load_done()
     shown = [a for a in sys.argv[1:] if a not in ("--note", args.note, "--table")]

@@ -41,6 +41,7 @@ VENV = ROOT / ".venv-benchmarl"
 OUT = ROOT / "bench" / "results" / "peer_benchmarl.md"
 DONE = ROOT / "bench" / "results" / "peer_benchmarl.jsonl"
 WORKDIR = ROOT / "bench" / "runs" / "peer"
+SUITE = ROOT / "suites" / "benchmarl-vmas.yaml"
 PINS = ["benchmarl==1.5.2", "vmas==1.5.2"]
 TORCH = "torch==2.13.0"  # marlctl's CPU build (scripts/setup): BenchMARL's torchrl runs on it
 TASKS = ("navigation", "balance", "sampling", "transport")
@@ -584,9 +585,17 @@ def main() -> None:
     parser.add_argument(
         "--rerun-marlctl", action="store_true", help="rerun marlctl's half of stored cells"
     )
+    parser.add_argument(
+        "--suite",
+        action="store_true",
+        help=f"write {SUITE.relative_to(ROOT)} from the stored cells",
+    )
     args = parser.parse_args()
     if args.setup:
         setup()
+        return
+    if args.suite:
+        write_suite([json.loads(line) for line in DONE.read_text().splitlines()])
         return
     if not (VENV / "bin" / "python").exists():
         raise SystemExit(f"no {VENV.name}: run with --setup first")
@@ -606,6 +615,53 @@ def main() -> None:
             DONE.write_text("".join(json.dumps(c) + "\n" for c in done))
             OUT.write_text(table(done))
     OUT.write_text(table(done))
+
+
+def write_suite(cells: list[dict]) -> None:
+    """The stored cells as a suite `marlctl reproduce` runs: each cell's translated spec in
+    `suites/benchmarl-vmas/`, its reference BenchMARL's per-seed final returns (a peer's own
+    code run here, with its version and machine)."""
+    folder = SUITE.parent / SUITE.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    body: dict = {
+        "name": SUITE.stem,
+        "description": (
+            "BenchMARL's default experiment, algorithm, model and task configs on VMAS, "
+            "run with BenchMARL's own code here; each cell's spec is those configs "
+            "translated to marlctl (bench/peer_benchmarl.py, bench/results/peer_benchmarl.md)."
+        ),
+        "cells": {},
+    }
+    for c in sorted(cells, key=lambda c: (c["task"], c["algo"])):
+        spec = {k: v for k, v in c["marlctl"]["spec"].items() if k not in ("name", "seeds")}
+        name = f"{c['algo']}-{c['task']}"
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        peer = c["benchmarl"]
+        body["cells"][name] = {
+            "spec": f"{folder.name}/{name}.yaml",
+            "seeds": c["seeds"],
+            "reference": {
+                "per_seed": [round(v, 4) for v in peer["final"]],
+                "budget": c["frames"],
+                "source": {
+                    "kind": "peer",
+                    "citation": "BenchMARL (Bettini et al., JMLR 2024, arXiv:2312.01472), "
+                    "its default configs",
+                    "code": ", ".join(PINS),
+                    "machine": f"{peer['machine']}; measured {peer['measured']}",
+                },
+                "conventions": {
+                    "metric": "eval/return_mean",
+                    "aggregation": "mean",
+                    "evaluation": "deterministic",
+                    "episodes": spec["train"]["eval_episodes"],
+                    "step": "env",
+                    "episode_length": spec["env"]["params"]["max_steps"],
+                },
+                "env_package": {"name": "vmas", "version": PINS[1].split("==")[1]},
+            },
+        }
+    SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100))
 
 
 def cell_key(c: dict) -> tuple:

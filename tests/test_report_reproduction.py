@@ -19,9 +19,15 @@ def reference(cell: str, low: float, high: float, kind: str = "paper", budget: i
     return Reference("suite", cell, "eval/return_mean", low, high, budget, kind, "Someone 2021")
 
 
-def add_cell(client, cell: str, algo: str, finals: list[float], ref: Reference | None, **extra):
-    """A cell's seeds, starting from -50 at step 0, each tagged with the cell's reference."""
-    seeds = {s: (STEPS, [-50.0, (v - 50) / 2, v], 10.0, None) for s, v in enumerate(finals)}
+def add_cell(
+    client, cell: str, algo: str, finals: list[float], ref: Reference | None, middle=None, **extra
+):
+    """A cell's seeds, starting from -50 at step 0 (through `middle` at step 1000, or halfway),
+    each tagged with the cell's reference."""
+    seeds = {
+        s: (STEPS, [-50.0, (v - 50) / 2 if middle is None else middle, v], 10.0, None)
+        for s, v in enumerate(finals)
+    }
     _, ids = add_experiment_run(client, f"suite-{cell}", algo, "mpe/simple_spread", seeds, **extra)
     for run_id in ids.values():
         tracking.log_params(client, run_id, {"train.total_env_steps": str(STEPS[-1])})
@@ -138,3 +144,24 @@ def test_a_reference_tag_edited_by_hand_is_ignored():
 def test_minimize_swaps_above_and_below():
     assert decide([1.0, 1.1, 0.9], (2.0, 3.0), maximize=False).kind == "above"
     assert decide([4.0, 4.1, 3.9], (2.0, 3.0), maximize=False).kind == "below"
+
+
+def test_a_maximum_or_average_reference_is_met_with_the_same_statistic():
+    from marlctl.report.reproduction import seed_values
+
+    steps = np.array([0, 10, 20])
+    curves = [(steps, np.array([0.0, 5.0, 2.0])), (steps, np.array([0.0, 3.0, 4.0]))]
+    assert seed_values(curves, "final") == [2.0, 4.0]
+    # Best mean over seeds at step 10 (4.0 against 3.0): each seed's value there.
+    assert seed_values(curves, "maximum") == [5.0, 3.0]
+    assert seed_values(curves, "average") == pytest.approx([7 / 3, 7 / 3])
+    assert seed_values(curves, "maximum", maximize=False) == [0.0, 0.0]
+
+
+def test_a_report_judges_a_maximum_reference_on_each_run_s_best_point(tmp_path):
+    client = tracking.client_for(None)
+    best = Reference("suite", "a", "eval/return_mean", -21.0, -19.0, 2000, "paper", "x", "maximum")
+    # Curves peak at -20 mid-training and end at -35: the maximum reproduces, the final not.
+    add_cell(client, "a", "mappo", [-35.0, -35.5, -34.5], best, middle=-20.0)
+    (cell,) = report_json("--group-by", "cell,algo.name")["reproduction"]["cells"]
+    assert cell["statistic"] == "maximum" and cell["verdict"] == "reproduced"

@@ -211,6 +211,8 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     assert ran["budget"] == 2_000 and ran["seeds"] == 3 and len(ran["run_id"]) == 32
     assert ran["ours"]["low"] <= ran["ours"]["value"] <= ran["ours"]["high"]
     assert ran["reference"] == [-90.0, -5.0]
+    # The reference's env package (mpe2 0.0.1) is not the native env this spec runs.
+    assert any("measured with mpe2==0.0.1, this run has marlctl==" in n for n in ran["notes"])
     refused = cells["spread-stochastic"]
     assert refused["kind"] == "refused" and "stochastic" in refused["reason"]
     assert refused["run_id"] is None  # refused before anything trained
@@ -319,3 +321,47 @@ def test_every_cell_is_planned_before_any_trains(tmp_path):
     assert "algo.lr" in result.output and "train.colour" in result.output
     client = tracking.client_for(None)
     assert not [e for e in client.search_experiments() if e.name.startswith("tiny")]
+
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+
+
+@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_suite_plans_with_every_reference_comparable(path):
+    from marlctl.reproduce.runner import plan_suite
+
+    planned = plan_suite(str(path), [], seeds=2, scale=0.01)
+    assert planned and not [(cp.name, cp.refused) for cp in planned if cp.refused]
+    for cp in planned:
+        source = cp.cell.reference.source
+        # marlctl's own results are named what they are: never a reproduction.
+        assert source.kind != "baseline" or "regression baseline" in source.citation, cp.name
+        assert 0 < cp.budget < cp.translated.budget
+
+
+def test_cells_run_as_submitit_jobs(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl.cli import app
+
+    pytest.importorskip("submitit")
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 1_000}
+    cells = {
+        "a": {"spec": "tiny.yaml", "seeds": 1, "reference": ref},
+        "b": {"spec": "tiny.yaml", "seeds": 1, "overrides": ["algo.lr=0.001"], "reference": ref},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "cells": cells}, sort_keys=False))
+    args = ["reproduce", str(path), "--launcher", "submitit", "--cluster", "local", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    found = {c["name"]: c for c in json.loads(result.stdout)["cells"]}
+    for cell in found.values():  # one seed: inconclusive, but trained and judged
+        assert cell["kind"] == "inconclusive" and len(cell["run_ids"]) == 1, cell
+    assert (tmp_path / "tiny.md").is_file()
+    # The jobs' runs are in the store: run here, the suite trains nothing.
+    again = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
+    assert [c["reused"] for c in json.loads(again.stdout)["cells"]] == [1, 1]

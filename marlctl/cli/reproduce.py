@@ -10,6 +10,7 @@ import typer
 from marlctl.cli import output
 from marlctl.cli.app import JsonOpt, Overrides
 from marlctl.cli.output import emit_json, exit_codes, print_rows, say, stop_on_sigterm
+from marlctl.cli.sweep import ClusterOpt, CpusOpt, LauncherKind, PartitionOpt, TimeMinOpt
 
 CellsOpt = Annotated[
     str | None,
@@ -70,6 +71,14 @@ def reproduce(
     compare: CompareOpt = None,
     dry_run: DryRunOpt = False,
     out: OutOpt = None,
+    launcher: Annotated[
+        LauncherKind,
+        typer.Option("--launcher", help="local: cells one after another; submitit: a job each."),
+    ] = LauncherKind.local,
+    cluster: ClusterOpt = None,
+    partition: PartitionOpt = None,
+    cpus: CpusOpt = None,
+    time_min: TimeMinOpt = 60,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a suite's cells and judge each against its published reference; seeds already
@@ -82,8 +91,15 @@ def reproduce(
         planned = runner.plan_suite(suite, overrides or [], cells, seeds, scale, methods)
         if dry_run:
             rows = runner.dry_run(planned, ESTIMATE_SECONDS, rerun)
+        elif launcher is LauncherKind.submitit:
+            from marlctl.reproduce.launchers import run_submitit
+            from marlctl.sweep import Launcher
+
+            chosen = Launcher("submitit", cluster, partition, 0, cpus, time_min)
+            outcomes = run_submitit(planned, rerun, chosen)
         else:
             outcomes = runner.reproduce(planned, rerun)
+        if not dry_run:
             target = Path(out or f"{planned[0].suite}.md")
             from marlctl.reproduce.results import write_results
 
@@ -108,6 +124,9 @@ def reproduce(
             [_row(o) for o in outcomes],
             whole=(0, 8),
         )  # fmt: skip
+        for o in outcomes:
+            for note in o.notes:
+                say(output.out, f"{o.name} ({o.method}): {note}")
         if written:
             say(output.out, f"results: {written[0]}")
     if failed:

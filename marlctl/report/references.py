@@ -9,6 +9,9 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+# What of a run's evaluations a reference's value is (`reproduction.seed_values`).
+STATISTICS = ("final", "maximum", "average")
+
 
 @dataclass(frozen=True)
 class Reference:
@@ -20,6 +23,7 @@ class Reference:
     budget: int  # env steps the reference trained, in marlctl's count
     kind: str  # paper | peer | baseline (marlctl's own earlier result)
     source: str  # the citation
+    statistic: str = "final"  # final | maximum | average (`reproduction.seed_values`)
 
     @property
     def value(self) -> float:
@@ -55,9 +59,12 @@ class Reference:
                 budget=int(data["budget"]),
                 kind=str(data["kind"]),
                 source=str(data["source"]),
+                statistic=str(data.get("statistic", "final")),
             )
         except (ValueError, KeyError, TypeError):
             return None
         if not (math.isfinite(found.low) and math.isfinite(found.high)) or found.low > found.high:
+            return None
+        if found.statistic not in STATISTICS:
             return None
         return found

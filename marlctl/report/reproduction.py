@@ -63,6 +63,23 @@ def decide(
     return Verdict(kind, ours, reference)
 
 
+def seed_values(
+    curves: list[tuple[np.ndarray, np.ndarray]], statistic: str, maximize: bool = True
+) -> list[float]:
+    """Each seed's value as a reference's `statistic` takes it from its evaluations: `final`
+    the last; `maximum` its value where the mean over seeds is best (curves interpolated on the
+    steps every seed has), as a paper's table of maximum returns reports; `average` the mean
+    of its evaluations over training, the untrained one at step 0 included."""
+    if statistic == "final":
+        return [float(values[-1]) for _, values in curves]
+    if statistic == "average":
+        return [float(np.mean(values)) for _, values in curves]
+    _, grid = stats.common_grid(curves)
+    mean = grid.mean(axis=0)
+    best = int(np.argmax(mean) if maximize else np.argmin(mean))
+    return [float(v) for v in grid[:, best]]
+
+
 @dataclass(frozen=True)
 class CellResult:
     group: int  # index into the report's groups
@@ -70,6 +87,7 @@ class CellResult:
     verdict: Verdict
     method: str  # the algorithm, as the runs name it
     start: float | None  # the group's mean evaluation at step 0, where it has one
+    scores: list[float]  # each seed's value, as the reference's statistic takes it
 
 
 def _budget(group: Group) -> int | None:
@@ -87,19 +105,24 @@ def cell_results(report: Report) -> list[CellResult]:
             continue
         budget = _budget(group)
         scaled = budget is not None and budget < ref.budget
+        maximize = report.direction == "maximize"
+        scores = group.scores
+        if ref.statistic != "final":
+            curves = [r.curve for r in group.runs if r.curve is not None and len(r.curve[0])]
+            scores = seed_values(curves, ref.statistic, maximize) if curves else []
         verdict = decide(
-            group.scores,
+            scores,
             (ref.low, ref.high),
             baseline=ref.baseline,
             scaled=scaled,
-            maximize=report.direction == "maximize",
+            maximize=maximize,
         )
         methods = sorted({str(r.lookup("algo.name")) for r in group.runs})
         curve = group.curve
         start = None
         if curve is not None and len(curve.steps) and curve.steps[0] == 0:
             start = float(curve.value[0])
-        out.append(CellResult(i, ref, verdict, " / ".join(methods), start))
+        out.append(CellResult(i, ref, verdict, " / ".join(methods), start, scores))
     return out
 
 
@@ -112,7 +135,7 @@ def normalised(result: CellResult, report: Report) -> list[float] | None:
     better = gain > 0 if report.direction == "maximize" else gain < 0
     if not better or not math.isfinite(gain):
         return None
-    return [(s - result.start) / gain for s in report.groups[result.group].scores]
+    return [(s - result.start) / gain for s in result.scores]
 
 
 def profiles(report: Report, taus: np.ndarray = PROFILE_TAUS) -> dict[str, np.ndarray]:

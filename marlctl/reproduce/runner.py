@@ -42,6 +42,7 @@ class CellPlan:
     translated: Translated | None = None
     budget: int = 0  # env steps per seed
     refused: str | None = None
+    notes: tuple[str, ...] = ()  # what was translated, and a differing env package version
 
     @property
     def metric(self) -> str:
@@ -54,7 +55,7 @@ class CellPlan:
         ref = self.cell.reference
         tagged = TaggedReference(
             self.suite, self.name, self.metric, low, high, self.translated.budget,
-            ref.source.kind, ref.source.citation,
+            ref.source.kind, ref.source.citation, ref.conventions.statistic,
         )  # fmt: skip
         return {
             tracking.SUITE_TAG: self.suite,
@@ -125,7 +126,23 @@ def plan_cell(cp: CellPlan) -> CellPlan:
         return cp
     cp.budget = max(1, round(cp.translated.budget * cp.scale))
     cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget))
+    statistic = cp.cell.reference.conventions.statistic
+    compared = [] if statistic == "final" else [f"compared as the {statistic} over training"]
+    cp.notes = (*cp.translated.notes, *compared, *_version_note(cp))
     return cp
+
+
+def _version_note(cp: CellPlan) -> list[str]:
+    """Where the env package installed is not the one the reference was measured with: its
+    scores may differ for that alone."""
+    from marlctl.envs.registry import env_package
+
+    env = cp.loaded.spec.env
+    installed = env_package(env.id, env.backend)
+    ref = cp.cell.reference.env_package
+    if installed == f"{ref.name}=={ref.version}":
+        return []
+    return [f"the reference was measured with {ref.name}=={ref.version}, this run has {installed}"]
 
 
 def plan_suite(
@@ -173,7 +190,7 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     assert cp.translated is not None
     loaded, plan = cp.loaded, cp.plan
     outcome.method, outcome.uri = plan.algo, loaded.spec.tracking.uri
-    outcome.budget, outcome.notes = cp.budget, cp.translated.notes
+    outcome.budget, outcome.notes = cp.budget, cp.notes
     done = {} if rerun else finished_seeds(loaded, plan, cp.metric)
     missing = [s for s in cp.seeds if s not in done]
     tags = cp.tags()
@@ -196,6 +213,9 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     if len(finals) != len(cp.seeds):
         outcome.reason = f"no final {cp.metric} for {len(cp.seeds) - len(finals)} seed(s)"
         return outcome
+    statistic = ref.conventions.statistic
+    if statistic != "final":
+        finals = _statistic(loaded, outcome.run_ids, cp.metric, statistic)
     verdict = decide(
         finals,
         cp.translated.bounds,
@@ -206,6 +226,20 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     outcome.kind, outcome.reason = verdict.kind, verdict.reason
     outcome.ours, outcome.reference = verdict.ours, verdict.reference
     return outcome
+
+
+def _statistic(loaded, run_ids: list[str], metric: str, statistic: str) -> list[float]:
+    """The seeds' values as the reference's statistic takes them from their evaluations."""
+    import numpy as np
+
+    from marlctl.report.reproduction import seed_values
+
+    client = tracking.client_for(loaded.spec.tracking.uri)
+    curves = []
+    for run_id in run_ids:
+        history = sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)
+        curves.append((np.array([m.step for m in history]), np.array([m.value for m in history])))
+    return seed_values(curves, statistic, maximize=not metric.startswith("loss/"))
 
 
 def _tag_reused(loaded, run_ids: list[str], tags: dict[str, str]) -> None:

@@ -54,6 +54,11 @@ class Conventions(Strict):
         description="What the budget counts: joint env steps (marlctl's) or agent steps."
     )
     episode_length: int | None = Field(None, ge=1, description="Steps per episode, where fixed.")
+    statistic: Literal["final", "maximum", "average"] = Field(
+        "final",
+        description="What of a run's evaluations the value is: the last one, the best of the "
+        "mean over seeds (each seed's value there), or each seed's average over training.",
+    )
 
 
 class EnvPackage(Strict):

@@ -1,0 +1,186 @@
+"""Benchmark of the shipped suites (`suites/`): how long each takes at a glance, and how well
+`marlctl reproduce --dry-run` estimates a cell's cost.
+
+`--smoke`: every suite at `--budget-scale 0.01 --seeds 2` (a verdict for every cell, each
+`inconclusive` as the scale says), one after another in a fresh MLflow store, with its
+wall-clock: the bar is 30 minutes a suite on 2 CPU cores. `--estimates`: each suite's dry run
+at its full budget, beside the wall-clock its cells measured at that budget when they were
+last trained in full (the `marlctl run` of BenchMARL's cells in
+`bench/results/peer_benchmarl.jsonl`), on the machine each row names. Writes
+`bench/results/suites.md`; the raw rows go to `bench/results/suites.jsonl`.
+
+    .venv/bin/python bench/suites.py --smoke
+    .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas
+    .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas --dry-run-json dry.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from pettingzoo_mappo import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ROOT / "suites"
+OUT = ROOT / "bench" / "results" / "suites.md"
+DONE = ROOT / "bench" / "results" / "suites.jsonl"
+PEER = ROOT / "bench" / "results" / "peer_benchmarl.jsonl"
+MARLCTL = ROOT / ".venv" / "bin" / "marlctl"
+
+
+def reproduce(args: list[str], cwd: Path) -> tuple[dict, float]:
+    start = time.perf_counter()
+    done = subprocess.run(
+        [str(MARLCTL), "reproduce", *args, "--json"], cwd=cwd, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"marlctl reproduce {' '.join(args)}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout), wall
+
+
+def smoke(suite: Path) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="suite-"))
+    try:
+        document, wall = reproduce([str(suite), "--budget-scale", "0.01", "--seeds", "2"], work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    kinds: dict[str, int] = {}
+    for cell in document["cells"]:
+        kinds[cell["kind"]] = kinds.get(cell["kind"], 0) + 1
+    return {"kind": "smoke", "suite": suite.stem, "cells": len(document["cells"]),
+            "verdicts": kinds, "wall_s": wall}  # fmt: skip
+
+
+def measured_walls() -> dict[tuple[str, str], tuple[float, str]]:
+    """Cell name → the wall-clock marlctl's half of the peer benchmark measured, its machine."""
+    out = {}
+    for line in PEER.read_text().splitlines():
+        row = json.loads(line)
+        ours = row["marlctl"]
+        out[("benchmarl-vmas", f"{row['algo']}-{row['task']}")] = (ours["wall_s"], ours["machine"])
+    return out
+
+
+def estimates(suite: Path, saved: Path | None) -> list[dict]:
+    """The suite's dry run (or the `--json` output of one saved in `saved`) beside the
+    measured wall-clocks."""
+    if saved is not None:
+        document = json.loads(saved.read_text())
+    else:
+        work = Path(tempfile.mkdtemp(prefix="suite-"))
+        try:
+            document, _ = reproduce([str(suite), "--dry-run"], work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    known = measured_walls()
+    rows = []
+    for cell in document["cells"]:
+        found = known.get((suite.stem, cell["name"]))
+        if cell["cost"] is None or found is None:
+            continue
+        rows.append({
+            "kind": "estimate", "suite": suite.stem, "cell": cell["name"],
+            "estimated_s": cell["cost"]["total_s"], "measured_s": found[0],
+            "measured_on": found[1],
+        })  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    machines: list[str] = []
+    for r in rows:
+        for m in (r["machine"], r.get("measured_on")):
+            if m and m not in machines:
+                machines.append(m)
+
+    def at(m: str) -> str:
+        return f"({machines.index(m) + 1})"
+
+    named = "; ".join(f"{at(m)} {m}" for m in machines)
+    lines = [
+        "# Shipped suites: cost at a glance and the dry run's estimates",
+        "",
+        f"Written {date.today()} by `.venv/bin/python bench/suites.py` (`--smoke`, "
+        f"`--estimates`). Machines: {named}.",
+        "",
+    ]
+    smokes = [r for r in rows if r["kind"] == "smoke"]
+    if smokes:
+        lines += [
+            "## Every suite at `--budget-scale 0.01 --seeds 2`",
+            "",
+            "`marlctl reproduce SUITE --budget-scale 0.01 --seeds 2` in a fresh store, one "
+            "suite at a time, nothing else running; the bar: under 30 minutes a suite on 2 "
+            "CPU cores, with a verdict for every cell.",
+            "",
+            "| suite | cells | verdicts | wall-clock | measured | machine |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in smokes:
+            verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r["verdicts"].items()))
+            lines.append(
+                f"| {r['suite']} | {r['cells']} | {verdicts} | {r['wall_s'] / 60:.1f} min | "
+                f"{r['measured']} | {at(r['machine'])} |"
+            )
+        lines.append("")
+    found = [r for r in rows if r["kind"] == "estimate"]
+    if found:
+        lines += [
+            "## The dry run's estimate against the measured cost",
+            "",
+            "`marlctl reproduce SUITE --dry-run` at the full budget (each cell's first run "
+            "process timed on 2 s of steady training and one evaluation), beside the "
+            "wall-clock the same cell's `marlctl run` measured in full, on the machine named. "
+            "The bar: within a factor of 2 either way.",
+            "",
+            "| suite | cell | estimated | measured | measured / estimated | estimated on | "
+            "measured on |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in found:
+            lines.append(
+                f"| {r['suite']} | {r['cell']} | {r['estimated_s'] / 60:.1f} min | "
+                f"{r['measured_s'] / 60:.1f} min | {r['measured_s'] / r['estimated_s']:.2f} | "
+                f"{at(r['machine'])}, {r['measured']} | {at(r['measured_on'])} |"
+            )
+        ratios = [r["measured_s"] / r["estimated_s"] for r in found]
+        lines += ["", f"Ratios from {min(ratios):.2f} to {max(ratios):.2f}.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suites", default=",".join(p.stem for p in sorted(SUITES.glob("*.yaml"))))
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--estimates", action="store_true")
+    parser.add_argument(
+        "--dry-run-json",
+        type=Path,
+        help="with --estimates and one suite: the saved `--dry-run --json` output of it",
+    )
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    where, today = machine(), str(date.today())
+    for name in args.suites.split(","):
+        suite = SUITES / f"{name}.yaml"
+        new = ([smoke(suite)] if args.smoke else []) + (
+            estimates(suite, args.dry_run_json) if args.estimates else []
+        )
+        for row in new:
+            row.update(machine=where, measured=today)
+            same = ("suite", "cell", "kind")
+            rows = [r for r in rows if any(r.get(k) != row.get(k) for k in same)] + [row]
+        DONE.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        OUT.write_text(table(rows))
+
+
+if __name__ == "__main__":
+    main()
