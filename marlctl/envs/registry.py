@@ -72,6 +72,15 @@ def lookup(env_id: str) -> EnvEntry:
     )
 
 
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    """Top-level modules → the installed distributions that provide them: a scan of every
+    installed package (a second or so), done once a process."""
+    from importlib import metadata
+
+    return metadata.packages_distributions()
+
+
 def env_package(env_id: str, backend: str = "pettingzoo") -> str:
     """The installed distribution that holds env `env_id`'s code, as `name==version`: the
     package a user factory comes from, the one a registered family wraps (lbforaging,
@@ -87,7 +96,7 @@ def env_package(env_id: str, backend: str = "pettingzoo") -> str:
         wrapped = {"vmas": "vmas", "classic": "pettingzoo"}.get(entry.suite)
         module = wrapped or (entry.requires[0] if entry.requires else "marlctl")
     # An editable install records no top-level modules: the module's own name then.
-    names = metadata.packages_distributions().get(module) or [module]
+    names = _distributions().get(module) or [module]
     for name in names:
         try:
             return f"{name}=={metadata.version(name)}"
