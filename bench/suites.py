@@ -6,10 +6,12 @@
 wall-clock: the bar is 30 minutes a suite on 2 CPU cores. `--estimates`: each suite's dry run
 at its full budget, beside the wall-clock its cells measured at that budget when they were
 last trained in full (the `marlctl run` of BenchMARL's cells in
-`bench/results/peer_benchmarl.jsonl`), on the machine each row names. Writes
+`bench/results/peer_benchmarl.jsonl`), on the machine each row names. `--verdicts`: each
+BenchMARL cell's verdict at its full budget from those same recorded runs. Writes
 `bench/results/suites.md`; the raw rows go to `bench/results/suites.jsonl`.
 
     .venv/bin/python bench/suites.py --smoke
+    .venv/bin/python bench/suites.py --verdicts --suites benchmarl-vmas
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas --dry-run-json dry.json
 """
@@ -94,10 +96,45 @@ def estimates(suite: Path, saved: Path | None) -> list[dict]:
     return rows
 
 
+def recorded_verdicts(suite: Path) -> list[dict]:
+    """Each cell's verdict at its full budget from the seeds its spec trained in full when the
+    peer benchmark ran it (the suite's cell specs are those runs' specs), judged as
+    `marlctl reproduce` judges: `report.reproduction.decide` on the reference's interval."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from marlctl.report.reproduction import decide
+    from marlctl.reproduce.conventions import Translated
+    from marlctl.reproduce.suite import load_suite
+
+    loaded, _ = load_suite(suite)
+    recorded = {}
+    for line in PEER.read_text().splitlines():
+        row = json.loads(line)
+        recorded[f"{row['algo']}-{row['task']}"] = row
+    rows = []
+    for name, cell in loaded.cells.items():
+        row = recorded.get(name)
+        if row is None or row["frames"] != cell.reference.budget:
+            continue
+        ref = cell.reference
+        per_seed = None if ref.per_seed is None else tuple(ref.per_seed)
+        bounds = Translated(ref.value, ref.interval, per_seed, ref.budget, ()).bounds
+        verdict = decide(row["marlctl"]["final"], bounds)
+        rows.append({
+            "kind": "verdict", "suite": suite.stem, "cell": name, "verdict": verdict.kind,
+            "ours": [verdict.ours.value, verdict.ours.low, verdict.ours.high],
+            "reference": list(bounds), "seeds": len(row["marlctl"]["final"]),
+            "budget": ref.budget, "trained": row["marlctl"]["measured"],
+            "trained_on": row["marlctl"]["machine"], "note": cell.note,
+        })  # fmt: skip
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     machines: list[str] = []
     for r in rows:
-        for m in (r["machine"], r.get("measured_on")):
+        for m in (r.get("machine"), r.get("measured_on"), r.get("trained_on")):
             if m and m not in machines:
                 machines.append(m)
 
@@ -109,7 +146,7 @@ def table(rows: list[dict]) -> str:
         "# Shipped suites: cost at a glance and the dry run's estimates",
         "",
         f"Written {date.today()} by `.venv/bin/python bench/suites.py` (`--smoke`, "
-        f"`--estimates`). Machines: {named}.",
+        f"`--verdicts`, `--estimates`). Machines: {named}.",
         "",
     ]
     smokes = [r for r in rows if r["kind"] == "smoke"]
@@ -131,6 +168,31 @@ def table(rows: list[dict]) -> str:
                 f"{r['measured']} | {at(r['machine'])} |"
             )
         lines.append("")
+    judged = [r for r in rows if r["kind"] == "verdict"]
+    if judged:
+        lines += [
+            "## Verdicts at the full budget",
+            "",
+            "Each cell's seeds trained in full with the cell's spec (the peer benchmark's runs), "
+            "judged as `marlctl reproduce` judges them: ours the mean of the final returns with "
+            "its 95% percentile-bootstrap interval, against the reference's interval (the same "
+            "bootstrap over its per-seed values). A `below` is explained in the suite's `note`.",
+            "",
+            "| suite | cell | verdict | ours | reference | seeds | env steps | trained | note |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in judged:
+            value, low, high = r["ours"]
+            lines.append(
+                f"| {r['suite']} | {r['cell']} | {r['verdict']} | {value:.3f} [{low:.3f}, "
+                f"{high:.3f}] | [{r['reference'][0]:.3f}, {r['reference'][1]:.3f}] | "
+                f"{r['seeds']} | {r['budget']:,} | {r['trained']} {at(r['trained_on'])} | "
+                f"{r['note'] or ''} |"
+            )
+        counts: dict[str, int] = {}
+        for r in judged:
+            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        lines += ["", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ".", ""]
     found = [r for r in rows if r["kind"] == "estimate"]
     if found:
         lines += [
@@ -162,6 +224,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--estimates", action="store_true")
     parser.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="each cell's verdict from its recorded full-budget runs (benchmarl-vmas)",
+    )
+    parser.add_argument(
         "--dry-run-json",
         type=Path,
         help="with --estimates and one suite: the saved `--dry-run --json` output of it",
@@ -171,9 +238,9 @@ def main() -> None:
     where, today = machine(), str(date.today())
     for name in args.suites.split(","):
         suite = SUITES / f"{name}.yaml"
-        new = ([smoke(suite)] if args.smoke else []) + (
-            estimates(suite, args.dry_run_json) if args.estimates else []
-        )
+        new = [smoke(suite)] if args.smoke else []
+        new += recorded_verdicts(suite) if args.verdicts else []
+        new += estimates(suite, args.dry_run_json) if args.estimates else []
         for row in new:
             row.update(machine=where, measured=today)
             same = ("suite", "cell", "kind")

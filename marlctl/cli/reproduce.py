@@ -104,7 +104,7 @@ def reproduce(
             from marlctl.reproduce.results import write_results
 
             metrics = {cp.name: cp.metric for cp in planned}
-            written = write_results(outcomes, metrics, target)
+            written = write_results(planned[0].suite, outcomes, metrics, target)
     if dry_run:
         _print_dry_run(rows, as_json)
         return

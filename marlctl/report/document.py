@@ -88,7 +88,7 @@ def blocks(report: Report) -> list[Block]:
     header, body, best = rows(report)
     groups = plural(len(report.groups), "group")
     out: list[Block] = [
-        Heading(1, ("marlctl report",)),
+        Heading(1, (f"{report.title}: marlctl report" if report.title else "marlctl report",)),
         Paragraph(
             (
                 f"{groups} by {', '.join(report.group_by) or 'nothing'} · ",

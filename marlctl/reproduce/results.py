@@ -12,7 +12,9 @@ from marlctl.reproduce.runner import CellOutcome
 GROUP_BY = ("cell", "algo.name")
 
 
-def write_results(outcomes: list[CellOutcome], metrics: dict[str, str], out: Path) -> list[Path]:
+def write_results(
+    suite: str, outcomes: list[CellOutcome], metrics: dict[str, str], out: Path
+) -> list[Path]:
     """Write the report of the judged cells' runs at `out` (its format by suffix: md, html,
     json or csv); `metrics`: each cell's metric. Returns the files written."""
     from marlctl.report import build
@@ -28,6 +30,7 @@ def write_results(outcomes: list[CellOutcome], metrics: dict[str, str], out: Pat
         shown = f"{out.stem}_{index + 1}_{_slug(metric)}{out.suffix}"
         path = out if index == 0 else out.with_name(shown)
         report = build(uri, [], run_ids, [], metric=metric, group_by=GROUP_BY)
+        report.title = f"suite {suite}"
         written += write(report, fmt, path)
     return written
 

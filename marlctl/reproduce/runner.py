@@ -128,7 +128,8 @@ def plan_cell(cp: CellPlan) -> CellPlan:
     cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget))
     statistic = cp.cell.reference.conventions.statistic
     compared = [] if statistic == "final" else [f"compared as the {statistic} over training"]
-    cp.notes = (*cp.translated.notes, *compared, *_version_note(cp))
+    noted = [cp.cell.note] if cp.cell.note else []
+    cp.notes = (*cp.translated.notes, *compared, *_version_note(cp), *noted)
     return cp
 
 

@@ -95,6 +95,9 @@ class Cell(Strict):
     overrides: list[str] = Field(default_factory=list, description="Overrides on the spec.")
     seeds: int = Field(5, ge=1, le=1024, description="Seeds to train.")
     reference: Reference
+    note: str | None = Field(
+        None, description="What a reader should know about the cell: a known gap and its evidence."
+    )
 
 
 class Suite(Strict):
