@@ -26,6 +26,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
+import yaml
 from algorithms import curves, t_interval
 from pettingzoo_mappo import machine, marlctl_json
 
@@ -149,6 +150,71 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUITE = ROOT / "suites" / "baseline-lbf.yaml"
+
+
+def write_suite(done: list[dict]) -> None:
+    """The recorded cells (of an algorithm on a backend, the newest at the largest budget) as
+    a suite of regression baselines: `specs/lbf_mappo.yaml` with the cell's overrides, its
+    reference the seeds' final returns."""
+    from importlib import metadata
+
+    chosen: dict[tuple[str, str], dict] = {}
+    for c in done:
+        key = (c["algo"], c["backend"])
+        if c["ok"] and (key not in chosen or (c["steps"], c["measured"]) >= (
+            chosen[key]["steps"], chosen[key]["measured"])):  # fmt: skip
+            chosen[key] = c
+    cells = {}
+    for (algo, backend), c in sorted(chosen.items()):
+        overrides = [
+            f"algos={algo}",
+            f"train.total_env_steps={c['steps']}",
+            f"train.eval_every={max(c['steps'] // 20, 1)}",
+            "train.checkpoint_every=0",
+            f"hardware.num_envs={envs(c)}",
+        ]
+        if backend == "native":
+            overrides += ["env.backend=native", "hardware.batch_seeds=true"]
+        package = "lbforaging" if backend == "pettingzoo" else "marlctl"
+        cells[f"{algo}-{backend}"] = {
+            "spec": f"../{SPEC.relative_to(ROOT)}",
+            "overrides": overrides,
+            "seeds": c["seeds"],
+            "reference": {
+                "per_seed": [round(v, 4) for v in c["returns"]],
+                "budget": c["steps"],
+                "source": {
+                    "kind": "baseline",
+                    "citation": "marlctl's own earlier result, a regression baseline "
+                    "(bench/results/lbf.jsonl)",
+                    "code": f"marlctl {metadata.version('marlctl')}, measured {c['measured']}",
+                    "machine": c["machine"],
+                },
+                "conventions": {
+                    "metric": "eval/return_mean",
+                    "aggregation": "mean",
+                    "evaluation": "deterministic",
+                    "episodes": 64,
+                    "step": "env",
+                    "episode_length": 50,
+                },
+                "env_package": {"name": package, "version": metadata.version(package)},
+            },
+        }
+    body = {
+        "name": SUITE.stem,
+        "description": (
+            "MAPPO and QMIX on level-based foraging, Foraging-8x8-2p-2f-coop-v3, with EPyMARL's "
+            "common reward (each agent is paid the team's sum: a solved episode returns 1.0 per "
+            "agent), through the lbforaging package and the native env (bench/lbf.py): "
+            "marlctl's own results, regression baselines."
+        ),
+        "cells": cells,
+    }
+    SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="mappo,qmix")
@@ -156,8 +222,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--backend", choices=("pettingzoo", "native"), default="pettingzoo")
     parser.add_argument("--num-envs", type=int, default=16, help="envs per seed")
+    parser.add_argument("--suite", action="store_true", help=f"write {SUITE.name} and stop")
     args = parser.parse_args()
     done = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
+    if args.suite:
+        write_suite(done)
+        return
     here = machine()
     for algo in args.algos.split(","):
         key = (algo, args.steps, args.num_envs, args.seeds, args.backend, here)

@@ -6,7 +6,8 @@
 wall-clock: the bar is 30 minutes a suite on 2 CPU cores. `--estimates`: each suite's dry run
 at its full budget, beside the wall-clock its cells measured at that budget when they were
 last trained in full (the `marlctl run` of BenchMARL's cells in
-`bench/results/peer_benchmarl.jsonl`), on the machine each row names. `--verdicts`: each
+`bench/results/peer_benchmarl.jsonl`; the LBF cells' in `bench/results/lbf.jsonl`), on the
+machine each row names. `--verdicts`: each
 BenchMARL cell's verdict at its full budget from those same recorded runs. Writes
 `bench/results/suites.md`; the raw rows go to `bench/results/suites.jsonl`.
 
@@ -34,6 +35,7 @@ SUITES = ROOT / "suites"
 OUT = ROOT / "bench" / "results" / "suites.md"
 DONE = ROOT / "bench" / "results" / "suites.jsonl"
 PEER = ROOT / "bench" / "results" / "peer_benchmarl.jsonl"
+LBF = ROOT / "bench" / "results" / "lbf.jsonl"
 MARLCTL = ROOT / ".venv" / "bin" / "marlctl"
 
 
@@ -62,12 +64,21 @@ def smoke(suite: Path) -> dict:
 
 
 def measured_walls() -> dict[tuple[str, str], tuple[float, str]]:
-    """Cell name → the wall-clock marlctl's half of the peer benchmark measured, its machine."""
+    """(suite, cell) → the wall-clock its spec's `marlctl run` measured in full, and where:
+    marlctl's half of the peer benchmark, and the LBF benchmark's cells at the settings
+    `suites/baseline-lbf.yaml` holds (64 envs, 1M env steps)."""
     out = {}
     for line in PEER.read_text().splitlines():
         row = json.loads(line)
         ours = row["marlctl"]
         out[("benchmarl-vmas", f"{row['algo']}-{row['task']}")] = (ours["wall_s"], ours["machine"])
+    for line in LBF.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("num_envs") == 64 and row["steps"] == 1_000_000:
+            out[("baseline-lbf", f"{row['algo']}-{row['backend']}")] = (
+                row["wall_s"],
+                row["machine"],
+            )
     return out
 
 
