@@ -115,7 +115,8 @@ def test_a_summed_return_and_agent_steps_are_translated():
 @pytest.mark.parametrize(
     ("conventions", "agents", "length", "reason"),
     [
-        ({"evaluation": "stochastic"}, 3, 25, "stochastic"),
+        ({"evaluation": "stochastic"}, 3, 25, "metric: eval_sampled/return_mean"),
+        ({"metric": "eval_sampled/return_mean"}, 3, 25, "a deterministic policy"),
         ({}, 3, 50, "last 25 steps, the spec's 50"),
         ({"agents": 4, "aggregation": "sum"}, 3, 25, "4 agents, the spec's env 3"),
     ],
@@ -124,6 +125,13 @@ def test_what_cannot_be_translated_is_refused_with_the_reason(conventions, agent
     ref = reference(conventions={**REFERENCE["conventions"], **conventions})
     with pytest.raises(Refused, match=reason):
         translate(ref, agents=agents, episode_length=length)
+
+
+def test_a_sampled_reference_compares_with_the_sampled_policy_s_metric():
+    conventions = {**REFERENCE["conventions"], "evaluation": "stochastic",
+                   "metric": "eval_sampled/return_mean"}  # fmt: skip
+    out = translate(reference(conventions=conventions), agents=3, episode_length=25)
+    assert out.value == -20.0
 
 
 def translated(**changes):
@@ -365,3 +373,30 @@ def test_cells_run_as_submitit_jobs(tmp_path):
     # The jobs' runs are in the store: run here, the suite trains nothing.
     again = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
     assert [c["reused"] for c in json.loads(again.stdout)["cells"]] == [1, 1]
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_sampled_evaluation_is_logged_beside_and_leaves_training_as_it_was(tmp_path, algo):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl import tracking
+    from marlctl.cli import app
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY_SPEC.replace("100000", "3000").replace("50000", "1000"))
+    curves = {}
+    for sampled in ("false", "true"):
+        args = ["run", str(spec), f"algos={algo}", "seeds=[0]", f"train.eval_sampled={sampled}",
+                "--json"]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        (run,) = json.loads(result.stdout)["runs"]
+        client = tracking.client_for(None)
+        history = client.get_metric_history(run["run_id"], "eval/return_mean")
+        curves[sampled] = [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)]
+        drawn = client.get_metric_history(run["run_id"], "eval_sampled/return_mean")
+        assert len(drawn) == (len(history) if sampled == "true" else 0)
+    # The sampled episodes draw from a forked random state: training is the same run.
+    assert curves["true"] == curves["false"] and len(curves["true"]) >= 3

@@ -50,6 +50,8 @@ _METRICS = {
     "eval/return_std": "Evaluation return, standard deviation over seeds",
     "train/return_mean": "Training return (mean per agent)",
     "eval/win_rate": "Evaluation win rate",
+    "eval_sampled/return_mean": "Sampled-policy evaluation return (mean per agent)",
+    "eval_sampled/win_rate": "Sampled-policy evaluation win rate",
     "train/win_rate": "Training win rate",
     "perf/env_steps_per_s": "Throughput (env steps/s)",
     "perf/env_steps_per_s_mean": "Mean throughput (env steps/s)",

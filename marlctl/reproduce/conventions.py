@@ -2,10 +2,12 @@
 
 marlctl's `eval/return_*` metrics are an episode's return averaged over the agents, from the
 deterministic policy (the most probable action), and a budget counts joint env steps (one
-step moves every agent). A reference that sums the return over its agents is divided by their
-number; one that counts agent steps has its budget divided by the agents. What cannot be
-translated is refused: a stochastic policy's score is not a deterministic one's, and an episode
-of another length is another task.
+step moves every agent); its `eval_sampled/return_*` metrics (`train.eval_sampled`) score the
+policy as it acts in training, what a reference that samples its actions compares to. A
+reference that sums the return over its agents is divided by their number; one that counts
+agent steps has its budget divided by the agents. What cannot be
+translated is refused: a stochastic policy's score is not a deterministic one's (nor the other
+way round), and an episode of another length is another task.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import math
 from dataclasses import dataclass
 
 from marlctl.reproduce.suite import Reference
+
+SAMPLED = "eval_sampled/"  # the metrics of a policy evaluated as it acts in training
 
 
 class Refused(ValueError):
@@ -51,11 +55,15 @@ def translate(reference: Reference, agents: int, episode_length: int | None) -> 
     """`reference` for an env of `agents` agents whose episodes last `episode_length` steps
     (None where they end on their own)."""
     c = reference.conventions
-    if c.evaluation != "deterministic":
+    sampled_metric = c.metric.startswith(SAMPLED)
+    if c.evaluation == "stochastic" and not sampled_metric:
         raise Refused(
-            "the reference evaluates a stochastic policy; marlctl evaluates the deterministic "
-            "one (the most probable action), whose scores differ"
+            "the reference evaluates a stochastic policy and the cell's metric is the "
+            f"deterministic one's ({c.metric}), whose scores differ; compare with "
+            f"`metric: {SAMPLED}return_mean` (the cell then also evaluates the sampled policy)"
         )
+    if c.evaluation == "deterministic" and sampled_metric:
+        raise Refused(f"the reference evaluates a deterministic policy, {c.metric} a sampled one")
     if c.episode_length is not None and c.episode_length != episode_length:
         raise Refused(
             f"the reference's episodes last {c.episode_length} steps, the spec's "

@@ -18,7 +18,7 @@ from marlctl.launch import finished_seeds
 from marlctl.report.references import Reference as TaggedReference
 from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
-from marlctl.reproduce.conventions import Refused, Translated, translate
+from marlctl.reproduce.conventions import SAMPLED, Refused, Translated, translate
 from marlctl.reproduce.suite import Cell, load_suite
 
 # Env parameters that fix an episode's length, by the names the env families use.
@@ -104,12 +104,15 @@ def _load(cp: CellPlan, seeds: list[int], extra: list[str]):
     return loaded, compile_plan(loaded)
 
 
-def _sized(loaded, budget: int) -> list[str]:
+def _sized(loaded, budget: int, metric: str) -> list[str]:
+    """The overrides that train the cell for `budget` env steps and log `metric`."""
     train = loaded.spec.train
+    sampled = ["train.eval_sampled=true"] if metric.startswith(SAMPLED) else []
     return [
         f"train.total_env_steps={budget}",
         f"train.eval_every={min(train.eval_every, budget)}",
         f"train.checkpoint_every={min(train.checkpoint_every, budget)}",
+        *sampled,
     ]
 
 
@@ -125,7 +128,7 @@ def plan_cell(cp: CellPlan) -> CellPlan:
         cp.refused = str(refusal)
         return cp
     cp.budget = max(1, round(cp.translated.budget * cp.scale))
-    cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget))
+    cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget, cp.metric))
     statistic = cp.cell.reference.conventions.statistic
     compared = [] if statistic == "final" else [f"compared as the {statistic} over training"]
     noted = [cp.cell.note] if cp.cell.note else []
@@ -197,7 +200,7 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     tags = cp.tags()
     if missing:
         if len(missing) < len(cp.seeds):
-            loaded, plan = _load(cp, missing, _sized(loaded, cp.budget))
+            loaded, plan = _load(cp, missing, _sized(loaded, cp.budget, cp.metric))
         start = time.perf_counter()
         summary = run_plan(loaded, plan, tags=tags)
         outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
@@ -295,7 +298,7 @@ def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> lis
         row = DryRow(cp.name, plan.algo, plan.env.id, len(cp.seeds), len(done), cp.budget, None)
         if missing:
             if len(missing) < len(cp.seeds):
-                loaded, plan = _load(cp, missing, _sized(loaded, cp.budget))
+                loaded, plan = _load(cp, missing, _sized(loaded, cp.budget, cp.metric))
             row.cost = estimate(loaded, plan, seconds)
         rows.append(row)
     return rows

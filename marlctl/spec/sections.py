@@ -128,6 +128,11 @@ class TrainSpec(Strict):
         100_000, ge=0, description="Env steps between evaluations; 0 = end only."
     )
     eval_episodes: int = Field(32, ge=1, le=100_000, description="Episodes per evaluation.")
+    eval_sampled: bool = Field(
+        False,
+        description="Also evaluate the policy as it acts in training (sampled actions; "
+        "epsilon-greedy for Q-learners), as `eval_sampled/` metrics beside `eval/`.",
+    )
     checkpoint_every: int = Field(
         250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one."
     )

@@ -219,7 +219,8 @@ class Evaluator(Part):
         self.every, self.episodes = run.spec.train.eval_every, run.spec.train.eval_episodes
 
     def scores(self, run: RunState) -> list[dict]:
-        return eval_metrics(run.trainer, run.eval_env, self.episodes, run.eval_seeds)
+        sampled = run.spec.train.eval_sampled
+        return eval_metrics(run.trainer, run.eval_env, self.episodes, run.eval_seeds, sampled)
 
     def on_start(self, run: RunState) -> None:
         if self.every and run.env_steps == 0:

@@ -1,4 +1,6 @@
-"""A policy's score: deterministic episodes on seeds of their own, per seed of a batch.
+"""A policy's score: deterministic episodes on seeds of their own, per seed of a batch; and,
+where a spec asks (`train.eval_sampled`), the same episodes with the actions the policy takes
+in training, as `eval_sampled/` metrics.
 
 Training evaluates with these (`marlctl.train.lifecycle.Evaluator`) and so does
 `marlctl eval`, which repeats a run's evaluation episodes through `eval_seed`.
@@ -29,8 +31,11 @@ def reset_seed(seeds: list[int]) -> int | list[int]:
 
 
 @torch.no_grad()
-def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[dict[str, float]]:
-    """Per seed: mean per-agent return over exactly `episodes` deterministic episodes."""
+def evaluate(
+    trainer, env: BatchedEnv, episodes: int, seeds: list[int], deterministic: bool = True
+) -> list[dict[str, float]]:
+    """Per seed: mean per-agent return over exactly `episodes` episodes, deterministic (the
+    most probable action) or as the policy acts in training."""
     S = len(seeds)
     n = env.num_envs // S
     quota = torch.full((S, n), episodes // n, device=env.device)
@@ -40,7 +45,7 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
     ob = env.reset(reset_seed(seeds))
     first = None  # every episode starts now
     while bool((finished < quota).any()):
-        tr = env.step(trainer.act(ob, deterministic=True, first=first))
+        tr = env.step(trainer.act(ob, deterministic=deterministic, first=first))
         first = tr.terminated | tr.truncated
         done = first.view(S, n)
         rewards = {k: v.view(S, n, *v.shape[1:]) for k, v in tr.rewards.items()}
@@ -55,9 +60,25 @@ def evaluate(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[
     return results
 
 
-def eval_metrics(trainer, env: BatchedEnv, episodes: int, seeds: list[int]) -> list[dict]:
-    """`evaluate`'s scores as the `eval/` metrics a run logs."""
-    return [
+def eval_metrics(
+    trainer, env: BatchedEnv, episodes: int, seeds: list[int], sampled: bool = False
+) -> list[dict]:
+    """`evaluate`'s scores as the `eval/` metrics a run logs; with `sampled`, the sampled
+    policy's as `eval_sampled/` metrics too. The random states the sampled episodes draw from
+    are put back after them: asking for them leaves training's random streams as they were."""
+    out = [
         {f"eval/{k}": v for k, v in result.items()}
         for result in evaluate(trainer, env, episodes, seeds)
     ]
+    if sampled:
+        # The trainer's own per-seed generators draw its actions: put them back as well.
+        generators = list(getattr(trainer, "generators", []))
+        states = [g.get_state() for g in generators]
+        cuda = [env.device] if torch.device(env.device).type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            drawn = evaluate(trainer, env, episodes, seeds, deterministic=False)
+        for generator, state in zip(generators, states, strict=True):
+            generator.set_state(state)
+        for metrics, result in zip(out, drawn, strict=True):
+            metrics.update({f"eval_sampled/{k}": v for k, v in result.items()})
+    return out
