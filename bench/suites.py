@@ -115,29 +115,25 @@ def recorded_verdicts(suite: Path) -> list[dict]:
 
     sys.path.insert(0, str(ROOT))
     from marlctl.report.reproduction import decide
-    from marlctl.reproduce.conventions import Translated
-    from marlctl.reproduce.suite import load_suite
+    from marlctl.reproduce.runner import plan_suite
 
-    loaded, _ = load_suite(suite)
     recorded = {}
     for line in PEER.read_text().splitlines():
         row = json.loads(line)
         recorded[f"{row['algo']}-{row['task']}"] = row
     rows = []
-    for name, cell in loaded.cells.items():
-        row = recorded.get(name)
-        if row is None or row["frames"] != cell.reference.budget:
+    for cp in plan_suite(str(suite), []):  # each reference translated as `reproduce` does
+        row = recorded.get(cp.name)
+        if row is None or cp.translated is None or row["frames"] != cp.translated.budget:
             continue
-        ref = cell.reference
-        per_seed = None if ref.per_seed is None else tuple(ref.per_seed)
-        bounds = Translated(ref.value, ref.interval, per_seed, ref.budget, ()).bounds
+        bounds = cp.translated.bounds
         verdict = decide(row["marlctl"]["final"], bounds)
         rows.append({
-            "kind": "verdict", "suite": suite.stem, "cell": name, "verdict": verdict.kind,
+            "kind": "verdict", "suite": suite.stem, "cell": cp.name, "verdict": verdict.kind,
             "ours": [verdict.ours.value, verdict.ours.low, verdict.ours.high],
             "reference": list(bounds), "seeds": len(row["marlctl"]["final"]),
-            "budget": ref.budget, "trained": row["marlctl"]["measured"],
-            "trained_on": row["marlctl"]["machine"], "note": cell.note,
+            "budget": cp.translated.budget, "trained": row["marlctl"]["measured"],
+            "trained_on": row["marlctl"]["machine"], "note": cp.cell.note,
         })  # fmt: skip
     return rows
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from marlctl.plan import Plan
 from marlctl.spec import LoadedSpec
+from marlctl.train import timing
 
 CPU_SWEEP = (16, 64, 256, 1024, 4096, 16384)
 CUDA_SWEEP = (256, 1024, 4096, 16384, 65536, 262144)
@@ -165,7 +166,7 @@ def _env_point(
             def timed():
                 return captured.run(step)
 
-        steps, elapsed, slow, warm = _timed(timed, seconds, device, warmup=3)
+        steps, elapsed, slow, warm = timing.timed(timed, seconds, device, warmup=3)
     finally:
         env.close()
     rate = steps * num_envs / elapsed
@@ -211,14 +212,14 @@ def _train_point(
         # captured).
         start = time.perf_counter()
         filling = 0
-        while not _steady(trainer, graph) and filling < MAX_FILL_ITERATIONS:
+        while not timing.steady(trainer, graph) and filling < timing.MAX_FILL_ITERATIONS:
             iteration()
             filling += 1
-        _sync(device)
+        timing.sync(device)
         filled = time.perf_counter() - start
         if graph and trainer.graph.failed:
             mode = f"eager (capture failed: {trainer.graph.failed})"
-        iters, elapsed, slow, warm = _timed(iteration, seconds, device, warmup=1)
+        iters, elapsed, slow, warm = timing.timed(iteration, seconds, device, warmup=1)
     finally:
         env.close()
     rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
@@ -228,47 +229,6 @@ def _train_point(
         "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
         slow, mode, compile_s + capture_s, filling, filled,
     )  # fmt: skip
-
-
-# Iterations a bench point runs before it times any: enough for a replay buffer to reach
-# `learning_starts` at the smallest sizes, not so many that a huge `learning_starts` stalls.
-MAX_FILL_ITERATIONS = 10_000
-
-
-def _steady(trainer, graph: bool) -> bool:
-    """Iterations now run as they will for the rest of training."""
-    ready = getattr(trainer, "ready", None)
-    if ready is not None and not ready():
-        return False
-    if graph:
-        captured = trainer.graph
-        return captured.graph is not None or captured.failed is not None
-    return trainer.iteration > 0
-
-
-def _timed(
-    fn: Callable[[], object], seconds: float, device, warmup: int = 3
-) -> tuple[int, float, bool, float]:
-    """Call `fn` for about `seconds` after `warmup` calls; (calls, elapsed, slow, warm-up
-    seconds). Syncs the device only around the timed block, so asynchronous CUDA work is
-    measured end to end. Slow: one call took longer than `seconds`, so one timed call is all
-    there is."""
-    start = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    warm = time.perf_counter() - start
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    first = time.perf_counter() - start
-    if first > seconds:
-        return 1, first, True, warm
-    calls = 1 + max(0, int((seconds - first) / max(first, 1e-9)))
-    for _ in range(calls - 1):
-        fn()
-    _sync(device)
-    return calls, time.perf_counter() - start, False, warm
 
 
 def _compile_seconds(warm: float, warmup: int, calls: int, elapsed: float) -> float:
@@ -286,13 +246,6 @@ def _random_actions(info, num_envs: int, device) -> dict:
         else:
             actions[g.name] = torch.rand(num_envs, g.n_agents, g.n_actions, device=device)
     return actions
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _reset_peak(device) -> None:

@@ -9,18 +9,24 @@ import pytest
 from test_report import add_experiment_run, report_json
 
 from marlctl import tracking
-from marlctl.report.references import Reference
+from marlctl.report.references import CellReference
 from marlctl.report.reproduction import decide
 
 STEPS = [0, 1000, 2000]
 
 
 def reference(cell: str, low: float, high: float, kind: str = "paper", budget: int = 2000):
-    return Reference("suite", cell, "eval/return_mean", low, high, budget, kind, "Someone 2021")
+    return CellReference("suite", cell, "eval/return_mean", low, high, budget, kind, "Someone 2021")
 
 
 def add_cell(
-    client, cell: str, algo: str, finals: list[float], ref: Reference | None, middle=None, **extra
+    client,
+    cell: str,
+    algo: str,
+    finals: list[float],
+    ref: CellReference | None,
+    middle=None,
+    **extra,
 ):
     """A cell's seeds, starting from -50 at step 0 (through `middle` at step 1000, or halfway),
     each tagged with the cell's reference."""
@@ -133,12 +139,12 @@ def test_runs_of_one_env_with_different_package_versions_are_flagged(tmp_path):
 
 
 def test_a_reference_tag_edited_by_hand_is_ignored():
-    assert Reference.from_tag("{not json") is None
-    assert Reference.from_tag('{"suite": "s"}') is None
+    assert CellReference.from_tag("{not json") is None
+    assert CellReference.from_tag('{"suite": "s"}') is None
     ref = reference("a", -21, -19)
-    assert Reference.from_tag(ref.to_tag()) == ref
+    assert CellReference.from_tag(ref.to_tag()) == ref
     bad = ref.to_tag().replace('"low": -21', '"low": 5')
-    assert Reference.from_tag(bad) is None  # low above high
+    assert CellReference.from_tag(bad) is None  # low above high
 
 
 def test_minimize_swaps_above_and_below():
@@ -160,7 +166,9 @@ def test_a_maximum_or_average_reference_is_met_with_the_same_statistic():
 
 def test_a_report_judges_a_maximum_reference_on_each_run_s_best_point(tmp_path):
     client = tracking.client_for(None)
-    best = Reference("suite", "a", "eval/return_mean", -21.0, -19.0, 2000, "paper", "x", "maximum")
+    best = CellReference(
+        "suite", "a", "eval/return_mean", -21.0, -19.0, 2000, "paper", "x", "maximum"
+    )
     # Curves peak at -20 mid-training and end at -35: the maximum reproduces, the final not.
     add_cell(client, "a", "mappo", [-35.0, -35.5, -34.5], best, middle=-20.0)
     (cell,) = report_json("--group-by", "cell,algo.name")["reproduction"]["cells"]

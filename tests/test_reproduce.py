@@ -246,6 +246,15 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     rerun = runner.invoke(app, ["reproduce", str(path), "--cells", "spread", "--rerun", "--json"])
     (trained,) = json.loads(rerun.stdout)["cells"]
     assert trained["reused"] == 0 and trained["run_id"] not in (None, ran["run_id"])
+    # One seed more: the three finished are read back, the fourth trains at the cell's budget.
+    args = ["reproduce", str(path), "--cells", "spread", "--seeds", "4", "--json"]
+    more = runner.invoke(app, args)
+    assert more.exit_code == 0, more.output
+    (grown,) = json.loads(more.stdout)["cells"]
+    assert grown["reused"] == 3 and len(grown["run_ids"]) == 4
+    client = tracking.client_for(None)
+    budgets = {client.get_run(r).data.params["train.total_env_steps"] for r in grown["run_ids"]}
+    assert budgets == {"2000"}
     # Fewer seeds or a scaled budget: inconclusive, whatever the numbers.
     args = ["reproduce", str(path), "--cells", "spread", "--seeds", "2", "--budget-scale", "0.5"]
     result = runner.invoke(app, [*args, "--json"])

@@ -142,15 +142,9 @@ def _row(o) -> list[str]:
             f"{o.wall_s:.0f} s", o.run_id or "—"]  # fmt: skip
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _print_dry_run(rows, as_json: bool) -> None:
+    from marlctl.report.labels import duration  # marlctl.report imports MLflow: not at start-up
+
     total = sum(r.cost.total_s for r in rows if r.cost is not None)
     if as_json:
         cells = [{**vars(r), "cost": r.cost.to_dict() if r.cost else None} for r in rows]
@@ -162,7 +156,7 @@ def _print_dry_run(rows, as_json: bool) -> None:
             body.append([r.name, r.method, "—", str(r.seeds), "—", f"refused: {r.refused}"])
             continue
         seeds = f"{r.seeds} ({r.finished} finished before)" if r.finished else str(r.seeds)
-        cost = "nothing to train" if r.cost is None else _duration(r.cost.total_s)
+        cost = "nothing to train" if r.cost is None else duration(r.cost.total_s)
         if r.cost is not None:
             cost += f" ({r.cost.env_steps_per_s:,.0f} env steps/s measured)"
         body.append([r.name, r.method, r.env, seeds, f"{r.budget:,}", cost])
@@ -171,4 +165,4 @@ def _print_dry_run(rows, as_json: bool) -> None:
         body,
         whole=(0,),
     )
-    say(output.out, f"estimated total: {_duration(total)}, one cell after another")
+    say(output.out, f"estimated total: {duration(total)}, one cell after another")

@@ -22,7 +22,7 @@ from marlctl.report.model import (
     differing_params,
     seed_of,
 )
-from marlctl.report.references import Reference
+from marlctl.report.references import CellReference
 from marlctl.report.runs import Filter, RunRecord, Selection, load_curves, select
 from marlctl.report.sweeps import sweep_of
 
@@ -138,7 +138,7 @@ def _groups(selection: Selection, metric: str, group_by: tuple[str, ...], reps: 
         tagged = {r.tags[tracking.REFERENCE_TAG] for r in runs if tracking.REFERENCE_TAG in r.tags}
         group.references = len(tagged)
         if len(tagged) == 1 and all(tracking.REFERENCE_TAG in r.tags for r in runs):
-            group.reference = Reference.from_tag(tagged.pop())
+            group.reference = CellReference.from_tag(tagged.pop())
         tasks = [_task(r) for r, _ in scored]
         group.envs = tuple(sorted({_task(r) for r in runs}))
         group.diverged = sum(r.diverged for r in runs)

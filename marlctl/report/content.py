@@ -36,16 +36,6 @@ def _steps(value: float | None) -> str:
     return MISSING if value is None else labels.steps(value)
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return MISSING
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _seeds(group: Group) -> str:
     return str(len(group.scores)) if not group.missing else f"{len(group.scores)}/{len(group.runs)}"
 
@@ -81,7 +71,7 @@ def rows(report: Report) -> tuple[list[str], list[list[str]], dict[tuple[int, in
                 number(g.iqm.value if g.iqm else None),
                 _ci(g.iqm),
                 _steps(g.env_steps),
-                _duration(g.wall_s),
+                labels.duration(g.wall_s),
                 number(g.steps_per_s, 0),
             ]
         )

@@ -132,7 +132,7 @@ def _reproduction_dict(report: Report) -> dict | None:
         }
         for r in results
     ]
-    profiled = reproduction.profiles(report)
+    profiled = reproduction.profiles(report, results)
     return {
         "cells": cells,
         "profile": {

@@ -131,7 +131,7 @@ def _reproduction_blocks(report: Report) -> list[Block]:
         Table(*verdict_rows(report, results)),
         Paragraph((VERDICTS_EXPLAINED,), "note"),
     ]
-    profiled = reproduction.profiles(report)
+    profiled = reproduction.profiles(report, results)
     if profiled:
         out += [
             Heading(3, ("Performance profile",)),
@@ -139,7 +139,7 @@ def _reproduction_blocks(report: Report) -> list[Block]:
             Figure("profile", "profile", report, "performance profile"),
             Paragraph((PROFILE_EXPLAINED,), "note"),
         ]
-    for i, ((suite, cell), members) in enumerate(reproduction.cells_of(report).items()):
+    for i, ((suite, cell), members) in enumerate(reproduction.cells_of(results).items()):
         part = replace(
             report, groups=[report.groups[g] for g in members], title=f"{suite} · {cell}"
         )

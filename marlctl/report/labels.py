@@ -150,3 +150,14 @@ def public(text: str) -> str:
 def public_all(value):
     """A copy of plain data (dicts, lists, strings) with every string made `public`."""
     return map_strings(value, public)
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a reader takes them in: 42.0 s, 7.5 min, 2.1 h; `—` where not known."""
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from marlctl.report import labels, stats
-from marlctl.report.references import Reference
+from marlctl.report.references import CellReference
 from marlctl.report.runs import RunRecord
 
 DEFAULT_GROUP_BY = ("algo.name", "env.id")
@@ -64,7 +64,7 @@ class Group:
     custom: str | None = None
     # The suite cell's reference every run of the group carries (`marlctl reproduce`), or None;
     # `references`: how many different ones its runs carry (more than one: cells pooled).
-    reference: Reference | None = None
+    reference: CellReference | None = None
     references: int = 0
 
     @property

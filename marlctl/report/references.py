@@ -14,7 +14,7 @@ STATISTICS = ("final", "maximum", "average")
 
 
 @dataclass(frozen=True)
-class Reference:
+class CellReference:
     suite: str
     cell: str
     metric: str  # marlctl's metric the reference compares to
@@ -43,7 +43,7 @@ class Reference:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_tag(cls, text: str | None) -> Reference | None:
+    def from_tag(cls, text: str | None) -> CellReference | None:
         """The reference a tag holds, or None where it holds none a report can use (a run of
         an older version, a tag edited by hand)."""
         if not text:

@@ -23,7 +23,7 @@ import numpy as np
 
 from marlctl.report import stats
 from marlctl.report.model import Group, Report
-from marlctl.report.references import Reference
+from marlctl.report.references import CellReference
 
 MIN_SEEDS = stats.THIN_SEEDS  # fewer make no interval worth comparing
 PROFILE_TAUS = np.linspace(0.0, 1.5, 61)
@@ -83,7 +83,7 @@ def seed_values(
 @dataclass(frozen=True)
 class CellResult:
     group: int  # index into the report's groups
-    reference: Reference
+    reference: CellReference
     verdict: Verdict
     method: str  # the algorithm, as the runs name it
     start: float | None  # the group's mean evaluation at step 0, where it has one
@@ -138,11 +138,13 @@ def normalised(result: CellResult, report: Report) -> list[float] | None:
     return [(s - result.start) / gain for s in result.scores]
 
 
-def profiles(report: Report, taus: np.ndarray = PROFILE_TAUS) -> dict[str, np.ndarray]:
+def profiles(
+    report: Report, results: list[CellResult] | None = None, taus: np.ndarray = PROFILE_TAUS
+) -> dict[str, np.ndarray]:
     """Per method, the fraction of its runs at or above each τ, every cell weighing the same;
     only methods with at least two cells to profile."""
     by_method: dict[str, list[np.ndarray]] = {}
-    for result in cell_results(report):
+    for result in cell_results(report) if results is None else results:
         scores = normalised(result, report)
         if not scores:
             continue
@@ -151,10 +153,10 @@ def profiles(report: Report, taus: np.ndarray = PROFILE_TAUS) -> dict[str, np.nd
     return {m: np.mean(found, axis=0) for m, found in by_method.items() if len(found) >= 2}
 
 
-def cells_of(report: Report) -> dict[tuple[str, str], list[int]]:
+def cells_of(results: list[CellResult]) -> dict[tuple[str, str], list[int]]:
     """The groups of each (suite, cell), in the report's order: what a cell's figure draws."""
     out: dict[tuple[str, str], list[int]] = {}
-    for result in cell_results(report):
+    for result in results:
         key = (result.reference.suite, result.reference.cell)
         out.setdefault(key, []).append(result.group)
     return out

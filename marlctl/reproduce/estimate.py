@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 # A run process's own start (Python, torch, MLflow, the run's records), on top of the set-up
 # measured here: what `marlctl run` spends before a run's first step on a CPU machine.
 PROCESS_START_S = 4.0
-MAX_FILL_ITERATIONS = 10_000  # iterations a replay buffer may take to reach `learning_starts`
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
         began = time.perf_counter()
         eval_metrics(trainer, eval_env, train.eval_episodes, seeds)
         eval_s = time.perf_counter() - began
-        rate = _training_rate(trainer, env, seeds, seconds)
+        rate = _training_rate(trainer, env, seeds, device, seconds)
     finally:
         env.close()
         eval_env.close()
@@ -79,22 +78,20 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
     return CostEstimate(setup, rate, eval_s, evals, processes, waves, waves * one)
 
 
-def _training_rate(trainer, env, seeds: list[int], seconds: float) -> float:
-    """Env steps per second over `seconds` of iterations, once they run as they will for the
-    rest of training (gradient steps begun), after one untimed iteration."""
+def _training_rate(trainer, env, seeds: list[int], device, seconds: float) -> float:
+    """Env steps per second over about `seconds` of iterations, once they run as they will
+    for the rest of training (`train.timing`), timed as `marlctl bench` times them."""
+    from marlctl.train.timing import MAX_FILL_ITERATIONS, steady, timed
+
     state = {"ob": env.reset(seeds[0] if len(seeds) == 1 else list(seeds))}
 
     def iteration() -> None:
         state["ob"], _ = trainer.train_iteration(env, state["ob"])
         trainer.stats.take()
 
-    ready, filling = getattr(trainer, "ready", None), 0
-    while ready is not None and not ready() and filling < MAX_FILL_ITERATIONS:
+    graph, filling = getattr(trainer, "graph", None) is not None, 0
+    while not steady(trainer, graph) and filling < MAX_FILL_ITERATIONS:
         iteration()
         filling += 1
-    iteration()
-    count, began = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - began) < seconds or count < 2:
-        iteration()
-        count += 1
+    count, elapsed, _, _ = timed(iteration, seconds, device, warmup=1)
     return count * trainer.steps_per_iteration * len(seeds) / elapsed

@@ -15,7 +15,7 @@ from typing import Any
 from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.launch import finished_seeds
-from marlctl.report.references import Reference as TaggedReference
+from marlctl.report.references import CellReference
 from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
 from marlctl.reproduce.conventions import SAMPLED, Refused, Translated, translate
@@ -41,6 +41,7 @@ class CellPlan:
     plan: Any = None
     translated: Translated | None = None
     budget: int = 0  # env steps per seed
+    sized: list[str] = field(default_factory=list)  # the overrides that give it that budget
     refused: str | None = None
     notes: tuple[str, ...] = ()  # what was translated, and a differing env package version
 
@@ -53,7 +54,7 @@ class CellPlan:
         assert self.translated is not None
         low, high = self.translated.bounds
         ref = self.cell.reference
-        tagged = TaggedReference(
+        tagged = CellReference(
             self.suite, self.name, self.metric, low, high, self.translated.budget,
             ref.source.kind, ref.source.citation, ref.conventions.statistic,
         )  # fmt: skip
@@ -105,14 +106,20 @@ def _load(cp: CellPlan, seeds: list[int], extra: list[str]):
 
 
 def _sized(loaded, budget: int, metric: str) -> list[str]:
-    """The overrides that train the cell for `budget` env steps and log `metric`."""
+    """The overrides that train the cell for `budget` env steps and log `metric`: those the
+    spec does not say already (none: the spec as loaded is the cell's)."""
     train = loaded.spec.train
-    sampled = ["train.eval_sampled=true"] if metric.startswith(SAMPLED) else []
+    wanted: dict[str, object] = {
+        "total_env_steps": budget,
+        "eval_every": min(train.eval_every, budget),
+        "checkpoint_every": min(train.checkpoint_every, budget),
+    }
+    if metric.startswith(SAMPLED):
+        wanted["eval_sampled"] = True
     return [
-        f"train.total_env_steps={budget}",
-        f"train.eval_every={min(train.eval_every, budget)}",
-        f"train.checkpoint_every={min(train.checkpoint_every, budget)}",
-        *sampled,
+        f"train.{key}={str(value).lower() if isinstance(value, bool) else value}"
+        for key, value in wanted.items()
+        if getattr(train, key) != value
     ]
 
 
@@ -128,7 +135,8 @@ def plan_cell(cp: CellPlan) -> CellPlan:
         cp.refused = str(refusal)
         return cp
     cp.budget = max(1, round(cp.translated.budget * cp.scale))
-    cp.loaded, cp.plan = _load(cp, cp.seeds, _sized(loaded, cp.budget, cp.metric))
+    cp.sized = _sized(loaded, cp.budget, cp.metric)
+    cp.loaded, cp.plan = _load(cp, cp.seeds, cp.sized) if cp.sized else (loaded, plan)
     statistic = cp.cell.reference.conventions.statistic
     compared = [] if statistic == "final" else [f"compared as the {statistic} over training"]
     noted = [cp.cell.note] if cp.cell.note else []
@@ -180,6 +188,17 @@ def plan_suite(
     return planned
 
 
+def _pending(cp: CellPlan, rerun: bool):
+    """`(loaded, plan, done, missing)`: the seeds the store holds finished with the cell's spec
+    and versions (none with `rerun`), by seed; the seeds still to train; and the spec and plan
+    that train those."""
+    done = {} if rerun else finished_seeds(cp.loaded, cp.plan, cp.metric)
+    missing = [s for s in cp.seeds if s not in done]
+    if missing and len(missing) < len(cp.seeds):
+        return (*_load(cp, missing, cp.sized), done, missing)
+    return cp.loaded, cp.plan, done, missing
+
+
 def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     """Train the cell's seeds that its store does not hold finished already (all of them with
     `rerun`), then judge every seed's final value."""
@@ -192,15 +211,11 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
         outcome.method = cp.method or ""
         return outcome
     assert cp.translated is not None
-    loaded, plan = cp.loaded, cp.plan
-    outcome.method, outcome.uri = plan.algo, loaded.spec.tracking.uri
+    outcome.method, outcome.uri = cp.plan.algo, cp.loaded.spec.tracking.uri
     outcome.budget, outcome.notes = cp.budget, cp.notes
-    done = {} if rerun else finished_seeds(loaded, plan, cp.metric)
-    missing = [s for s in cp.seeds if s not in done]
+    loaded, plan, done, missing = _pending(cp, rerun)
     tags = cp.tags()
     if missing:
-        if len(missing) < len(cp.seeds):
-            loaded, plan = _load(cp, missing, _sized(loaded, cp.budget, cp.metric))
         start = time.perf_counter()
         summary = run_plan(loaded, plan, tags=tags)
         outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
@@ -292,13 +307,9 @@ def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> lis
             method = cp.method or "—"
             rows.append(DryRow(cp.name, method, "—", len(cp.seeds), 0, 0, cp.refused))
             continue
-        loaded, plan = cp.loaded, cp.plan
-        done = {} if rerun else finished_seeds(loaded, plan, cp.metric)
-        missing = [s for s in cp.seeds if s not in done]
+        loaded, plan, done, missing = _pending(cp, rerun)
         row = DryRow(cp.name, plan.algo, plan.env.id, len(cp.seeds), len(done), cp.budget, None)
         if missing:
-            if len(missing) < len(cp.seeds):
-                loaded, plan = _load(cp, missing, _sized(loaded, cp.budget, cp.metric))
             row.cost = estimate(loaded, plan, seconds)
         rows.append(row)
     return rows
