@@ -158,23 +158,40 @@ def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     return tags
 
 
-def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
-    """The seeds of this spec (`identity_tags`) that finished in its store with a final
-    `metric`, by seed: their value and run id, the newest run of a seed trained more than once."""
+def _seed_runs(loaded, plan, status: str) -> list:
+    """The seed runs of this spec (`identity_tags`) in its store with `status`, newest first."""
     client = tracking.client_for(loaded.spec.tracking.uri)
     experiment = client.get_experiment_by_name(plan.experiment)
     if experiment is None:
-        return {}
+        return []
     query = " and ".join(f"tags.`{k}` = '{_quoted(v)}'" for k, v in identity_tags(loaded).items())
-    found: dict[int, tuple[float, str]] = {}
-    newest = ["attributes.start_time DESC"]
-    runs = client.search_runs(
-        [experiment.experiment_id], f"{query} and status = 'FINISHED'", order_by=newest
+    return client.search_runs(
+        [experiment.experiment_id],
+        f"{query} and status = '{status}'",
+        order_by=["attributes.start_time DESC"],
     )
-    for run in runs:
+
+
+def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
+    """The seeds of this spec (`identity_tags`) that finished in its store with a final
+    `metric`, by seed: their value and run id, the newest run of a seed trained more than once."""
+    found: dict[int, tuple[float, str]] = {}
+    for run in _seed_runs(loaded, plan, "FINISHED"):
         seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
         if seed is not None and value is not None:
             found.setdefault(int(seed), (value, run.info.run_id))
+    return found
+
+
+def stopped_seeds(loaded, plan) -> dict[int, str]:
+    """The seeds of this spec whose run in its store was stopped (KILLED: Ctrl-C or SIGTERM,
+    after a checkpoint), by seed: the newest such run's id, which `resume` continues. A run
+    left RUNNING is not among them: it may be training elsewhere (`run --resume` takes it)."""
+    found: dict[int, str] = {}
+    for run in _seed_runs(loaded, plan, "KILLED"):
+        seed = run.data.tags.get("marlctl.seed")
+        if seed is not None:
+            found.setdefault(int(seed), run.info.run_id)
     return found
 
 

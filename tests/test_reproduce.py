@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -132,6 +133,12 @@ def test_a_sampled_reference_compares_with_the_sampled_policy_s_metric():
                    "metric": "eval_sampled/return_mean"}  # fmt: skip
     out = translate(reference(conventions=conventions), agents=3, episode_length=25)
     assert out.value == -20.0
+    summed = translate(
+        reference(value=-60.0, interval=None, conventions={**conventions, "aggregation": "sum"}),
+        agents=3,
+        episode_length=25,
+    )
+    assert summed.value == pytest.approx(-20.0) and summed.notes
 
 
 def translated(**changes):
@@ -263,6 +270,57 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     assert cell["kind"] == "inconclusive" and cell["budget"] == 1_000
     result = runner.invoke(app, ["reproduce", str(path), "--cells", "nothing*"])
     assert result.exit_code == 2 and "no cell of tiny matches 'nothing*'" in result.output
+
+
+def test_a_stopped_seed_resumes_its_run_and_a_finished_one_is_read_back(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl import tracking
+    from marlctl.cli import app
+    from marlctl.train.runner import RESUMED_TAG
+
+    spec = TINY_SPEC.replace("checkpoint_every: 0", "checkpoint_every: 1000")
+    (tmp_path / "tiny.yaml").write_text(spec.replace("batch_seeds: true", "batch_seeds: false"))
+    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
+    suite = {
+        "name": "tiny",
+        "cells": {"spread": {"spec": "tiny.yaml", "seeds": 2, "reference": ref}},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    runner = CliRunner()
+    first = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    (cell,) = json.loads(first.stdout)["cells"]
+    client = tracking.client_for(None)
+    stopped = cell["run_ids"][1]
+    client.set_terminated(stopped, "KILLED")  # as Ctrl-C or SIGTERM leaves a seed's run
+    dry = runner.invoke(app, ["reproduce", str(path), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    (row,) = json.loads(dry.stdout)["cells"]
+    assert row["finished"] == 1 and row["resumed"] == 1
+    again = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert again.exit_code == 0, again.output
+    (resumed,) = json.loads(again.stdout)["cells"]
+    assert resumed["reused"] == 1 and resumed["resumed"] == 1 and resumed["run_id"] is None
+    assert resumed["run_ids"] == cell["run_ids"]  # the same two runs: nothing trained anew
+    run = client.get_run(stopped)
+    assert run.info.status == "FINISHED" and run.data.tags[RESUMED_TAG] == "2000"
+    assert run.data.tags[tracking.CELL_TAG] == "spread"
+    # A reference that averages each seed's evaluations judges the same runs by that average.
+    averaged = {**ref, "conventions": {**ref["conventions"], "statistic": "average"}}
+    suite["cells"]["spread"]["reference"] = averaged
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    (cell_avg,) = json.loads(result.stdout)["cells"]
+    means = [
+        np.mean([m.value for m in client.get_metric_history(r, "eval/return_mean")])
+        for r in cell["run_ids"]
+    ]
+    assert cell_avg["reused"] == 2 and cell_avg["ours"]["value"] == pytest.approx(np.mean(means))
 
 
 def test_run_skip_finished_trains_only_the_seeds_not_finished_before(tmp_path):

@@ -82,7 +82,7 @@ def reproduce(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a suite's cells and judge each against its published reference; seeds already
-    finished with the same spec and versions are not trained again."""
+    finished with the same spec and versions are not trained again, stopped ones resume."""
     stop_on_sigterm()
     methods = [m.strip() for m in (compare or "").split(",") if m.strip()]
     with exit_codes(as_json):
@@ -137,7 +137,10 @@ def _row(o) -> list[str]:
     ours = "—" if o.ours is None else f"{o.ours.value:.2f} [{o.ours.low:.2f}, {o.ours.high:.2f}]"
     ref = "—" if o.reference is None else f"[{o.reference[0]:.2f}, {o.reference[1]:.2f}]"
     verdict = f"{o.kind}: {o.reason}" if o.reason else o.kind
-    seeds = f"{o.seeds} ({o.reused} done before)" if o.reused else str(o.seeds)
+    before = [f"{o.reused} done before"] * bool(o.reused) + [f"{o.resumed} resumed"] * bool(
+        o.resumed
+    )
+    seeds = f"{o.seeds} ({', '.join(before)})" if before else str(o.seeds)
     return [o.name, o.method or "—", verdict, ours, ref, f"{o.budget:,}", seeds,
             f"{o.wall_s:.0f} s", o.run_id or "—"]  # fmt: skip
 
@@ -155,7 +158,10 @@ def _print_dry_run(rows, as_json: bool) -> None:
         if r.refused is not None:
             body.append([r.name, r.method, "—", str(r.seeds), "—", f"refused: {r.refused}"])
             continue
-        seeds = f"{r.seeds} ({r.finished} finished before)" if r.finished else str(r.seeds)
+        before = [f"{r.finished} finished before"] * bool(r.finished) + [
+            f"{r.resumed} stopped, to resume"
+        ] * bool(r.resumed)
+        seeds = f"{r.seeds} ({', '.join(before)})" if before else str(r.seeds)
         cost = "nothing to train" if r.cost is None else duration(r.cost.total_s)
         if r.cost is not None:
             cost += f" ({r.cost.env_steps_per_s:,.0f} env steps/s measured)"

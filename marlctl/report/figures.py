@@ -52,7 +52,7 @@ def _pyplot():
 
 def _title(report: Report) -> str:
     title = f"{labels.metric(report.metric)}: mean over seeds, 95% bootstrap CI"
-    return f"{report.title}: {title}" if report.title else title
+    return f"{report.title}\n{title}" if report.title else title  # two lines: it fits
 
 
 def references(report: Report):
@@ -235,7 +235,7 @@ def _div(
     steps: bool = False,
 ) -> str:
     fig.update_layout(
-        title=title,
+        title=title.replace("\n", "<br>"),
         xaxis_title=x,
         yaxis_title=y,
         height=height,

@@ -72,7 +72,7 @@ def translate(reference: Reference, agents: int, episode_length: int | None) -> 
     if c.agents is not None and c.agents != agents:
         raise Refused(f"the reference has {c.agents} agents, the spec's env {agents}")
     scale, notes = 1.0, []
-    if c.aggregation == "sum" and c.metric.startswith("eval/return"):
+    if c.aggregation == "sum" and c.metric.split("/", 1)[-1].startswith("return"):
         scale = 1.0 / agents
         notes.append(f"summed return divided by {agents} agents")
     budget = reference.budget

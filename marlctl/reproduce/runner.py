@@ -14,7 +14,7 @@ from typing import Any
 
 from marlctl import tracking
 from marlctl.errors import SpecError
-from marlctl.launch import finished_seeds
+from marlctl.launch import finished_seeds, stopped_seeds
 from marlctl.report.references import CellReference
 from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
@@ -79,6 +79,7 @@ class CellOutcome:
     run_id: str | None = None  # the MLflow parent run of the seeds trained now
     run_ids: list[str] = field(default_factory=list)  # every seed run judged
     reused: int = 0  # seeds whose finished runs the store held already
+    resumed: int = 0  # seeds whose stopped runs were continued from their checkpoints
     source: str = ""  # where the reference comes from
     notes: tuple[str, ...] = field(default_factory=tuple)
     uri: str | None = None  # the cell's store
@@ -189,21 +190,45 @@ def plan_suite(
 
 
 def _pending(cp: CellPlan, rerun: bool):
-    """`(loaded, plan, done, missing)`: the seeds the store holds finished with the cell's spec
-    and versions (none with `rerun`), by seed; the seeds still to train; and the spec and plan
-    that train those."""
-    done = {} if rerun else finished_seeds(cp.loaded, cp.plan, cp.metric)
-    missing = [s for s in cp.seeds if s not in done]
-    if missing and len(missing) < len(cp.seeds):
-        return (*_load(cp, missing, cp.sized), done, missing)
-    return cp.loaded, cp.plan, done, missing
+    """`(done, stopped, fresh)`: the seeds the store holds finished with the cell's spec and
+    versions, by seed (their value and run id); the seeds whose run there was stopped, by seed
+    (the run `resume` continues); the seeds to train from the start. With `rerun` every seed
+    trains from the start."""
+    if rerun:
+        return {}, {}, list(cp.seeds)
+    done = finished_seeds(cp.loaded, cp.plan, cp.metric)
+    stopped = {
+        seed: run_id
+        for seed, run_id in stopped_seeds(cp.loaded, cp.plan).items()
+        if seed in cp.seeds and seed not in done
+    }
+    return done, stopped, [s for s in cp.seeds if s not in done and s not in stopped]
+
+
+def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[str, str]):
+    """Continue the stopped seeds' runs, then train the fresh seeds: the failed seeds'
+    reasons, and the parent run of the fresh seeds (None where none trained)."""
+    from marlctl.launch import resume, run_plan
+
+    summaries = [resume(run_id, cp.loaded.spec.tracking.uri) for run_id in stopped.values()]
+    _tag_reused(cp.loaded, list(stopped.values()), tags)
+    parent = None
+    if fresh:
+        loaded, plan = (cp.loaded, cp.plan) if fresh == cp.seeds else _load(cp, fresh, cp.sized)
+        summaries.append(run_plan(loaded, plan, tags=tags))
+        parent = summaries[-1].parent_run_id
+    failed = [
+        f"seed {r.seed}: {r.error}"
+        for summary in summaries
+        for r in summary.runs
+        if r.status != "FINISHED" and (r.seed in fresh or r.run_id in stopped.values())
+    ]
+    return failed, parent
 
 
 def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     """Train the cell's seeds that its store does not hold finished already (all of them with
     `rerun`), then judge every seed's final value."""
-    from marlctl.launch import run_plan
-
     ref = cp.cell.reference
     outcome = CellOutcome(cp.name, "failed", seeds=len(cp.seeds), source=ref.source.citation)
     if cp.refused is not None:
@@ -213,20 +238,20 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     assert cp.translated is not None
     outcome.method, outcome.uri = cp.plan.algo, cp.loaded.spec.tracking.uri
     outcome.budget, outcome.notes = cp.budget, cp.notes
-    loaded, plan, done, missing = _pending(cp, rerun)
+    done, stopped, fresh = _pending(cp, rerun)
     tags = cp.tags()
+    missing = [*stopped, *fresh]
     if missing:
         start = time.perf_counter()
-        summary = run_plan(loaded, plan, tags=tags)
-        outcome.wall_s, outcome.run_id = time.perf_counter() - start, summary.parent_run_id
-        if not summary.ok:
-            failed = [r for r in summary.runs if r.status != "FINISHED"]
-            outcome.reason = "; ".join(f"seed {r.seed}: {r.error}" for r in failed)
+        failed, outcome.run_id = _train(cp, stopped, fresh, tags)
+        outcome.wall_s = time.perf_counter() - start
+        if failed:
+            outcome.reason = "; ".join(failed)
             return outcome
-        trained = finished_seeds(loaded, plan, cp.metric)  # the newest runs: these
+        trained = finished_seeds(cp.loaded, cp.plan, cp.metric)  # the newest runs: these
         done = {**done, **{s: trained[s] for s in missing if s in trained}}
-    outcome.reused = len(cp.seeds) - len(missing)
-    _tag_reused(loaded, [done[s][1] for s in cp.seeds if s in done and s not in missing], tags)
+    outcome.reused, outcome.resumed = len(cp.seeds) - len(missing), len(stopped)
+    _tag_reused(cp.loaded, [done[s][1] for s in cp.seeds if s in done and s not in missing], tags)
     finals = [done[s][0] for s in cp.seeds if s in done]
     outcome.run_ids = [done[s][1] for s in cp.seeds if s in done]
     if len(finals) != len(cp.seeds):
@@ -234,7 +259,7 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
         return outcome
     statistic = ref.conventions.statistic
     if statistic != "final":
-        finals = _statistic(loaded, outcome.run_ids, cp.metric, statistic)
+        finals = _statistic(cp.loaded, outcome.run_ids, cp.metric, statistic)
     verdict = decide(
         finals,
         cp.translated.bounds,
@@ -294,6 +319,7 @@ class DryRow:
     finished: int  # seeds the store holds finished: not trained again
     budget: int
     refused: str | None
+    resumed: int = 0  # seeds whose stopped runs will be continued
     cost: Any = None  # estimate.CostEstimate of the seeds still to train
 
 
@@ -307,9 +333,13 @@ def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> lis
             method = cp.method or "—"
             rows.append(DryRow(cp.name, method, "—", len(cp.seeds), 0, 0, cp.refused))
             continue
-        loaded, plan, done, missing = _pending(cp, rerun)
-        row = DryRow(cp.name, plan.algo, plan.env.id, len(cp.seeds), len(done), cp.budget, None)
+        done, stopped, fresh = _pending(cp, rerun)
+        row = DryRow(cp.name, cp.plan.algo, cp.plan.env.id, len(cp.seeds), len(done), cp.budget,
+                     None, resumed=len(stopped))  # fmt: skip
+        missing = [s for s in cp.seeds if s not in done]  # a stopped seed counted in full
         if missing:
+            whole = len(missing) == len(cp.seeds)
+            loaded, plan = (cp.loaded, cp.plan) if whole else _load(cp, missing, cp.sized)
             row.cost = estimate(loaded, plan, seconds)
         rows.append(row)
     return rows
