@@ -286,6 +286,7 @@ def write_suites(done: list[dict]) -> None:
                 "seeds": len(row["returns"]),
                 "reference": {
                     "per_seed": [round(v, 4) for v in row["returns"]],
+                    "precision": 0.0001,  # the values are rounded to 4 decimals
                     "budget": row["budget"],
                     "source": {
                         "kind": "baseline",

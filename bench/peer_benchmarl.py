@@ -662,6 +662,7 @@ def write_suite(cells: list[dict]) -> None:
             **({"note": NOTES[name]} if name in NOTES else {}),
             "reference": {
                 "per_seed": [round(v, 4) for v in peer["final"]],
+                "precision": 0.0001,  # the values are rounded to 4 decimals
                 "budget": c["frames"],
                 "source": {
                     "kind": "peer",

@@ -140,6 +140,7 @@ def write_suite(runs: list[dict]) -> None:
             "seeds": 5,
             "reference": {
                 "per_seed": [round(v, 4) for v in run["final"]],
+                "precision": 0.0001,  # the values are rounded to 4 decimals
                 "budget": steps,
                 "source": {
                     "kind": "peer",

@@ -176,6 +176,20 @@ def test_per_seed_values_give_the_reference_a_bootstrap_interval():
     assert -21.0 <= low < -20.0 < high <= -19.0 and verdict.kind == "reproduced"
 
 
+def test_a_rounded_reference_stands_for_every_value_that_rounds_to_it():
+    # Every seed at the task's optimum, 7.3791919..., written rounded to four decimals.
+    ours = [7.379191894531249] * 5
+    exact = translated(value=None, interval=None, per_seed=[7.3792] * 5)
+    assert decide(ours, exact.bounds, baseline=True).kind == "below"
+    rounded = translated(value=None, interval=None, per_seed=[7.3792] * 5, precision=1e-4)
+    assert decide(ours, rounded.bounds, baseline=True).kind == "matches baseline"
+    assert decide([7.3790] * 5, rounded.bounds, baseline=True).kind == "below"
+    # A summed reference's margin is translated with it.
+    summed = {**REFERENCE["conventions"], "aggregation": "sum"}
+    scaled = translated(value=-60.0, interval=None, precision=0.3, conventions=summed)
+    assert scaled.bounds == pytest.approx((-20.05, -19.95))
+
+
 TINY_SPEC = """\
 defaults:
   - envs: simple_spread

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from marlctl.atomic import replacing
 from marlctl.report import figures
-from marlctl.report.document import Figure, blocks
+from marlctl.report.document import Block, Figure, blocks
 from marlctl.report.model import Report
 
 _DRAW = {
@@ -26,23 +26,29 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def draw(report: Report, folder: Path, kind: str) -> dict[str, Path]:
-    """Every figure of the report drawn into `folder` as `kind` files, by key."""
-    found = [b for b in blocks(report) if isinstance(b, Figure)]
+Compose = Callable[[list[Block], dict[str, str]], str]
+
+
+def draw(document: list[Block], folder: Path, kind: str) -> dict[str, Path]:
+    """Every figure of the document drawn into `folder` as `kind` files, by key."""
+    found = [b for b in document if isinstance(b, Figure)]
     return {f.key: _DRAW[f.plot](f.source, folder / f"{f.key}.{kind}") for f in found}
 
 
 def with_figures(
-    report: Report, out: Path, folder: Path, kind: str, compose: Callable[[dict[str, str]], str]
+    report: Report, out: Path, folder: Path, kind: str, compose: Compose
 ) -> list[Path]:
-    """Draw the figures, then write `out` as `compose(links)`, links being each figure's
-    path relative to `out`. The figures go to a fresh folder that replaces `folder` only once
-    all are drawn, so a failed report leaves the previous one whole."""
+    """Draw the report's figures, then write `out` as `compose(document, links)`: the
+    report's blocks, built once, and each figure's path relative to `out`. The figures go to
+    a fresh folder that replaces `folder` only once all are drawn, so a failed report leaves
+    the previous one whole."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{folder.name}."))
     try:
-        drawn = draw(report, staging, kind)
-        text = compose({key: f"{folder.name}/{path.name}" for key, path in drawn.items()})
+        document = blocks(report)
+        drawn = draw(document, staging, kind)
+        links = {key: f"{folder.name}/{path.name}" for key, path in drawn.items()}
+        text = compose(document, links)
         if folder.exists():
             shutil.rmtree(folder)
         if drawn:

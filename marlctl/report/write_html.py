@@ -38,15 +38,18 @@ def html_page(report: Report, out: Path, kind: str | None = None) -> list[Path]:
         write_atomic(out, render(report))
         return [out]
     folder = out.parent / f"{out.stem}_figures"
-    return with_figures(report, out, folder, kind, lambda links: render(report, links))
+    return with_figures(report, out, folder, kind, lambda doc, links: render(report, links, doc))
 
 
-def render(report: Report, links: dict[str, str] | None = None) -> str:
-    """`links` (figure key → relative path) adds a link to each plot's file for print."""
+def render(
+    report: Report, links: dict[str, str] | None = None, document: list[Block] | None = None
+) -> str:
+    """`links` (figure key → relative path) adds a link to each plot's file for print;
+    `document` is the report's blocks where they are built already."""
     links = links or {}
     parts: list[str] = []
     plotted = False  # the first plot carries plotly.js inline
-    for block in blocks(report):
+    for block in blocks(report) if document is None else document:
         if isinstance(block, Figure):
             parts += _figure(block, links, first=not plotted)
             plotted = True

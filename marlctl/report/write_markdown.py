@@ -21,12 +21,14 @@ _KINDS = {
 
 def markdown(report: Report, out: Path, kind: str = "png") -> list[Path]:
     folder = out.parent / f"{out.stem}_files"
-    return with_figures(report, out, folder, kind, lambda links: render(report, links))
+    return with_figures(report, out, folder, kind, lambda doc, links: render(report, links, doc))
 
 
-def render(report: Report, links: dict[str, str]) -> str:
-    """`links` maps each drawn figure's key to its path relative to the document."""
-    parts = [part for block in blocks(report) for part in _block(block, links)]
+def render(report: Report, links: dict[str, str], document: list[Block] | None = None) -> str:
+    """`links` maps each drawn figure's key to its path relative to the document; `document`
+    is the report's blocks where they are built already."""
+    document = blocks(report) if document is None else document
+    parts = [part for block in document for part in _block(block, links)]
     return "\n\n".join(parts) + "\n"
 
 

@@ -31,11 +31,17 @@ class Translated:
     per_seed: tuple[float, ...] | None
     budget: int  # joint env steps
     notes: tuple[str, ...]  # what was translated, for the verdict table
+    margin: float = 0.0  # half the unit the reference's numbers are rounded to, translated
 
     @property
     def bounds(self) -> tuple[float, float]:
         """The interval a verdict compares ours with: the reference's own, the 95% bootstrap
-        interval of the mean of its per-seed values (as ours), or its value alone."""
+        interval of the mean of its per-seed values (as ours), or its value alone; widened by
+        `margin`, as a rounded number stands for every value that rounds to it."""
+        low, high = self._interval()
+        return (low - self.margin, high + self.margin)
+
+    def _interval(self) -> tuple[float, float]:
         if self.per_seed is not None:
             import numpy as np
 
@@ -90,4 +96,5 @@ def translate(reference: Reference, agents: int, episode_length: int | None) -> 
         per_seed=None if reference.per_seed is None else tuple(map(scaled, reference.per_seed)),
         budget=budget,
         notes=tuple(notes),
+        margin=abs(scale) * (reference.precision or 0.0) / 2,
     )

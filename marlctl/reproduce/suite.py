@@ -72,6 +72,12 @@ class Reference(Strict):
     value: float | None = None
     interval: tuple[float, float] | None = Field(None, description="[low, high], e.g. a 95% CI.")
     per_seed: list[float] | None = Field(None, min_length=1)
+    precision: float | None = Field(
+        None,
+        gt=0,
+        description="The unit the numbers are rounded to (0.0001: four decimals): the interval "
+        "is widened by half of it, as a rounded number stands for all that round to it.",
+    )
     budget: int = Field(ge=1, description="Steps trained, counted as `conventions.step` says.")
     source: Source
     conventions: Conventions
