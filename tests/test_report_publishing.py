@@ -532,6 +532,8 @@ def test_the_env_package_is_the_distribution_that_holds_the_envs_code():
     assert env_package("classic/tictactoe") == f"pettingzoo=={metadata.version('pettingzoo')}"
     assert env_package("pettingzoo.classic.rps_v2:parallel_env").startswith("pettingzoo==")
     assert env_package("toy_envs:meetup") == "toy_envs (not an installed distribution: no version)"
+    # A module whose distribution has another name is found by the scan of every package.
+    assert env_package("yaml:safe_load") == f"PyYAML=={metadata.version('PyYAML')}"
 
 
 def test_a_run_outside_a_git_checkout_records_why_it_has_no_commit(tmp_path):

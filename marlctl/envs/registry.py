@@ -75,10 +75,31 @@ def lookup(env_id: str) -> EnvEntry:
 @functools.cache
 def _distributions() -> dict[str, list[str]]:
     """Top-level modules → the installed distributions that provide them: a scan of every
-    installed package (a second or so), done once a process."""
+    installed package (half a second or more), done once a process."""
     from importlib import metadata
 
     return metadata.packages_distributions()
+
+
+def _distribution_names(module: str) -> list[str]:
+    """The distributions that may hold top-level `module`: the one of its own name where it
+    provides the module (most env packages: a lookup, not a scan), else the scan's."""
+    from importlib import metadata
+
+    try:
+        own = metadata.distribution(module)
+    except metadata.PackageNotFoundError:
+        own = None
+    if own is not None:
+        top = own.read_text("top_level.txt")
+        files = own.files or []
+        if (top is not None and module in top.split()) or any(
+            f.parts[0] in (module, f"{module}.py") for f in files
+        ):
+            return [module]
+        if top is None and not any(f.suffix == ".py" for f in files):
+            return [module]  # an editable install records no modules: its own name then
+    return _distributions().get(module) or [module]  # recorded nowhere: its own name
 
 
 def env_package(env_id: str, backend: str = "pettingzoo") -> str:
@@ -95,9 +116,7 @@ def env_package(env_id: str, backend: str = "pettingzoo") -> str:
     elif module == "marlctl":  # a family marlctl wraps: the package it wraps
         wrapped = {"vmas": "vmas", "classic": "pettingzoo"}.get(entry.suite)
         module = wrapped or (entry.requires[0] if entry.requires else "marlctl")
-    # An editable install records no top-level modules: the module's own name then.
-    names = _distributions().get(module) or [module]
-    for name in names:
+    for name in _distribution_names(module):
         try:
             return f"{name}=={metadata.version(name)}"
         except metadata.PackageNotFoundError:
