@@ -6,8 +6,9 @@
 wall-clock: the bar is 30 minutes a suite on 2 CPU cores. `--estimates`: each suite's dry run
 at its full budget, beside the wall-clock its cells measured at that budget when they were
 last trained in full (the `marlctl run` of BenchMARL's cells in
-`bench/results/peer_benchmarl.jsonl`; the LBF cells' in `bench/results/lbf.jsonl`), on the
-machine each row names. `--verdicts`: each
+`bench/results/peer_benchmarl.jsonl`; the LBF cells' in `bench/results/lbf.jsonl`; with
+`--store DIR`, what a full `marlctl reproduce SUITE` took in DIR), on the machine each row
+names. `--verdicts`: each
 BenchMARL cell's verdict at its full budget from those same recorded runs. Writes
 `bench/results/suites.md`; the raw rows go to `bench/results/suites.jsonl`.
 
@@ -15,6 +16,7 @@ BenchMARL cell's verdict at its full budget from those same recorded runs. Write
     .venv/bin/python bench/suites.py --verdicts --suites benchmarl-vmas
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas --dry-run-json dry.json
+    .venv/bin/python bench/suites.py --estimates --suites baseline-vmas-het --store DIR
 """
 
 from __future__ import annotations
@@ -82,9 +84,28 @@ def measured_walls() -> dict[tuple[str, str], tuple[float, str]]:
     return out
 
 
-def estimates(suite: Path, saved: Path | None) -> list[dict]:
+def store_walls(suite: str, store: Path) -> dict[tuple[str, str], tuple[float, str]]:
+    """(suite, cell) → the wall-clock `marlctl reproduce` took to train the cell's seeds in
+    the MLflow store of folder `store` (the duration of the cell's parent run), on this
+    machine."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    query = (
+        f"tags.`marlctl.suite` = '{suite}' and tags.`marlctl.role` = 'experiment' "
+        "and status = 'FINISHED'"
+    )
+    out: dict[tuple[str, str], tuple[float, str]] = {}
+    for run in client.search_runs(experiments, query, order_by=["attributes.start_time DESC"]):
+        seconds = (run.info.end_time - run.info.start_time) / 1000
+        out.setdefault((suite, run.data.tags["marlctl.cell"]), (seconds, machine()))
+    return out
+
+
+def estimates(suite: Path, saved: Path | None, store: Path | None = None) -> list[dict]:
     """The suite's dry run (or the `--json` output of one saved in `saved`) beside the
-    measured wall-clocks."""
+    measured wall-clocks (also those of a full `marlctl reproduce` in `store`)."""
     if saved is not None:
         document = json.loads(saved.read_text())
     else:
@@ -93,7 +114,7 @@ def estimates(suite: Path, saved: Path | None) -> list[dict]:
             document, _ = reproduce([str(suite), "--dry-run"], work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    known = measured_walls()
+    known = measured_walls() | (store_walls(suite.stem, store) if store else {})
     rows = []
     for cell in document["cells"]:
         found = known.get((suite.stem, cell["name"]))
@@ -207,7 +228,8 @@ def table(rows: list[dict]) -> str:
             "",
             "`marlctl reproduce SUITE --dry-run` at the full budget (each cell's first run "
             "process timed on 2 s of steady training and one evaluation), beside the "
-            "wall-clock the same cell's `marlctl run` measured in full, on the machine named. "
+            "wall-clock the same cell measured in full (its `marlctl run` in the peer "
+            "benchmark, or a full `marlctl reproduce` of the suite), on the machine named. "
             "The bar: within a factor of 2 either way.",
             "",
             "| suite | cell | estimated | measured | measured / estimated | estimated on | "
@@ -240,6 +262,12 @@ def main() -> None:
         type=Path,
         help="with --estimates and one suite: the saved `--dry-run --json` output of it",
     )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        help="with --estimates and one suite: a folder where `marlctl reproduce SUITE` trained "
+        "it in full; each cell's wall-clock there is its measured cost",
+    )
     args = parser.parse_args()
     rows = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
     where, today = machine(), str(date.today())
@@ -247,7 +275,7 @@ def main() -> None:
         suite = SUITES / f"{name}.yaml"
         new = [smoke(suite)] if args.smoke else []
         new += recorded_verdicts(suite) if args.verdicts else []
-        new += estimates(suite, args.dry_run_json) if args.estimates else []
+        new += estimates(suite, args.dry_run_json, args.store) if args.estimates else []
         for row in new:
             row.update(machine=where, measured=today)
             same = ("suite", "cell", "kind")
