@@ -120,6 +120,7 @@ def test_markdown_shows_verdicts_profile_and_a_figure_per_cell(tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "## Reproduction" in text and "| suite | a | a · mappo | reproduced |" in text
+    assert "4 verdicts: 2 above, 1 below, 1 reproduced." in text
     assert "### Performance profile" in text and "![performance profile]" in text
     assert "### suite · a" in text and "### suite · b" in text
     names = sorted(p.name for p in (tmp_path / "r_files").iterdir())

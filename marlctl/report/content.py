@@ -299,8 +299,10 @@ VERDICTS_EXPLAINED = (
     "`reproduced` where it overlaps the reference's interval (`matches baseline` against "
     "marlctl's own earlier result), `above` or `below` where it lies wholly on one side, "
     f"`inconclusive` with fewer than {reproduction.MIN_SEEDS} seeds or a budget below the "
-    "reference's. References are in marlctl's conventions: per-agent return, deterministic "
-    "evaluation, joint env steps."
+    "reference's. References are in marlctl's conventions: per-agent return, joint env "
+    "steps, and the evaluation the metric names (`eval/`: the deterministic policy; "
+    "`eval_sampled/`: the policy as it acts in training); a reference rounded to a precision "
+    "stands for every value that rounds to it, its interval widened by half that unit."
 )
 PROFILE_EXPLAINED = (
     "Normalised score of a run: (final − untrained) / (reference − untrained), the untrained "

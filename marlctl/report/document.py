@@ -126,9 +126,14 @@ def _reproduction_blocks(report: Report) -> list[Block]:
     results = reproduction.cell_results(report)
     if not results:
         return []
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.verdict.kind] = counts.get(result.verdict.kind, 0) + 1
+    tally = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
     out: list[Block] = [
         Heading(2, ("Reproduction",)),
         Table(*verdict_rows(report, results)),
+        Paragraph((f"{plural(len(results), 'verdict')}: {tally}.",), "text"),
         Paragraph((VERDICTS_EXPLAINED,), "note"),
     ]
     profiled = reproduction.profiles(report, results)
