@@ -63,6 +63,7 @@ def test_every_malformed_field_is_located(tmp_path):
         "value": -30.0,  # outside its interval
         "source": {"kind": "paper", "citation": "x"},  # no table
         "conventions": {**REFERENCE["conventions"], "evaluation": "greedyish", "episodes": 0},
+        "precision": -0.01,
         "colour": "blue",
     }
     cells = {
@@ -78,6 +79,7 @@ def test_every_malformed_field_is_located(tmp_path):
         "cells.b.reference.source",
         "cells.b.reference.conventions.evaluation",
         "cells.b.reference.conventions.episodes",
+        "cells.b.reference.precision",
         "cells.b.reference.colour",
     }, problems
     assert "needs `table`" in problems["cells.b.reference.source"].message
