@@ -36,7 +36,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine, marlctl_json
+from pettingzoo_mappo import machine, marlctl_json, per_seed_values
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "algorithms.md"
@@ -285,8 +285,7 @@ def write_suites(done: list[dict]) -> None:
                 "spec": f"{name}/{cell}.yaml",
                 "seeds": len(row["returns"]),
                 "reference": {
-                    "per_seed": [round(v, 4) for v in row["returns"]],
-                    "precision": 0.0001,  # the values are rounded to 4 decimals
+                    **per_seed_values(row["returns"]),
                     "budget": row["budget"],
                     "source": {
                         "kind": "baseline",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 from algorithms import t_interval
-from pettingzoo_mappo import machine, marlctl_json
+from pettingzoo_mappo import machine, marlctl_json, per_seed_values
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-benchmarl"
@@ -661,8 +661,7 @@ def write_suite(cells: list[dict]) -> None:
             "seeds": c["seeds"],
             **({"note": NOTES[name]} if name in NOTES else {}),
             "reference": {
-                "per_seed": [round(v, 4) for v in peer["final"]],
-                "precision": 0.0001,  # the values are rounded to 4 decimals
+                **per_seed_values(peer["final"]),
                 "budget": c["frames"],
                 "source": {
                     "kind": "peer",

@@ -34,7 +34,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine
+from pettingzoo_mappo import machine, per_seed_values
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-jaxmarl"
@@ -139,8 +139,7 @@ def write_suite(runs: list[dict]) -> None:
             "spec": SPEC,
             "seeds": 5,
             "reference": {
-                "per_seed": [round(v, 4) for v in run["final"]],
-                "precision": 0.0001,  # the values are rounded to 4 decimals
+                **per_seed_values(run["final"]),
                 "budget": steps,
                 "source": {
                     "kind": "peer",

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from datetime import date
 from pathlib import Path
 
@@ -159,6 +160,12 @@ def recorded_verdicts(suite: Path) -> list[dict]:
     return rows
 
 
+def section(title: str, text: str, columns: list[str]) -> list[str]:
+    """A section's heading, its explanation and its table's header."""
+    return [f"## {title}", "", text, "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)]  # fmt: skip
+
+
 def table(rows: list[dict]) -> str:
     machines: list[str] = []
     for r in rows:
@@ -179,16 +186,13 @@ def table(rows: list[dict]) -> str:
     ]
     smokes = [r for r in rows if r["kind"] == "smoke"]
     if smokes:
-        lines += [
-            "## Every suite at `--budget-scale 0.01 --seeds 2`",
-            "",
+        lines += section(
+            "Every suite at `--budget-scale 0.01 --seeds 2`",
             "`marlctl reproduce SUITE --budget-scale 0.01 --seeds 2` in a fresh store, one "
             "suite at a time, nothing else running; the bar: under 30 minutes a suite on 2 "
             "CPU cores, with a verdict for every cell.",
-            "",
-            "| suite | cells | verdicts | wall-clock | measured | machine |",
-            "|---|---|---|---|---|---|",
-        ]
+            ["suite", "cells", "verdicts", "wall-clock", "measured", "machine"],
+        )
         for r in smokes:
             verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r["verdicts"].items()))
             lines.append(
@@ -198,17 +202,15 @@ def table(rows: list[dict]) -> str:
         lines.append("")
     judged = [r for r in rows if r["kind"] == "verdict"]
     if judged:
-        lines += [
-            "## Verdicts at the full budget",
-            "",
+        lines += section(
+            "Verdicts at the full budget",
             "Each cell's seeds trained in full with the cell's spec (the peer benchmark's runs), "
             "judged as `marlctl reproduce` judges them: ours the mean of the final returns with "
             "its 95% percentile-bootstrap interval, against the reference's interval (the same "
             "bootstrap over its per-seed values). A `below` is explained in the suite's `note`.",
-            "",
-            "| suite | cell | verdict | ours | reference | seeds | env steps | trained | note |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+            ["suite", "cell", "verdict", "ours", "reference", "seeds", "env steps", "trained",
+             "note"],
+        )  # fmt: skip
         for r in judged:
             value, low, high = r["ours"]
             lines.append(
@@ -217,25 +219,20 @@ def table(rows: list[dict]) -> str:
                 f"{r['seeds']} | {r['budget']:,} | {r['trained']} {at(r['trained_on'])} | "
                 f"{r['note'] or ''} |"
             )
-        counts: dict[str, int] = {}
-        for r in judged:
-            counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+        counts = Counter(r["verdict"] for r in judged)
         lines += ["", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + ".", ""]
     found = [r for r in rows if r["kind"] == "estimate"]
     if found:
-        lines += [
-            "## The dry run's estimate against the measured cost",
-            "",
+        lines += section(
+            "The dry run's estimate against the measured cost",
             "`marlctl reproduce SUITE --dry-run` at the full budget (each cell's first run "
             "process timed on 2 s of steady training and one evaluation), beside the "
             "wall-clock the same cell measured in full (its `marlctl run` in the peer "
             "benchmark, or a full `marlctl reproduce` of the suite), on the machine named. "
             "The bar: within a factor of 2 either way.",
-            "",
-            "| suite | cell | estimated | measured | measured / estimated | estimated on | "
-            "measured on |",
-            "|---|---|---|---|---|---|---|",
-        ]
+            ["suite", "cell", "estimated", "measured", "measured / estimated", "estimated on",
+             "measured on"],
+        )  # fmt: skip
         for r in found:
             lines.append(
                 f"| {r['suite']} | {r['cell']} | {r['estimated_s'] / 60:.1f} min | "

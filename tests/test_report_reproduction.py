@@ -90,7 +90,9 @@ def test_a_scaled_budget_too_few_seeds_and_a_baseline(tmp_path):
 def test_runs_of_two_cells_pooled_get_no_verdict_and_a_note(tmp_path):
     client = tracking.client_for(None)
     add_cell(client, "a", "mappo", [-20.0, -20.5, -19.5], reference("a", -21, -19))
-    add_cell(client, "b", "mappo", [-20.0, -20.5, -19.5], reference("b", -11, -9))
+    # Another cell is another configuration: with the same params its seeds would be taken
+    # for the first cell's, trained again, and only the newest of each seed kept.
+    add_cell(client, "b", "mappo", [-20.0, -20.5, -19.5], reference("b", -11, -9), lr=0.01)
     document = report_json("--group-by", "algo.name")
     assert document["reproduction"] is None
     assert any("2 different suite references" in n for n in document["notes"])

@@ -137,12 +137,15 @@ def _row(o) -> list[str]:
     ours = "—" if o.ours is None else f"{o.ours.value:.2f} [{o.ours.low:.2f}, {o.ours.high:.2f}]"
     ref = "—" if o.reference is None else f"[{o.reference[0]:.2f}, {o.reference[1]:.2f}]"
     verdict = f"{o.kind}: {o.reason}" if o.reason else o.kind
-    before = [f"{o.reused} done before"] * bool(o.reused) + [f"{o.resumed} resumed"] * bool(
-        o.resumed
-    )
-    seeds = f"{o.seeds} ({', '.join(before)})" if before else str(o.seeds)
+    seeds = _seeds(o.seeds, (o.reused, "done before"), (o.resumed, "resumed"))
     return [o.name, o.method or "—", verdict, ours, ref, f"{o.budget:,}", seeds,
             f"{o.wall_s:.0f} s", o.run_id or "—"]  # fmt: skip
+
+
+def _seeds(total: int, *counts: tuple[int, str]) -> str:
+    """`5 (3 done before, 1 resumed)`: the seeds, and how many of them each count names."""
+    said = [f"{n} {what}" for n, what in counts if n]
+    return f"{total} ({', '.join(said)})" if said else str(total)
 
 
 def _print_dry_run(rows, as_json: bool) -> None:
@@ -158,10 +161,7 @@ def _print_dry_run(rows, as_json: bool) -> None:
         if r.refused is not None:
             body.append([r.name, r.method, "—", str(r.seeds), "—", f"refused: {r.refused}"])
             continue
-        before = [f"{r.finished} finished before"] * bool(r.finished) + [
-            f"{r.resumed} stopped, to resume"
-        ] * bool(r.resumed)
-        seeds = f"{r.seeds} ({', '.join(before)})" if before else str(r.seeds)
+        seeds = _seeds(r.seeds, (r.finished, "finished before"), (r.resumed, "stopped, to resume"))
         cost = "nothing to train" if r.cost is None else duration(r.cost.total_s)
         if r.cost is not None:
             cost += f" ({r.cost.env_steps_per_s:,.0f} env steps/s measured)"

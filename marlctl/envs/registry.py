@@ -82,23 +82,17 @@ def _distributions() -> dict[str, list[str]]:
 
 
 def _distribution_names(module: str) -> list[str]:
-    """The distributions that may hold top-level `module`: the one of its own name where it
-    provides the module (most env packages: a lookup, not a scan), else the scan's."""
+    """The distributions that may hold top-level `module`: the one of its own name unless its
+    record names other modules only (a lookup: most env packages), else the scan's."""
     from importlib import metadata
 
     try:
-        own = metadata.distribution(module)
+        top = metadata.distribution(module).read_text("top_level.txt")
     except metadata.PackageNotFoundError:
-        own = None
-    if own is not None:
-        top = own.read_text("top_level.txt")
-        files = own.files or []
-        if (top is not None and module in top.split()) or any(
-            f.parts[0] in (module, f"{module}.py") for f in files
-        ):
-            return [module]
-        if top is None and not any(f.suffix == ".py" for f in files):
-            return [module]  # an editable install records no modules: its own name then
+        top = ""
+    # No record (an editable install, a wheel not built by setuptools): its own name.
+    if top is None or module in top.split():
+        return [module]
     return _distributions().get(module) or [module]  # recorded nowhere: its own name
 
 

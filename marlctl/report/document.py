@@ -9,6 +9,7 @@ sweep."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
@@ -126,9 +127,7 @@ def _reproduction_blocks(report: Report) -> list[Block]:
     results = reproduction.cell_results(report)
     if not results:
         return []
-    counts: dict[str, int] = {}
-    for result in results:
-        counts[result.verdict.kind] = counts.get(result.verdict.kind, 0) + 1
+    counts = Counter(result.verdict.kind for result in results)
     tally = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
     out: list[Block] = [
         Heading(2, ("Reproduction",)),

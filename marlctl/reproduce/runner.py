@@ -210,20 +210,17 @@ def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[s
     reasons, and the parent run of the fresh seeds (None where none trained)."""
     from marlctl.launch import resume, run_plan
 
-    summaries = [resume(run_id, cp.loaded.spec.tracking.uri) for run_id in stopped.values()]
+    ended = []  # the runs of the seeds trained here (a resumed parent lists its others too)
+    for run_id in stopped.values():
+        ended += [r for r in resume(run_id, cp.loaded.spec.tracking.uri).runs if r.run_id == run_id]
     _tag_reused(cp.loaded, list(stopped.values()), tags)
     parent = None
     if fresh:
         loaded, plan = (cp.loaded, cp.plan) if fresh == cp.seeds else _load(cp, fresh, cp.sized)
-        summaries.append(run_plan(loaded, plan, tags=tags))
-        parent = summaries[-1].parent_run_id
-    failed = [
-        f"seed {r.seed}: {r.error}"
-        for summary in summaries
-        for r in summary.runs
-        if r.status != "FINISHED" and (r.seed in fresh or r.run_id in stopped.values())
-    ]
-    return failed, parent
+        summary = run_plan(loaded, plan, tags=tags)
+        ended += summary.runs
+        parent = summary.parent_run_id
+    return [f"seed {r.seed}: {r.error}" for r in ended if r.status != "FINISHED"], parent
 
 
 def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
