@@ -254,6 +254,10 @@ SUITES = {
 }
 
 
+# Reference points beyond uniformly random play: a scripted policy of the task.
+SCRIPTED = {"simple_spread": "marlctl.envs.native.simple_spread:scripted_policy"}
+
+
 def write_suites(done: list[dict]) -> None:
     """Each family's recorded cells (of an algorithm on a task, the one of the largest
     budget) as a suite of regression baselines: the cell's spec from its recorded settings,
@@ -284,6 +288,7 @@ def write_suites(done: list[dict]) -> None:
             cells[cell] = {
                 "spec": f"{name}/{cell}.yaml",
                 "seeds": len(row["returns"]),
+                **({"points": {"scripted": SCRIPTED[task]}} if task in SCRIPTED else {}),
                 "reference": {
                     **per_seed_values(row["returns"]),
                     "budget": row["budget"],
@@ -315,6 +320,7 @@ def write_suites(done: list[dict]) -> None:
                 "marlctl's own recorded results (bench/algorithms.py): regression baselines, "
                 "not reproductions of a published result."
             ),
+            "points": {"random": "random"},
             "cells": cells,
         }
         (ROOT / "suites" / f"{name}.yaml").write_text(

@@ -131,6 +131,10 @@ def write_suite(runs: list[dict]) -> None:
             "sampled policy's last finished episode per env, averaged over the update's 128 "
             "steps (about 5 episodes per env, 16 envs), summed over the 3 agents."
         ),
+        "points": {
+            "random": "random",
+            "scripted": "marlctl.envs.native.simple_spread:scripted_policy",
+        },
         "cells": {},
     }
     for steps, run in sorted(latest.items()):

@@ -334,6 +334,28 @@ def verdict_rows(report: Report, results) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+POINTS_EXPLAINED = (
+    "A reference point is the score of a policy that does not learn, played by every group "
+    "that learns in the cell's runs: in the cell's env and metric, on the episodes and "
+    "evaluation seeds of its runs' final evaluation, the mean over seeds."
+)
+
+
+def point_rows(results) -> tuple[list[str], list[list[str]]]:
+    """The reference points of each suite cell among `results`, once a cell."""
+    header = ["suite", "cell", "point", "value", "policy"]
+    body, seen = [], set()
+    for r in results:
+        ref = r.reference
+        if (ref.suite, ref.cell) in seen:
+            continue
+        seen.add((ref.suite, ref.cell))
+        for p in ref.points:
+            body.append([public(ref.suite), public(ref.cell), public(p.name), number(p.value),
+                         public(p.described)])  # fmt: skip
+    return header, body
+
+
 def profile_rows(profiled: dict) -> tuple[list[str], list[list[str]]]:
     taus = reproduction.PROFILE_TAUS
     header = ["method", *(f"runs ≥ {t:g}" for t in reproduction.PROFILE_SHOWN)]

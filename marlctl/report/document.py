@@ -18,10 +18,12 @@ from marlctl.report import appendix, reproduction
 from marlctl.report.content import (
     CROSSPLAY_EXPLAINED,
     EXPLAINED,
+    POINTS_EXPLAINED,
     PROFILE_EXPLAINED,
     VERDICTS_EXPLAINED,
     crossplay_tables,
     notes,
+    point_rows,
     profile_rows,
     rows,
     seed_rows,
@@ -135,6 +137,13 @@ def _reproduction_blocks(report: Report) -> list[Block]:
         Paragraph((f"{plural(len(results), 'verdict')}: {tally}.",), "text"),
         Paragraph((VERDICTS_EXPLAINED,), "note"),
     ]
+    header, body = point_rows(results)
+    if body:
+        out += [
+            Heading(3, ("Reference points",)),
+            Table(header, body),
+            Paragraph((POINTS_EXPLAINED,), "note"),
+        ]
     profiled = reproduction.profiles(report, results)
     if profiled:
         out += [

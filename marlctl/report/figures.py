@@ -75,6 +75,20 @@ def references(report: Report):
         yield colour, label, ref, (min(span), max(span))
 
 
+POINT_DASHES = (":", "-.", (0, (1, 4)), (0, (5, 2, 1, 2, 1, 2)))  # matplotlib line styles
+PLOTLY_DASHES = ("dot", "dashdot", "longdashdot", "longdash")
+
+
+def points(report: Report):
+    """`(colour, label, value, span, style)` for every reference point of the cells
+    `references` draws: a line in the cell's colour, each point of a cell in a style of its
+    own (the index into `POINT_DASHES`)."""
+    for colour, label, ref, span in references(report):
+        cell = label.removesuffix("reference")  # "" in a figure of one cell, else "CELL: "
+        for style, point in enumerate(ref.points):
+            yield colour, f"{cell}{point.name}", point.value, span, style % len(POINT_DASHES)
+
+
 PROFILE_TITLE = "Performance profile: share of runs reaching τ of the reference's gain"
 PROFILE_X = "τ: (final − untrained) / (reference − untrained)"
 
@@ -125,6 +139,8 @@ def curves_figure(report: Report):
         ax.axhline(ref.value, color=colour, ls="--", lw=1.5, label=label)
         if ref.high > ref.low:
             ax.axhspan(ref.low, ref.high, color=colour, alpha=0.08, lw=0)
+    for colour, label, value, _, style in points(report):
+        ax.axhline(value, color=colour, ls=POINT_DASHES[style], lw=1.2, alpha=0.7, label=label)
     _steps_axis(ax)
     _finish(fig, ax, labels.STEPS_AXIS, labels.metric(report.metric), _title(report))
     return fig
@@ -294,6 +310,17 @@ def curves_div(report: Report, first: bool) -> str:
                 y=[ref.value, ref.value],
                 mode="lines",
                 line={"color": colour, "width": 1.5, "dash": "dash"},
+                name=label,
+            )
+        )
+    for colour, label, value, span, style in points(report):
+        fig.add_trace(
+            go.Scatter(
+                x=list(span),
+                y=[value, value],
+                mode="lines",
+                opacity=0.7,
+                line={"color": colour, "width": 1.2, "dash": PLOTLY_DASHES[style]},
                 name=label,
             )
         )

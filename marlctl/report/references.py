@@ -14,6 +14,22 @@ STATISTICS = ("final", "maximum", "average")
 
 
 @dataclass(frozen=True)
+class Point:
+    """A reference point of a cell: the score of a policy that does not learn, in the
+    cell's metric (`marlctl.reproduce.points`)."""
+
+    name: str
+    value: float
+    player: str  # random, or the scripted policy's package.module:callable
+
+    @property
+    def described(self) -> str:
+        if self.player == "random":
+            return "uniformly random actions"
+        return f"scripted policy {self.player}"
+
+
+@dataclass(frozen=True)
 class CellReference:
     suite: str
     cell: str
@@ -24,6 +40,7 @@ class CellReference:
     kind: str  # paper | peer | baseline (marlctl's own earlier result)
     source: str  # the citation
     statistic: str = "final"  # final | maximum | average (`reproduction.seed_values`)
+    points: tuple[Point, ...] = ()
 
     @property
     def value(self) -> float:
@@ -60,6 +77,14 @@ class CellReference:
                 kind=str(data["kind"]),
                 source=str(data["source"]),
                 statistic=str(data.get("statistic", "final")),
+                points=tuple(
+                    point
+                    for point in (
+                        Point(str(p["name"]), float(p["value"]), str(p["player"]))
+                        for p in data.get("points", ())
+                    )
+                    if math.isfinite(point.value)  # one edited by hand: left out
+                ),
             )
         except (ValueError, KeyError, TypeError):
             return None

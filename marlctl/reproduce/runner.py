@@ -15,7 +15,7 @@ from typing import Any
 from marlctl import tracking
 from marlctl.errors import SpecError
 from marlctl.launch import finished_seeds, stopped_seeds
-from marlctl.report.references import CellReference
+from marlctl.report.references import CellReference, Point
 from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
 from marlctl.reproduce.conventions import SAMPLED, Refused, Translated, translate
@@ -44,6 +44,8 @@ class CellPlan:
     sized: list[str] = field(default_factory=list)  # the overrides that give it that budget
     refused: str | None = None
     notes: tuple[str, ...] = ()  # what was translated, and a differing env package version
+    points: dict[str, str] = field(default_factory=dict)  # name -> player (`points`)
+    measured: tuple[Point, ...] = ()  # their scores, once `run_cell` has them
 
     @property
     def metric(self) -> str:
@@ -56,7 +58,7 @@ class CellPlan:
         ref = self.cell.reference
         tagged = CellReference(
             self.suite, self.name, self.metric, low, high, self.translated.budget,
-            ref.source.kind, ref.source.citation, ref.conventions.statistic,
+            ref.source.kind, ref.source.citation, ref.conventions.statistic, self.measured,
         )  # fmt: skip
         return {
             tracking.SUITE_TAG: self.suite,
@@ -180,6 +182,7 @@ def plan_suite(
         for method in methods:
             extra = [*overrides, *([f"algos={method}"] if method else [])]
             cp = CellPlan(suite.name, name, method, cell, folder, extra, wanted, scale)
+            cp.points = suite.points_of(name)
             try:
                 planned.append(plan_cell(cp))
             except SpecError as err:
@@ -236,6 +239,11 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     outcome.method, outcome.uri = cp.plan.algo, cp.loaded.spec.tracking.uri
     outcome.budget, outcome.notes = cp.budget, cp.notes
     done, stopped, fresh = _pending(cp, rerun)
+    try:
+        cp.measured = _points(cp, [] if fresh or stopped else [done[s][1] for s in cp.seeds])
+    except (ValueError, RuntimeError) as err:
+        outcome.reason = f"reference points: {err}"
+        return outcome
     tags = cp.tags()
     missing = [*stopped, *fresh]
     if missing:
@@ -267,6 +275,23 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     outcome.kind, outcome.reason = verdict.kind, verdict.reason
     outcome.ours, outcome.reference = verdict.ours, verdict.reference
     return outcome
+
+
+def _points(cp: CellPlan, run_ids: list[str]) -> tuple[Point, ...]:
+    """The cell's reference points: as the cell's finished seed runs (`run_ids`, every seed
+    the store holds already) carry them where they have every one with the same player, else
+    measured (`points.measure`)."""
+    if not cp.points:
+        return ()
+    client = tracking.client_for(cp.loaded.spec.tracking.uri)
+    for run_id in run_ids[:1]:
+        tag = client.get_run(run_id).data.tags.get(tracking.REFERENCE_TAG)
+        tagged = CellReference.from_tag(tag)
+        if tagged is not None and {p.name: p.player for p in tagged.points} == cp.points:
+            return tagged.points
+    from marlctl.reproduce.points import measure
+
+    return measure(cp.loaded, cp.plan, cp.points, cp.metric)
 
 
 def _statistic(loaded, run_ids: list[str], metric: str, statistic: str) -> list[float]:

@@ -8,11 +8,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from marlctl.callables import standard_library_refusal
 from marlctl.errors import Problem, SpecError
+from marlctl.spec.sections import CALLABLE, RANDOM_PLAYER
 from marlctl.spec.source import load_source
 from marlctl.strict import Strict
+
+POINTS_DESCRIPTION = (
+    "Reference points drawn beside the cell's results, each the score of a policy that does "
+    "not learn, measured in the cell's env with its evaluation: name -> random (uniformly "
+    "random allowed actions) or package.module:callable (a scripted policy, called as a "
+    "spec's scripted group is: fn(obs, mask, group) -> actions) played by every group that "
+    "would learn."
+)
+
+
+def _check_points(points: dict[str, str]) -> dict[str, str]:
+    for name, player in points.items():
+        if not name.strip():
+            raise ValueError("a point needs a name")
+        if player == RANDOM_PLAYER:
+            continue
+        if not CALLABLE.match(player):
+            raise ValueError(f"{name}: '{player}' must be random or package.module:callable")
+        refusal = standard_library_refusal(player, "scripted policy")
+        if refusal is not None:
+            raise ValueError(f"{name}: {refusal}")
+    return points
 
 
 class Source(Strict):
@@ -104,6 +128,9 @@ class Cell(Strict):
     note: str | None = Field(
         None, description="What a reader should know about the cell: a known gap and its evidence."
     )
+    points: dict[str, str] = Field(default_factory=dict, description=POINTS_DESCRIPTION)
+
+    _points = field_validator("points")(_check_points)
 
 
 class Suite(Strict):
@@ -113,7 +140,18 @@ class Suite(Strict):
         default_factory=list,
         description="Algorithm presets run through every cell beside its own (`algos=NAME`).",
     )
+    points: dict[str, str] = Field(
+        default_factory=dict,
+        description="Reference points of every cell, as a cell's `points`; a cell's own add "
+        "to them, or replace one of the same name.",
+    )
     cells: dict[str, Cell] = Field(min_length=1)
+
+    _points = field_validator("points")(_check_points)
+
+    def points_of(self, name: str) -> dict[str, str]:
+        """Cell `name`'s reference points: the suite's, then its own."""
+        return {**self.points, **self.cells[name].points}
 
 
 def load_suite(path: str | Path) -> tuple[Suite, Path]:
@@ -145,4 +183,47 @@ def load_suite(path: str | Path) -> tuple[Suite, Path]:
     ]
     if missing:
         raise SpecError(missing)
+    problems = [
+        Problem(shown, source.line_of(key), key, message)
+        for key, message in _points_problems(suite, path.parent)
+    ]
+    if problems:
+        raise SpecError(problems)
     return suite, path.parent
+
+
+def _points_problems(suite: Suite, folder: Path) -> list[tuple[str, str]]:
+    """`(key, message)` for each reference point that cannot be scored: a cell judged on a
+    metric no evaluation gives, a scripted policy that does not import."""
+    from marlctl.reproduce.points import refusal
+
+    out, imported = [], {}
+    for name, cell in suite.cells.items():
+        points = suite.points_of(name)
+        if not points:
+            continue
+        where = "points" if not cell.points else f"cells.{name}.points"
+        why = refusal(cell.reference.conventions.metric)
+        if why is not None:
+            out.append((where, why))
+            continue
+        for point, player in points.items():
+            if player == RANDOM_PLAYER:
+                continue
+            if player not in imported:
+                imported[player] = _import_problem(player, folder)
+            if imported[player] is not None:
+                at = f"cells.{name}.points.{point}" if point in cell.points else f"points.{point}"
+                out.append((at, imported[player]))
+    return list(dict.fromkeys(out))  # a suite-wide point's problem once
+
+
+def _import_problem(player: str, folder: Path) -> str | None:
+    """Why the scripted policy `player` does not import, or None."""
+    from marlctl.train.opponents import import_policy  # torch: only for a suite that needs it
+
+    try:
+        import_policy(player, [folder])
+    except ValueError as err:
+        return str(err)
+    return None

@@ -77,3 +77,44 @@ class SimpleSpread(MPEWorld):
             dim=-1,
         )
         return {"agent": obs}
+
+
+LOOKAHEAD_S = 0.1  # how far past the next step a scripted agent aims its position
+
+
+def scripted_policy(obs: torch.Tensor, mask, group) -> torch.Tensor:
+    """simple_spread played without training, from each agent's own observation (every
+    landmark and agent seen, discrete actions): all agents' positions relative to it give the
+    assignment of agents to landmarks of least total distance (all N! compared), and it takes
+    the move whose velocity brings it closest to its landmark `LOOKAHEAD_S` past the next
+    step. A suite's reference point (`package.module:callable` under `points`), on the
+    native and the PettingZoo backend alike; obs [envs, N, obs_dim] -> actions [envs, N]."""
+    import itertools
+
+    from marlctl.envs.native.mpe import MOVES
+
+    E, N, size = obs.shape
+    if not group.discrete or size != 4 + 2 * N + 4 * (N - 1):
+        raise ValueError(
+            "the scripted simple_spread policy needs discrete actions and every landmark and "
+            "agent observed (num_agent_neighbors and num_landmark_neighbors unset)"
+        )
+    obs = obs.to(torch.float32)
+    vel = obs[..., :2]  # [E, N, 2]
+    landmarks = obs[..., 4 : 4 + 2 * N].reshape(E, N, N, 2)  # [E, observer, landmark, 2]
+    others = obs[..., 4 + 2 * N : 4 + 4 * N - 2].reshape(E, N, N - 1, 2)
+    # Each observer's view of every agent in agent order, itself at the origin.
+    everyone = torch.zeros(E, N, N, 2, dtype=obs.dtype, device=obs.device)
+    for i in range(N):
+        everyone[:, i, [j for j in range(N) if j != i]] = others[:, i]
+    distance = (everyone[:, :, :, None] - landmarks[:, :, None]).norm(dim=-1)  # [E, o, a, l]
+    assignments = torch.tensor(list(itertools.permutations(range(N))), device=obs.device)
+    cost = distance[:, :, torch.arange(N, device=obs.device), assignments].sum(-1)  # [E, o, P]
+    mine = assignments[cost.argmin(-1)].diagonal(dim1=1, dim2=2)  # [E, N]: own landmark
+    target = landmarks.gather(2, mine[:, :, None, None].expand(-1, -1, 1, 2))  # [E, N, 1, 2]
+    moves = torch.tensor(MOVES, dtype=obs.dtype, device=obs.device)  # [5, 2]
+    world = SimpleSpread
+    accel = 5.0  # simple_spread's agents keep MPE's default sensitivity
+    after = vel[:, :, None] * (1 - world.damping) + moves * accel * world.dt  # [E, N, 5, 2]
+    future = world.dt * vel[:, :, None] + LOOKAHEAD_S * after  # relative to the agent
+    return (future - target).norm(dim=-1).argmin(-1)
