@@ -214,10 +214,12 @@ def _trainer(
     seeds: tuple[int, ...],
     continuous: bool | None = None,
     model: dict | None = None,
+    rows: list[dict] | None = None,
     **config,
 ):
     """A trainer on native simple_spread (N=2, 10 steps), 4 envs per seed; continuous actions
-    where the algorithm has them, unless `continuous` says."""
+    where the algorithm has them, unless `continuous` says; `rows`: per seed, hyperparameters
+    of its own."""
     import torch
 
     from marlctl.envs.native import native_class
@@ -235,7 +237,7 @@ def _trainer(
             "model": {"hidden": [16], **(model or {})},
         }
     )
-    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, seeds)
+    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, seeds, rows=rows)
     ob = env.reset(seeds[0] if len(seeds) == 1 else list(seeds))
     trainer.restart_episodes()
     return trainer, env, ob

@@ -33,7 +33,7 @@ class TrainerSetup:
 
     `total_iterations` drives schedules (learning-rate decay); `centralised` says whether
     critics see the global state (the algorithm's `centralised_critic`); `seeds` are trained
-    as one batch."""
+    as one batch, each row with the hyperparameters `rows` gives it where it is set."""
 
     config: Any  # the algorithm's config (`marlctl.algos.AlgoConfig`)
     model: ModelSpec
@@ -43,12 +43,15 @@ class TrainerSetup:
     total_iterations: int
     centralised: bool
     seeds: tuple[int, ...] = (0,)
+    # Per seed row, hyperparameters of its own (`marlctl.train.rows`); None: the config's.
+    rows: list[dict] | None = None
 
 
 class Trainer:
     policies: nn.ModuleDict
     optimizers: dict[str, torch.optim.Optimizer]
     captured_by_default = True  # under `hardware.compile: auto` on a GPU
+    row_fields: tuple[str, ...] = ()  # the hyperparameters a row may have of its own
 
     def __init__(
         self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]
@@ -251,6 +254,10 @@ class Trainer:
         def cut(v):
             return v[index : index + 1].clone() if torch.is_tensor(v) and v.dim() else v
 
+        def groups(optimizer, saved: list[dict]) -> list[dict]:
+            own = getattr(optimizer, "row_groups", None)  # rows' own rates (`RowAdam`)
+            return saved if own is None else own(saved, index)
+
         return {
             "policies": {k: cut(v) for k, v in self.policies.state_dict().items()},
             "optimizers": {
@@ -258,9 +265,11 @@ class Trainer:
                     "state": {
                         i: {k: cut(v) for k, v in entry.items()} for i, entry in sd["state"].items()
                     },
-                    "param_groups": sd["param_groups"],
+                    "param_groups": groups(optimizer, sd["param_groups"]),
                 }
-                for name, sd in ((n, portable(o.state_dict())) for n, o in self.optimizers.items())
+                for name, optimizer, sd in (
+                    (n, o, portable(o.state_dict())) for n, o in self.optimizers.items()
+                )
             },
             "iteration": self.iteration,
             "updates": self.updates,

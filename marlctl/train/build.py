@@ -49,14 +49,21 @@ def build_trainer(
     device: torch.device,
     total_iterations: int,
     seeds: tuple[int, ...] = (0,),
+    rows: list[dict] | None = None,
 ):
     """The spec's algorithm for `seeds` (one, or several trained as one batch); where groups
-    learn with algorithms or models of their own, every team's trainer as one."""
+    learn with algorithms or models of their own, every team's trainer as one. `rows`: per
+    seed, algorithm hyperparameters of its own (`marlctl.train.rows`)."""
     if spec.teams:
+        if rows:
+            raise ValueError("hyperparameters per row: not with learning teams")
         trainer = _teams(spec, info, num_envs, device, total_iterations, tuple(seeds))
     else:
+        found = trainer_class(spec.algo.name)
+        if rows and not found.row_fields:
+            raise ValueError(f"{spec.algo.name}: no hyperparameters per row")
         setup = _setup(spec.algo, spec.model, info, num_envs, device, total_iterations, seeds)
-        trainer = trainer_class(spec.algo.name)(setup)
+        trainer = found(dataclasses.replace(setup, rows=rows))
     if spec.hardware.compile is True:
         trainer.compile()
     return trainer

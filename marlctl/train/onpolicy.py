@@ -40,6 +40,7 @@ from marlctl.train.policies import (
     log_prob,
     seed_first,
 )
+from marlctl.train.rows import RowAdam, RowValues
 
 
 class OnPolicyTrainer(Trainer):
@@ -57,6 +58,9 @@ class OnPolicyTrainer(Trainer):
         centralised = setup.centralised
         super().__init__(model.for_algo(config), info, num_envs, setup.device, setup.seeds)
         self.cfg, self.total_iterations = config, max(1, setup.total_iterations)
+        # A row's own values where `setup.rows` gives them (`row_fields`), else the config's.
+        self.values = RowValues(config, self.row_fields, setup.rows, len(setup.seeds),
+                                self.device)  # fmt: skip
         self.recurrent = model.recurrent is not None
         self.policies = nn.ModuleDict(
             {
@@ -81,8 +85,18 @@ class OnPolicyTrainer(Trainer):
         }
 
     def make_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """One Adam: the actors' parameters in its first group, the critics' in its second."""
-        cfg = self.cfg
+        """One Adam: the actors' parameters in its first group, the critics' in its second;
+        with a rate per row where the rows' rates differ (`RowAdam`)."""
+        cfg, values = self.cfg, self.values
+        actor_lr, critic_lr = values.exact("lr"), values.exact("critic_lr")
+        if critic_lr is None:  # the actors' rate
+            critic_lr = actor_lr
+        if isinstance(actor_lr, list) or isinstance(critic_lr, list):
+            S = len(self.seeds)
+            rates = [torch.tensor(r if isinstance(r, list) else [r] * S, dtype=torch.float64,
+                                  device=self.device) for r in (actor_lr, critic_lr)]  # fmt: skip
+            self.optimizer = RowAdam([self.actor_params, self.critic_params], rates, cfg.adam_eps)
+            return {"adam": self.optimizer}
         self.optimizer = Adam(
             [
                 {"params": self.actor_params, "lr": cfg.lr},
@@ -121,7 +135,7 @@ class OnPolicyTrainer(Trainer):
     def collect(
         self, env: BatchedEnv, ob: Observation
     ) -> tuple[dict[str, GroupRollout], Observation, torch.Tensor]:
-        steps, gamma, S = self.cfg.rollout_steps, self.cfg.gamma, len(self.seeds)
+        steps, S = self.cfg.rollout_steps, len(self.seeds)
         buf: dict[str, dict[str, list]] = {
             n: {k: [] for k in GroupRollout.__annotations__} for n in self.policies
         }
@@ -167,6 +181,7 @@ class OnPolicyTrainer(Trainer):
                 # A time limit is not a terminal state: fold gamma * V(final obs) into the reward.
                 final_v, _ = pol.value(pol.critic_input(final), critic_h[name])
                 final_v = pol.value_norm.denormalize(final_v)
+                gamma = self.values.along("gamma", final_v)
                 buf[name]["rewards"].append(rewards[name] + gamma * final_v * trunc)
             dones.append(done)
             self._first = done
@@ -193,6 +208,7 @@ class OnPolicyTrainer(Trainer):
         loss is around them).
         """
         cfg = self.cfg
+        gamma, lam = self.values.of("gamma"), self.values.of("gae_lambda")
         last_split = self.split(last_ob)
         layout = env_first if self.recurrent else seed_first
         data = {}
@@ -207,12 +223,13 @@ class OnPolicyTrainer(Trainer):
             if self.info.turn_based:
                 adv, ret, counted = turn_gae(
                     r.rewards, r.values, last, r.active, last_active, dones,
-                    cfg.gamma, cfg.gae_lambda,
+                    *self._per_step(gamma, lam, last),
                 )  # fmt: skip
             else:
                 next_active = torch.cat([r.active[1:], last_active.unsqueeze(0)])
                 continues = (~dones).unsqueeze(-1) & next_active
-                adv, ret = gae(r.rewards, r.values, last, continues, cfg.gamma, cfg.gae_lambda)
+                adv, ret = gae(r.rewards, r.values, last, continues,
+                               *self._per_step(gamma, lam, last))  # fmt: skip
                 counted = r.active
             adv, ret, active = layout(adv), layout(ret), layout(counted)
             weight = active.to(torch.float32)
@@ -239,6 +256,14 @@ class OnPolicyTrainer(Trainer):
                 "hidden": self._start_hidden.get(name),
             }
         return data
+
+    @staticmethod
+    def _per_step(gamma, lam, like: torch.Tensor) -> tuple:
+        """Discount and lambda shaped for one step of a rollout, `like` `[S, ...]`."""
+        return tuple(
+            v if isinstance(v, float | int) else v.view(-1, *([1] * (like.dim() - 1)))
+            for v in (gamma, lam)
+        )
 
     # ------------------------------------------------------------ minibatches
 
@@ -326,10 +351,15 @@ class OnPolicyTrainer(Trainer):
         return out.squeeze(-1).flatten(1, 2)
 
     def value_loss(
-        self, value: torch.Tensor, old: torch.Tensor, ret: torch.Tensor, clip: float | None
+        self,
+        value: torch.Tensor,
+        old: torch.Tensor,
+        ret: torch.Tensor,
+        clip: float | torch.Tensor | None,
     ) -> torch.Tensor:
-        """MAPPO's value loss, elementwise: the error to the return, and with `clip` the larger
-        of it and the error of the value clipped to within `clip` of the old one."""
+        """MAPPO's value loss, elementwise: the error to the return, and with `clip` (a number,
+        or per row shaped to broadcast) the larger of it and the error of the value clipped to
+        within `clip` of the old one."""
         loss = self.value_error(ret - value)
         if clip is None:
             return loss
@@ -349,8 +379,9 @@ class OnPolicyTrainer(Trainer):
         S = len(self.seeds)
         self.optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()
-        grad = clip_grad_norm_per_seed(self.actor_params, self.cfg.max_grad_norm, S)
-        clip_grad_norm_per_seed(self.critic_params, self.cfg.max_grad_norm, S)
+        limit = self.values.of("max_grad_norm")
+        grad = clip_grad_norm_per_seed(self.actor_params, limit, S)
+        clip_grad_norm_per_seed(self.critic_params, limit, S)
         self.optimizer.step()
         self.after_update()
         return grad
@@ -364,9 +395,7 @@ class OnPolicyTrainer(Trainer):
     def train_iteration(self, env: BatchedEnv, ob: Observation):
         cfg = self.cfg
         if cfg.anneal_lr:
-            frac = 1.0 - self.iteration / self.total_iterations
-            self._set_lr(0, cfg.lr * frac)
-            self._set_lr(1, (cfg.critic_lr or cfg.lr) * frac)
+            self._decay_lr(1.0 - self.iteration / self.total_iterations)
         if self.graph is not None:  # the env's state is the graph's input: ob is not
             ob, losses = self.graph.run(lambda: self.iterate(env, env.observe_now()))
         else:
@@ -382,6 +411,16 @@ class OnPolicyTrainer(Trainer):
     def _set_lr(self, index: int, value: float) -> None:
         """Learning rate of the actors (0) or the critics (1)."""
         set_lr(self.optimizer.param_groups[index], value)
+
+    def _decay_lr(self, fraction: float) -> None:
+        """Learning rates at `fraction` of their starting values (`anneal_lr`)."""
+        if isinstance(self.optimizer, RowAdam):
+            self.optimizer.scale(0, fraction)
+            self.optimizer.scale(1, fraction)
+            return
+        cfg = self.cfg
+        self._set_lr(0, cfg.lr * fraction)
+        self._set_lr(1, (cfg.critic_lr or cfg.lr) * fraction)
 
     @property
     def steps_per_iteration(self) -> int:

@@ -15,16 +15,19 @@ from marlctl.algos.ppo import PPOConfig
 from marlctl.train.actions import masked_mean
 from marlctl.train.onpolicy import OnPolicyTrainer
 from marlctl.train.policies import GroupPolicy, Minibatch
+from marlctl.train.rows import ON_POLICY
 
 
 class PPOTrainer(OnPolicyTrainer):
     """`epochs` passes of `minibatches` clipped-surrogate steps over each rollout."""
 
     cfg: PPOConfig
+    row_fields = ON_POLICY
 
     def update(self, data: dict[str, dict]) -> dict[str, torch.Tensor]:
         """Each loss term per seed, `[S]`, averaged over the minibatches."""
         cfg, S = self.cfg, len(self.seeds)
+        value_coef, entropy_coef = self.values.of("value_coef"), self.values.of("entropy_coef")
         keys = ("policy", "value", "entropy", "approx_kl", "clip_frac", "grad_norm")
         totals = {k: torch.zeros(S, device=self.device) for k in keys}
         updates = 0
@@ -36,8 +39,8 @@ class PPOTrainer(OnPolicyTrainer):
                     loss = (
                         loss
                         + parts["policy"]
-                        + cfg.value_coef * parts["value"]
-                        - cfg.entropy_coef * parts["entropy"]
+                        + value_coef * parts["value"]
+                        - entropy_coef * parts["entropy"]
                     )
                     for key in ("policy", "value", "entropy", "approx_kl", "clip_frac"):
                         totals[key] += parts[key].detach() / len(self.policies)
@@ -54,12 +57,13 @@ class PPOTrainer(OnPolicyTrainer):
 
         log_ratio = mb.log_prob - mb.old_log_prob
         ratio = log_ratio.exp()
-        surrogate = torch.min(ratio * mb.adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * mb.adv)
-        clip = cfg.clip if cfg.value_clip else None
+        limit = self.values.along("clip", ratio)
+        surrogate = torch.min(ratio * mb.adv, ratio.clamp(1 - limit, 1 + limit) * mb.adv)
+        clip = self.values.along("clip", mb.value) if cfg.value_clip else None
         value_loss = self.value_loss(mb.value, mb.old_value, mb.ret, clip)
         with torch.no_grad():
             approx_kl = mean((ratio - 1) - log_ratio)
-            clip_frac = mean(((ratio - 1).abs() > cfg.clip).float())
+            clip_frac = mean(((ratio - 1).abs() > limit).float())
         return {
             "policy": -mean(surrogate),
             "value": mean(value_loss),

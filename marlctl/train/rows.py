@@ -1,0 +1,140 @@
+"""Hyperparameters of their own for the rows of a batch.
+
+A trainer trains its seeds as one batch: every weight, optimiser moment and random stream
+has a leading row dimension. The rows may also differ in the continuous hyperparameters an
+algorithm reads as numbers (a learning rate, a loss weight, a clip range, a discount): each
+row then trains exactly as a run of its own values would, so that several trials of a sweep
+train as one batch. `RowValues` holds those values; a trainer reads `values.of(name)`, which
+is the config's float where every row agrees (the code path of an unbatched run) and a
+tensor `[S]` where they differ, and `RowAdam` steps each row with its own learning rate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# What each trainer family reads per row, by the config field's name.
+ON_POLICY = (
+    "lr", "critic_lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "clip",
+    "max_grad_norm",
+)  # fmt: skip
+
+
+class RowValues:
+    """Per-row values of the hyperparameters `fields` of `config`: `rows[i]` overrides row
+    i's (a field it does not name keeps the config's value)."""
+
+    def __init__(
+        self, config, fields: tuple[str, ...], rows: list[dict] | None, seeds: int, device
+    ):
+        self.config = config
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._given: dict[str, list[float]] = {}  # the rows' values as given
+        if not rows:
+            return
+        if len(rows) != seeds:
+            raise ValueError(f"{len(rows)} rows of hyperparameters for {seeds} seeds")
+        unknown = sorted({k for row in rows for k in row} - set(fields))
+        if unknown:
+            raise ValueError(
+                f"{type(config).__name__} does not take {', '.join(unknown)} per row; "
+                f"it takes {', '.join(fields)}"
+            )
+        for name in fields:
+            own = [row.get(name, getattr(config, name)) for row in rows]
+            if name == "critic_lr":  # null: the actors' rate, row by row
+                own = [rate if rate is not None else row.get("lr", config.lr)
+                       for rate, row in zip(own, rows, strict=True)]  # fmt: skip
+            if len(set(own)) > 1:
+                self._tensors[name] = torch.tensor(own, dtype=torch.float32, device=device)
+                self._given[name] = [float(v) for v in own]
+
+    @property
+    def varies(self) -> bool:
+        return bool(self._tensors)
+
+    def of(self, name: str) -> float | torch.Tensor:
+        """The config's value, or `[S]`: one per row where the rows differ."""
+        found = self._tensors.get(name)
+        return getattr(self.config, name) if found is None else found
+
+    def exact(self, name: str) -> float | list[float]:
+        """`of(name)` as given: the config's value, or one float per row."""
+        return self._given.get(name, getattr(self.config, name))
+
+    def along(self, name: str, like: torch.Tensor) -> float | torch.Tensor:
+        """`of(name)`, shaped to broadcast against the row-first tensor `like`."""
+        value = self.of(name)
+        if isinstance(value, float | int):
+            return value
+        return value.view(-1, *([1] * (like.dim() - 1)))
+
+
+class RowAdam(torch.optim.Optimizer):
+    """Adam (Kingma & Ba 2015) with a learning rate per row: group `i`'s rows step with
+    `rates[i]` `[S]`, kept in float64 so that a row's checkpoint names its rate as given. The
+    update is torch's Adam's (bias-corrected moments, `eps` added to the corrected root), and
+    the state keeps its names, so checkpoints load in either."""
+
+    def __init__(
+        self,
+        groups: list[list[torch.Tensor]],
+        rates: list[torch.Tensor],
+        eps: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ):
+        # torch's Adam's settings beside the rates: a row's checkpoint loads into it.
+        defaults = {
+            "lr": 0.0,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": 0.0,
+            "amsgrad": False,
+            "maximize": False,
+            "foreach": None,
+            "capturable": False,
+            "differentiable": False,
+            "fused": None,
+            "decoupled_weight_decay": False,
+        }
+        super().__init__(
+            [{"params": params, "lr": float(rate[0])} for params, rate in zip(groups, rates,
+                                                                              strict=True)],
+            defaults,
+        )  # fmt: skip
+        self.rates = [rate.clone() for rate in rates]
+        self.base = [rate.clone() for rate in rates]  # `scale` multiplies these
+
+    def row_groups(self, groups: list[dict], index: int) -> list[dict]:
+        """Saved parameter groups `groups` as row `index` alone would have saved them: its
+        own rates."""
+        return [{**g, "lr": float(rate[index])} for g, rate in zip(groups, self.rates,
+                                                                   strict=True)]  # fmt: skip
+
+    def scale(self, index: int, fraction: float) -> None:
+        """Group `index`'s rates at `fraction` of their starting values (a decay)."""
+        self.rates[index].copy_(self.base[index] * fraction)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("RowAdam takes no closure")
+        for group, rate in zip(self.param_groups, self.rates, strict=True):
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                # Tensors throughout, the step count too: no host sync (a CUDA graph replays it).
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.lerp_(p.grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                denom = (v.sqrt() / (1 - beta2**t).sqrt()).add_(group["eps"])
+                size = rate.to(p.dtype).view(-1, *([1] * (p.dim() - 1))) / (1 - beta1**t)
+                p.sub_(size * m / denom)

@@ -1,0 +1,99 @@
+"""Rows of a batch with hyperparameters of their own: a row trains as a run of its values
+alone would, its learning rate stepped by `RowAdam`; what a trainer cannot take per row is
+refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_algorithms import _trainer
+
+from marlctl.train.rows import RowAdam
+
+ROWS = [
+    {"lr": 1e-3, "entropy_coef": 0.01, "clip": 0.2, "gae_lambda": 0.95, "gamma": 0.99},
+    {"lr": 4e-3, "entropy_coef": 0.1, "clip": 0.05, "gae_lambda": 0.7, "gamma": 0.9,
+     "value_coef": 0.5, "max_grad_norm": 0.3, "critic_lr": 2e-3},
+    {"lr": 3e-4, "entropy_coef": 0.0, "clip": 0.3, "gae_lambda": 1.0, "gamma": 0.95},
+]  # fmt: skip
+
+
+def _train(algo: str, seeds: tuple[int, ...], rows=None, iterations: int = 6, **config):
+    """Losses per iteration and the final weights; `rows` per seed (`build_trainer`)."""
+    on_policy = {"epochs": 2} if algo in ("mappo", "ippo") else {}
+    trainer, env, ob = _trainer(algo, seeds, rows=rows, **on_policy, **config)
+    losses = []
+    for _ in range(iterations):
+        ob, step = trainer.train_iteration(env, ob)
+        losses.append({k: v.clone() for k, v in step.items()})
+    return losses, trainer.policies.state_dict()
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+@pytest.mark.parametrize("anneal", [False, True])
+def test_a_row_trains_as_a_run_of_its_own_hyperparameters_alone(algo, anneal):
+    torch.set_num_threads(1)
+    batch, batch_params = _train(algo, (0, 1, 2), ROWS, anneal_lr=anneal)
+    alone, alone_params = _train(algo, (1,), None, anneal_lr=anneal, **ROWS[1])
+    assert any(float(step["loss/grad_norm"][0]) > 0 for step in alone)
+    for mine, theirs in zip(alone, batch, strict=True):
+        for key in mine:
+            assert torch.allclose(mine[key][0], theirs[key][1], rtol=1e-4, atol=1e-6), key
+    for name, value in alone_params.items():
+        assert torch.allclose(value[0], batch_params[name][1], rtol=1e-4, atol=1e-6), name
+    # The rows did differ: row 0's weights are not row 1's run alone.
+    first, _ = _train(algo, (0,), None, anneal_lr=anneal, **ROWS[0])
+    assert torch.allclose(first[-1]["loss/policy"][0], batch[-1]["loss/policy"][0], atol=1e-6)
+    assert not torch.allclose(first[-1]["loss/policy"][0], alone[-1]["loss/policy"][0])
+
+
+def test_what_a_trainer_cannot_take_per_row_is_refused():
+    with pytest.raises(ValueError, match="does not take epochs per row"):
+        _train("mappo", (0, 1), [{"epochs": 3}, {}])
+    with pytest.raises(ValueError, match="1 rows of hyperparameters for 2 seeds"):
+        _train("mappo", (0, 1), [{"lr": 1e-3}])
+    with pytest.raises(ValueError, match="qmix: no hyperparameters per row"):
+        _train("qmix", (0, 1), [{"lr": 1e-3}, {"lr": 2e-3}])
+
+
+def test_row_adam_steps_as_torch_adam_at_each_row_s_rate():
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(3, 4, 5, generator=generator)
+    rates = torch.tensor([1e-3, 1e-2, 3e-4])
+    rowed = start.clone().requires_grad_()
+    row_adam = RowAdam([[rowed]], [rates], eps=1e-8)
+    alone = [start[i].clone().requires_grad_() for i in range(3)]
+    adams = [
+        torch.optim.Adam([p], lr=float(r), eps=1e-8)
+        for p, r in zip(alone, rates.tolist(), strict=True)
+    ]
+    for _ in range(5):
+        grad = torch.randn(3, 4, 5, generator=generator)
+        rowed.grad = grad.clone()
+        row_adam.step()
+        for i, (p, adam) in enumerate(zip(alone, adams, strict=True)):
+            p.grad = grad[i].clone()
+            adam.step()
+    for i, p in enumerate(alone):
+        assert torch.allclose(rowed[i], p, rtol=1e-5, atol=1e-7), i
+    assert set(row_adam.state[rowed]) == set(adams[0].state[alone[0]])  # checkpoints load
+
+
+def test_a_row_s_checkpoint_resumes_as_a_run_of_its_own_values():
+    torch.set_num_threads(1)
+    batch, env, ob = _trainer("mappo", (0, 1, 2), rows=ROWS, epochs=2)
+    for _ in range(3):
+        ob, _ = batch.train_iteration(env, ob)
+    state = batch.seed_state(1)
+    assert [g["lr"] for g in state["optimizers"]["adam"]["param_groups"]] == [4e-3, 2e-3]
+    alone, alone_env, alone_ob = _trainer("mappo", (1,), epochs=2, **ROWS[1])
+    alone.load_seed_states([state])
+    assert [g["lr"] for g in alone.optimizer.param_groups] == [4e-3, 2e-3]
+    # The weights and Adam's moments are the row's.
+    for name, value in alone.policies.state_dict().items():
+        assert torch.equal(value[0], batch.policies.state_dict()[name][1]), name
+    moments = batch.optimizer.state_dict()["state"]
+    for key, entry in alone.optimizer.state_dict()["state"].items():
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(entry[field][0], moments[key][field][1]), (key, field)
+        assert float(entry["step"]) == float(moments[key]["step"])
