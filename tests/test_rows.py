@@ -1,6 +1,6 @@
-"""Rows of a batch with hyperparameters of their own: a row trains as a run of its values
-alone would, its learning rate stepped by `RowAdam`; what a trainer cannot take per row is
-refused with the reason."""
+"""Rows of a batch with hyperparameters of their own: a row trains as a batch of that row
+alone does (the same code path: `RowAdam` steps each row's rate, and it steps as torch's Adam
+does to float rounding); what a trainer cannot take per row is refused with the reason."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _train(algo: str, seeds: tuple[int, ...], rows=None, iterations: int = 6, **
 def test_a_row_trains_as_a_run_of_its_own_hyperparameters_alone(algo, anneal):
     torch.set_num_threads(1)
     batch, batch_params = _train(algo, (0, 1, 2), ROWS, anneal_lr=anneal)
-    alone, alone_params = _train(algo, (1,), None, anneal_lr=anneal, **ROWS[1])
+    alone, alone_params = _train(algo, (1,), [ROWS[1]], anneal_lr=anneal)
     assert any(float(step["loss/grad_norm"][0]) > 0 for step in alone)
     for mine, theirs in zip(alone, batch, strict=True):
         for key in mine:
@@ -42,9 +42,47 @@ def test_a_row_trains_as_a_run_of_its_own_hyperparameters_alone(algo, anneal):
     for name, value in alone_params.items():
         assert torch.allclose(value[0], batch_params[name][1], rtol=1e-4, atol=1e-6), name
     # The rows did differ: row 0's weights are not row 1's run alone.
-    first, _ = _train(algo, (0,), None, anneal_lr=anneal, **ROWS[0])
+    first, _ = _train(algo, (0,), [ROWS[0]], anneal_lr=anneal)
     assert torch.allclose(first[-1]["loss/policy"][0], batch[-1]["loss/policy"][0], atol=1e-6)
     assert not torch.allclose(first[-1]["loss/policy"][0], alone[-1]["loss/policy"][0])
+
+
+Q_ROWS = [
+    {"lr": 1e-3, "gamma": 0.99, "tau": 0.01, "epsilon_anneal_steps": 200},
+    {"lr": 5e-3, "gamma": 0.9, "tau": 0.1, "epsilon_start": 0.5, "epsilon_end": 0.2,
+     "epsilon_anneal_steps": 100, "max_grad_norm": 0.5},
+    {"lr": 3e-4, "gamma": 0.95, "tau": 0.005, "epsilon_anneal_steps": 0},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["qmix", "iql"])
+@pytest.mark.parametrize("recurrent", [None, "gru"])
+def test_a_q_learning_row_trains_as_a_run_of_its_own_hyperparameters_alone(algo, recurrent):
+    torch.set_num_threads(1)
+    model = {"recurrent": recurrent}
+    fixed = {"target_update_every": 0, "sequence_length": 4} if recurrent else {
+        "target_update_every": 0}  # fmt: skip
+
+    def train(seeds, rows, **config):
+        trainer, env, ob = _trainer(algo, seeds, model=model, rows=rows, **fixed, **config)
+        losses, rates = [], []
+        for _ in range(12):
+            ob, step = trainer.train_iteration(env, ob)
+            losses.append({k: v.clone() for k, v in step.items()})
+            rates.append(trainer.schedules()["train/epsilon"].clone())
+        return losses, rates, trainer.policies.state_dict()
+
+    batch, batch_rates, batch_params = train((0, 1, 2), Q_ROWS)
+    alone, alone_rates, alone_params = train((1,), [Q_ROWS[1]])
+    assert any(float(step["loss/grad_norm"][0]) > 0 for step in alone)
+    for mine, theirs in zip(alone_rates, batch_rates, strict=True):
+        assert float(mine[0]) == pytest.approx(float(theirs[1]))
+    assert float(batch_rates[-1][2]) == pytest.approx(0.05)  # anneal 0: the end at once
+    for mine, theirs in zip(alone, batch, strict=True):
+        for key in mine:
+            assert torch.allclose(mine[key][0], theirs[key][1], rtol=1e-4, atol=1e-6), key
+    for name, value in alone_params.items():
+        assert torch.allclose(value[0], batch_params[name][1], rtol=1e-4, atol=1e-6), name
 
 
 def test_what_a_trainer_cannot_take_per_row_is_refused():
@@ -52,8 +90,10 @@ def test_what_a_trainer_cannot_take_per_row_is_refused():
         _train("mappo", (0, 1), [{"epochs": 3}, {}])
     with pytest.raises(ValueError, match="1 rows of hyperparameters for 2 seeds"):
         _train("mappo", (0, 1), [{"lr": 1e-3}])
-    with pytest.raises(ValueError, match="qmix: no hyperparameters per row"):
-        _train("qmix", (0, 1), [{"lr": 1e-3}, {"lr": 2e-3}])
+    with pytest.raises(ValueError, match="not with n_step above 1"):
+        _train("qmix", (0, 1), [{"gamma": 0.9}, {}], n_step=3)
+    with pytest.raises(ValueError, match="maddpg: no hyperparameters per row"):
+        _train("maddpg", (0, 1), [{"lr": 1e-3}, {"lr": 2e-3}])
 
 
 def test_row_adam_steps_as_torch_adam_at_each_row_s_rate():

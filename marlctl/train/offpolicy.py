@@ -24,6 +24,7 @@ from marlctl.train.base import (
 )
 from marlctl.train.core import RunningMeanStd, per_seed, per_seed_outcomes
 from marlctl.train.replay import Field, ReplayBuffer, transition, transition_fields
+from marlctl.train.rows import RowValues
 
 
 class OffPolicyTrainer(Trainer):
@@ -36,6 +37,11 @@ class OffPolicyTrainer(Trainer):
             setup.model.for_algo(config), info, setup.num_envs, setup.device, setup.seeds
         )
         self.cfg = config
+        # A row's own values where `setup.rows` gives them (`row_fields`), else the config's.
+        self.values = RowValues(config, self.row_fields, setup.rows, len(setup.seeds),
+                                self.device)  # fmt: skip
+        if self.values.differ("gamma") and getattr(config, "n_step", 1) > 1:
+            raise ValueError("a discount per row: not with n_step above 1")
         self.sequence_length = sequence_length
         self.buffer: ReplayBuffer | None = None  # made on the first step: eval needs none
         self.env_steps = 0  # per seed
@@ -121,6 +127,26 @@ class OffPolicyTrainer(Trainer):
         frac = (self._env_steps_t.double() / steps).clamp(max=1.0)
         return (start + frac * (end - start)).float()
 
+    def annealed_rows(self, start: str, end: str, steps: str, host: bool = False):
+        """`annealed` of the config fields named `start`, `end` and `steps`, each row with
+        its own values where the rows differ: a float, or one per row (`[S]` on the device,
+        a list of floats with `host`)."""
+        names = (start, end, steps)
+        if not self.values.differ(*names):
+            return self.annealed(*(getattr(self.cfg, n) for n in names), host=host)
+        S = len(self.seeds)
+        first, last, length = (
+            torch.tensor(self.values.per_row(n, S), dtype=torch.float64, device=self.device)
+            for n in names
+        )
+        if self.graph is None or host:
+            count = torch.tensor(float(self.env_steps), dtype=torch.float64, device=self.device)
+        else:  # a replay reads the device-side count
+            count = self._env_steps_t.double()
+        frac = torch.where(length > 0, (count / length.clamp(min=1)).clamp(max=1.0), 1.0)
+        value = first + frac * (last - first)
+        return value.tolist() if host else value.float()
+
     # ------------------------------------------------------------ one iteration
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -144,7 +170,7 @@ class OffPolicyTrainer(Trainer):
 
     def clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
         """Clip each seed's gradient of `params` to `max_grad_norm`; the norms before, `[S]`."""
-        return self._clip(params, self.cfg.max_grad_norm, len(self.seeds))
+        return self._clip(params, self.values.of("max_grad_norm"), len(self.seeds))
 
     def prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A sampled batch as `update` reads it: rewards normalised (`reward`) and `discount`,
@@ -153,14 +179,16 @@ class OffPolicyTrainer(Trainer):
         discounted sum of its normalised rewards up to the window's end or the episode's, and
         the next observation and termination of the step it stops at, discounted by gamma to
         the number of steps summed (HARL's off-policy buffers)."""
-        gamma, n = self.cfg.gamma, self.cfg.n_step
+        gamma, n = self.values.of("gamma"), self.cfg.n_step
         batch = dict(batch)
         for name in self.reward_stats:
             batch[f"reward/{name}"] = self.reward(batch, name)
         if n == 1:
-            batch["discount"] = torch.full(
-                batch["terminated"].shape, gamma, device=batch["terminated"].device
-            )
+            terminated = batch["terminated"]
+            if torch.is_tensor(gamma):  # a discount per row
+                batch["discount"] = per_seed(gamma, terminated).expand(terminated.shape)
+                return batch
+            batch["discount"] = torch.full(terminated.shape, gamma, device=terminated.device)
             return batch
         first = batch["first"]  # [S, n, B]: step k opens an episode, so step k - 1 ended one
         counted = torch.cat([torch.ones_like(first[:, :1]), ~first[:, 1:]], 1).float().cumprod(1)
@@ -220,7 +248,10 @@ class OffPolicyTrainer(Trainer):
             elif every:
                 torch._foreach_copy_(targets, sources)
             else:
-                torch._foreach_lerp_(targets, sources, self.cfg.tau)
+                tau = self.values.of("tau")
+                if torch.is_tensor(tau):  # a rate per row
+                    tau = [per_seed(tau, t) for t in targets]
+                torch._foreach_lerp_(targets, sources, tau)
 
     def ready(self) -> bool:
         """Enough transitions are stored for the gradient steps to begin."""

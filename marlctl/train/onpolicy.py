@@ -88,13 +88,12 @@ class OnPolicyTrainer(Trainer):
         """One Adam: the actors' parameters in its first group, the critics' in its second;
         with a rate per row where the rows' rates differ (`RowAdam`)."""
         cfg, values = self.cfg, self.values
-        actor_lr, critic_lr = values.exact("lr"), values.exact("critic_lr")
-        if critic_lr is None:  # the actors' rate
-            critic_lr = actor_lr
-        if isinstance(actor_lr, list) or isinstance(critic_lr, list):
+        if values.differ("lr", "critic_lr"):
             S = len(self.seeds)
-            rates = [torch.tensor(r if isinstance(r, list) else [r] * S, dtype=torch.float64,
-                                  device=self.device) for r in (actor_lr, critic_lr)]  # fmt: skip
+            actor_lr = values.per_row("lr", S)
+            critic_lr = values.per_row("critic_lr", S) if values.differ("critic_lr") else actor_lr
+            rates = [torch.tensor(r, dtype=torch.float64, device=self.device)
+                     for r in (actor_lr, critic_lr)]  # fmt: skip
             self.optimizer = RowAdam([self.actor_params, self.critic_params], rates, cfg.adam_eps)
             return {"adam": self.optimizer}
         self.optimizer = Adam(

@@ -20,9 +20,10 @@ from marlctl.algos.qmix import QLearningConfig
 from marlctl.envs.batch import Observation
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean, uniform_probs
 from marlctl.train.base import TrainerSetup
-from marlctl.train.core import BatchedMLP, adam
+from marlctl.train.core import BatchedMLP, adam, per_seed
 from marlctl.train.networks import reset_where
 from marlctl.train.offpolicy import OffPolicyTrainer
+from marlctl.train.rows import Q_LEARNING, RowAdam
 
 # ---------------------------------------------------------------- mixer
 
@@ -81,10 +82,14 @@ class QMixer(nn.Module):
 # ---------------------------------------------------------------- trainer
 
 
+EPSILON = ("epsilon_start", "epsilon_end", "epsilon_anneal_steps")  # the exploration schedule
+
+
 class QLearningTrainer(OffPolicyTrainer):
     """Per-group Q networks (`model.sharing`, `model.recurrent` apply) and an optional mixer."""
 
     loss_keys = ("td", "q_taken", "grad_norm")
+    row_fields = Q_LEARNING
 
     def __init__(self, setup: TrainerSetup):
         config: QLearningConfig = setup.config
@@ -110,7 +115,12 @@ class QLearningTrainer(OffPolicyTrainer):
         self.target.requires_grad_(False)
         self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
         self.params = list(online.parameters())
-        self.optimizer = adam(self.params, config.lr, config.adam_eps)
+        if self.values.differ("lr"):  # a rate per row
+            rates = torch.tensor(self.values.per_row("lr", S), dtype=torch.float64,
+                                 device=self.device)  # fmt: skip
+            self.optimizer = RowAdam([self.params], [rates], config.adam_eps)
+        else:
+            self.optimizer = adam(self.params, config.lr, config.adam_eps)
         self.optimizers = {"adam": self.optimizer}
         self._hidden = {
             name: net.initial_state(S, self.num_envs, device=self.device)
@@ -122,16 +132,18 @@ class QLearningTrainer(OffPolicyTrainer):
 
     # ------------------------------------------------------------ acting
 
-    def epsilon(self) -> float:
-        cfg = self.cfg
-        return self.annealed(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_anneal_steps, True)
+    def epsilon(self) -> float | list[float]:
+        """The exploration rate now, on the host: one, or one per row where they differ."""
+        return self.annealed_rows(*EPSILON, host=True)
 
     def schedules(self) -> dict[str, torch.Tensor]:
-        return {"train/epsilon": torch.full((len(self.seeds),), self.epsilon(), device=self.device)}
+        rate = self.epsilon()
+        if isinstance(rate, list):
+            return {"train/epsilon": torch.tensor(rate, device=self.device)}
+        return {"train/epsilon": torch.full((len(self.seeds),), rate, device=self.device)}
 
     def _exploration_rate(self) -> float | torch.Tensor:
-        cfg = self.cfg
-        return self.annealed(cfg.epsilon_start, cfg.epsilon_end, cfg.epsilon_anneal_steps)
+        return self.annealed_rows(*EPSILON)
 
     def _greedy_or_random(
         self, q: torch.Tensor, mask: torch.Tensor | None, epsilon: float | torch.Tensor
@@ -140,6 +152,8 @@ class QLearningTrainer(OffPolicyTrainer):
         if not torch.is_tensor(epsilon) and epsilon <= 0:
             return action
         uniform = self.sample_categorical(uniform_probs(mask, q.shape, q.device))
+        if torch.is_tensor(epsilon) and epsilon.dim():  # a rate per row
+            epsilon = per_seed(epsilon, action)
         explore = self.noise(action.shape, normal=False) < epsilon
         return torch.where(explore, uniform, action)
 
@@ -157,7 +171,7 @@ class QLearningTrainer(OffPolicyTrainer):
         return actions, extra
 
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
-        epsilon = 0.0 if deterministic else self.cfg.epsilon_end
+        epsilon = 0.0 if deterministic else self.values.of("epsilon_end")
         actions = {}
         for name, net in self.q.items():
             h = None

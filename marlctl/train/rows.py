@@ -5,8 +5,10 @@ has a leading row dimension. The rows may also differ in the continuous hyperpar
 algorithm reads as numbers (a learning rate, a loss weight, a clip range, a discount): each
 row then trains exactly as a run of its own values would, so that several trials of a sweep
 train as one batch. `RowValues` holds those values; a trainer reads `values.of(name)`, which
-is the config's float where every row agrees (the code path of an unbatched run) and a
-tensor `[S]` where they differ, and `RowAdam` steps each row with its own learning rate.
+is the config's float where no row names the field (the code path of an unbatched run) and a
+tensor `[S]` where one does, and `RowAdam` steps each row with its own learning rate. A batch
+of rows and a batch of one of them alone take the same code path, so that they compute the
+same numbers; an unbatched run's fused Adam rounds a little differently from `RowAdam`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import torch
 # What each trainer family reads per row, by the config field's name.
 ON_POLICY = (
     "lr", "critic_lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "clip",
+    "max_grad_norm",
+)  # fmt: skip
+Q_LEARNING = (
+    "lr", "gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_anneal_steps",
     "max_grad_norm",
 )  # fmt: skip
 
@@ -40,23 +46,36 @@ class RowValues:
                 f"{type(config).__name__} does not take {', '.join(unknown)} per row; "
                 f"it takes {', '.join(fields)}"
             )
+        named = {k for row in rows for k in row}
+        if "lr" in named and "critic_lr" in fields:
+            named.add("critic_lr")  # null follows the actors' rate, row by row
         for name in fields:
+            if name not in named:
+                continue  # the config's, as unbatched
             own = [row.get(name, getattr(config, name)) for row in rows]
-            if name == "critic_lr":  # null: the actors' rate, row by row
+            if name == "critic_lr":
                 own = [rate if rate is not None else row.get("lr", config.lr)
                        for rate, row in zip(own, rows, strict=True)]  # fmt: skip
-            if len(set(own)) > 1:
-                self._tensors[name] = torch.tensor(own, dtype=torch.float32, device=device)
-                self._given[name] = [float(v) for v in own]
+            self._tensors[name] = torch.tensor(own, dtype=torch.float32, device=device)
+            self._given[name] = [float(v) for v in own]
 
     @property
     def varies(self) -> bool:
         return bool(self._tensors)
 
     def of(self, name: str) -> float | torch.Tensor:
-        """The config's value, or `[S]`: one per row where the rows differ."""
+        """The config's value, or `[S]`: one per row where a row names the field."""
         found = self._tensors.get(name)
         return getattr(self.config, name) if found is None else found
+
+    def differ(self, *names: str) -> bool:
+        """Whether any row names any of `names` (then each row has its own value)."""
+        return any(name in self._tensors for name in names)
+
+    def per_row(self, name: str, seeds: int) -> list[float]:
+        """One value per row, as given."""
+        found = self.exact(name)
+        return found if isinstance(found, list) else [found] * seeds
 
     def exact(self, name: str) -> float | list[float]:
         """`of(name)` as given: the config's value, or one float per row."""
@@ -129,12 +148,13 @@ class RowAdam(torch.optim.Optimizer):
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
-                # Tensors throughout, the step count too: no host sync (a CUDA graph replays it).
+                # Tensors throughout, the step count too: no host sync (a CUDA graph replays
+                # it); the bias corrections in float64, as torch's Adam takes them.
                 state["step"] += 1
-                t = state["step"]
+                t = state["step"].double()
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.lerp_(p.grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                denom = (v.sqrt() / (1 - beta2**t).sqrt()).add_(group["eps"])
-                size = rate.to(p.dtype).view(-1, *([1] * (p.dim() - 1))) / (1 - beta1**t)
+                denom = (v.sqrt() / (1 - beta2**t).sqrt().to(p.dtype)).add_(group["eps"])
+                size = (rate / (1 - beta1**t)).to(p.dtype).view(-1, *([1] * (p.dim() - 1)))
                 p.sub_(size * m / denom)
