@@ -120,6 +120,7 @@ def test_a_cell_s_points_are_scored_carried_by_its_seeds_and_drawn(tmp_path, mon
     (tag,) = tags
     points = {p.name: p for p in CellReference.from_tag(tag).points}
     assert list(points) == ["random", "scripted"] and points["scripted"].player == SCRIPTED
+    assert [p["name"] for p in cell["points"]] == ["random", "scripted"]  # in --json too
     # 4 evaluation episodes on each of 2 seeds: about -26.5 and -7.5, far apart.
     assert points["scripted"].value > points["random"].value + 10, points
     text = (tmp_path / "tiny.md").read_text()

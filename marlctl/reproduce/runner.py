@@ -85,10 +85,12 @@ class CellOutcome:
     source: str = ""  # where the reference comes from
     notes: tuple[str, ...] = field(default_factory=tuple)
     uri: str | None = None  # the cell's store
+    points: tuple[Point, ...] = ()  # the cell's reference points, scored
 
     def to_dict(self) -> dict[str, Any]:
         ours = None if self.ours is None else vars(self.ours)
-        return {**vars(self), "ours": ours, "notes": list(self.notes)}
+        points = [vars(p) for p in self.points]
+        return {**vars(self), "ours": ours, "notes": list(self.notes), "points": points}
 
 
 def episode_length(params: dict[str, Any]) -> int | None:
@@ -244,6 +246,7 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     except (ValueError, RuntimeError) as err:
         outcome.reason = f"reference points: {err}"
         return outcome
+    outcome.points = cp.measured
     tags = cp.tags()
     missing = [*stopped, *fresh]
     if missing:
