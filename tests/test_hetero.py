@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_algorithms import LEARNING_SEEDS, random_spread_return
+from test_algorithms import LEARNING_SEEDS, assert_row_computes_alike, random_spread_return
 from test_training import run_json, write_spec
 
 from marlctl.envs.native import native_class
@@ -213,12 +213,7 @@ def test_a_batched_seed_computes_what_it_computes_alone(algo, env_id, continuous
             out.append({k: v.clone() for k, v in losses.items()})
         return out, trainer.policies.state_dict()
 
-    (alone, alone_params), (batch, batch_params) = train((1,)), train((0, 1, 2))
-    for mine, theirs in zip(alone, batch, strict=True):
-        for key in mine:
-            assert torch.allclose(mine[key][0], theirs[key][1], rtol=1e-4, atol=1e-6), key
-    for name, value in alone_params.items():
-        assert torch.allclose(value[0], batch_params[name][1], rtol=1e-4, atol=1e-6), name
+    assert_row_computes_alike(train((1,)), train((0, 1, 2)), 1)
 
 
 def test_a_checkpoint_resumes_the_sequential_update_exactly():

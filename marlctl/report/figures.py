@@ -55,11 +55,11 @@ def _title(report: Report) -> str:
     return f"{report.title}\n{title}" if report.title else title  # two lines: it fits
 
 
-def references(report: Report):
-    """`(colour, label, reference, span)` once per suite cell among the report's groups whose
-    reference compares to its metric, `span` the steps its groups' curves cover: a dashed line
-    at the reference's value, in the colour of the cell's first group (black in a figure of one
-    cell)."""
+def _cells(report: Report):
+    """`(colour, prefix, reference, span)` once per suite cell among the report's groups
+    whose reference compares to its metric: `span` the steps its groups' curves cover, the
+    colour that of the cell's first group (black in a figure of one cell), `prefix` what its
+    lines' labels start with ("" in a figure of one cell, else "CELL: ")."""
     seen: dict[tuple[str, str], tuple[int, list[float]]] = {}
     for i, group in enumerate(report.groups):
         ref = group.reference
@@ -69,10 +69,16 @@ def references(report: Report):
         span += [float(group.curve.steps[0]), float(group.curve.steps[-1])]
     one = len(seen) == 1
     for (_, cell), (i, span) in seen.items():
-        ref = report.groups[i].reference
         colour = "#000000" if one else _colour(i)
-        label = "reference" if one else f"{labels.public(cell)}: reference"
-        yield colour, label, ref, (min(span), max(span))
+        prefix = "" if one else f"{labels.public(cell)}: "
+        yield colour, prefix, report.groups[i].reference, (min(span), max(span))
+
+
+def references(report: Report):
+    """`(colour, label, reference, span)` per cell (`_cells`): a dashed line at the
+    reference's value."""
+    for colour, prefix, ref, span in _cells(report):
+        yield colour, f"{prefix}reference", ref, span
 
 
 POINT_DASHES = (":", "-.", (0, (1, 4)), (0, (5, 2, 1, 2, 1, 2)))  # matplotlib line styles
@@ -81,12 +87,11 @@ PLOTLY_DASHES = ("dot", "dashdot", "longdashdot", "longdash")
 
 def points(report: Report):
     """`(colour, label, value, span, style)` for every reference point of the cells
-    `references` draws: a line in the cell's colour, each point of a cell in a style of its
-    own (the index into `POINT_DASHES`)."""
-    for colour, label, ref, span in references(report):
-        cell = label.removesuffix("reference")  # "" in a figure of one cell, else "CELL: "
+    (`_cells`): a line in the cell's colour, each point of a cell in a style of its own (the
+    index into `POINT_DASHES`)."""
+    for colour, prefix, ref, span in _cells(report):
         for style, point in enumerate(ref.points):
-            yield colour, f"{cell}{point.name}", point.value, span, style % len(POINT_DASHES)
+            yield colour, f"{prefix}{point.name}", point.value, span, style % len(POINT_DASHES)
 
 
 PROFILE_TITLE = "Performance profile: share of runs reaching τ of the reference's gain"

@@ -67,6 +67,10 @@ class CellReference:
             return None
         try:
             data = json.loads(text)
+            points = [
+                Point(str(p["name"]), float(p["value"]), str(p["player"]))
+                for p in data.get("points", ())
+            ]
             found = cls(
                 suite=str(data["suite"]),
                 cell=str(data["cell"]),
@@ -77,14 +81,8 @@ class CellReference:
                 kind=str(data["kind"]),
                 source=str(data["source"]),
                 statistic=str(data.get("statistic", "final")),
-                points=tuple(
-                    point
-                    for point in (
-                        Point(str(p["name"]), float(p["value"]), str(p["player"]))
-                        for p in data.get("points", ())
-                    )
-                    if math.isfinite(point.value)  # one edited by hand: left out
-                ),
+                # A point edited by hand into a number that is not finite: left out.
+                points=tuple(p for p in points if math.isfinite(p.value)),
             )
         except (ValueError, KeyError, TypeError):
             return None

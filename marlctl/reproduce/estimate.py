@@ -41,7 +41,7 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
     from marlctl.plan import learner_info
     from marlctl.train.build import build_trainer
     from marlctl.train.opponents import with_opponents
-    from marlctl.train.runner import EVAL_ENVS, make_env, prepare_iterations
+    from marlctl.train.runner import make_env, make_eval_env, prepare_iterations
     from marlctl.train.scores import eval_metrics
 
     spec, info, run = loaded.spec, plan.env, plan.runs[0]
@@ -55,13 +55,12 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
     torch.manual_seed(run.seed)
     began = time.perf_counter()
     trainer = build_trainer(spec, learner_info(info, spec), hw.num_envs, device, 1_000, seeds)
+    client = tracking.client_for(spec.tracking.uri) if spec.opponents else None
     env = make_env(spec, info, hw.num_envs, device, min(hw.env_workers, hw.num_envs), len(seeds))
-    eval_env = make_env(spec, info, min(train.eval_episodes, EVAL_ENVS), device, 0, len(seeds))
+    eval_env = None
     try:
-        if spec.opponents:
-            client = tracking.client_for(spec.tracking.uri)
-            env = with_opponents(env, spec, info, client, seeds, deterministic=False)
-            eval_env = with_opponents(eval_env, spec, info, client, seeds, deterministic=True)
+        env = with_opponents(env, spec, info, client, seeds, deterministic=False)
+        eval_env = make_eval_env(spec, info, client, seeds, device)
         prepare_iterations(spec, trainer, env)
         setup = time.perf_counter() - began
         began = time.perf_counter()
@@ -70,7 +69,8 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
         rate = _training_rate(trainer, env, seeds, device, seconds)
     finally:
         env.close()
-        eval_env.close()
+        if eval_env is not None:
+            eval_env.close()
     budget = train.total_env_steps
     evals = (math.ceil(budget / train.eval_every) + 1) if train.eval_every else 1
     one = PROCESS_START_S + setup + budget * len(seeds) / rate + evals * eval_s

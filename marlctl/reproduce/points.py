@@ -50,8 +50,8 @@ def measure(loaded, plan, points: dict[str, str], metric: str) -> tuple[Point, .
 
     from marlctl import tracking
     from marlctl.plan import learner_info
-    from marlctl.train.opponents import RandomPlayer, ScriptedPlayer, import_policy, with_opponents
-    from marlctl.train.runner import EVAL_ENVS, make_env
+    from marlctl.train.opponents import RandomPlayer, ScriptedPlayer, import_policy
+    from marlctl.train.runner import make_eval_env
     from marlctl.train.scores import eval_seed, evaluate
 
     spec, info = loaded.spec, plan.env
@@ -72,9 +72,8 @@ def measure(loaded, plan, points: dict[str, str], metric: str) -> tuple[Point, .
                 players = {g.name: RandomPlayer(g, batch, device) for g in learners}
             else:
                 players = {g.name: ScriptedPlayer(g, fn, player) for g in learners}
-            env = make_env(spec, info, min(episodes, EVAL_ENVS), device, 0, len(batch))
+            env = make_eval_env(spec, info, client, batch, device)
             try:
-                env = with_opponents(env, spec, info, client, batch, deterministic=True)
                 played = _Players(players)
                 results = evaluate(played, env, episodes, [eval_seed(s) for s in batch])
             finally:

@@ -286,9 +286,9 @@ def _points(cp: CellPlan, run_ids: list[str]) -> tuple[Point, ...]:
     measured (`points.measure`)."""
     if not cp.points:
         return ()
-    client = tracking.client_for(cp.loaded.spec.tracking.uri)
-    for run_id in run_ids[:1]:
-        tag = client.get_run(run_id).data.tags.get(tracking.REFERENCE_TAG)
+    if run_ids:  # every seed's run carries the same tag: the first's is read
+        client = tracking.client_for(cp.loaded.spec.tracking.uri)
+        tag = client.get_run(run_ids[0]).data.tags.get(tracking.REFERENCE_TAG)
         tagged = CellReference.from_tag(tag)
         if tagged is not None and {p.name: p.player for p in tagged.points} == cp.points:
             return tagged.points

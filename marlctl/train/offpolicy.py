@@ -134,13 +134,9 @@ class OffPolicyTrainer(Trainer):
         names = (start, end, steps)
         if not self.values.differ(*names):
             return self.annealed(*(getattr(self.cfg, n) for n in names), host=host)
-        S = len(self.seeds)
-        first, last, length = (
-            torch.tensor(self.values.per_row(n, S), dtype=torch.float64, device=self.device)
-            for n in names
-        )
+        first, last, length = (self.values.tensor(n, torch.float64) for n in names)
         if self.graph is None or host:
-            count = torch.tensor(float(self.env_steps), dtype=torch.float64, device=self.device)
+            count: float | torch.Tensor = float(self.env_steps)
         else:  # a replay reads the device-side count
             count = self._env_steps_t.double()
         frac = torch.where(length > 0, (count / length.clamp(min=1)).clamp(max=1.0), 1.0)

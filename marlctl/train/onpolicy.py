@@ -88,12 +88,8 @@ class OnPolicyTrainer(Trainer):
         """One Adam: the actors' parameters in its first group, the critics' in its second;
         with a rate per row where the rows' rates differ (`RowAdam`)."""
         cfg, values = self.cfg, self.values
-        if values.differ("lr", "critic_lr"):
-            S = len(self.seeds)
-            actor_lr = values.per_row("lr", S)
-            critic_lr = values.per_row("critic_lr", S) if values.differ("critic_lr") else actor_lr
-            rates = [torch.tensor(r, dtype=torch.float64, device=self.device)
-                     for r in (actor_lr, critic_lr)]  # fmt: skip
+        if values.differ("lr", "critic_lr"):  # a row naming either names both
+            rates = [values.tensor(name, torch.float64) for name in ("lr", "critic_lr")]
             self.optimizer = RowAdam([self.actor_params, self.critic_params], rates, cfg.adam_eps)
             return {"adam": self.optimizer}
         self.optimizer = Adam(
@@ -207,7 +203,6 @@ class OnPolicyTrainer(Trainer):
         loss is around them).
         """
         cfg = self.cfg
-        gamma, lam = self.values.of("gamma"), self.values.of("gae_lambda")
         last_split = self.split(last_ob)
         layout = env_first if self.recurrent else seed_first
         data = {}
@@ -222,13 +217,13 @@ class OnPolicyTrainer(Trainer):
             if self.info.turn_based:
                 adv, ret, counted = turn_gae(
                     r.rewards, r.values, last, r.active, last_active, dones,
-                    *self._per_step(gamma, lam, last),
+                    self.values.along("gamma", last), self.values.along("gae_lambda", last),
                 )  # fmt: skip
             else:
                 next_active = torch.cat([r.active[1:], last_active.unsqueeze(0)])
                 continues = (~dones).unsqueeze(-1) & next_active
-                adv, ret = gae(r.rewards, r.values, last, continues,
-                               *self._per_step(gamma, lam, last))  # fmt: skip
+                gamma, lam = self.values.along("gamma", last), self.values.along("gae_lambda", last)
+                adv, ret = gae(r.rewards, r.values, last, continues, gamma, lam)
                 counted = r.active
             adv, ret, active = layout(adv), layout(ret), layout(counted)
             weight = active.to(torch.float32)
@@ -255,14 +250,6 @@ class OnPolicyTrainer(Trainer):
                 "hidden": self._start_hidden.get(name),
             }
         return data
-
-    @staticmethod
-    def _per_step(gamma, lam, like: torch.Tensor) -> tuple:
-        """Discount and lambda shaped for one step of a rollout, `like` `[S, ...]`."""
-        return tuple(
-            v if isinstance(v, float | int) else v.view(-1, *([1] * (like.dim() - 1)))
-            for v in (gamma, lam)
-        )
 
     # ------------------------------------------------------------ minibatches
 

@@ -116,8 +116,7 @@ class QLearningTrainer(OffPolicyTrainer):
         self.policies = nn.ModuleDict({"online": online, "target": self.target}).to(self.device)
         self.params = list(online.parameters())
         if self.values.differ("lr"):  # a rate per row
-            rates = torch.tensor(self.values.per_row("lr", S), dtype=torch.float64,
-                                 device=self.device)  # fmt: skip
+            rates = self.values.tensor("lr", torch.float64)
             self.optimizer = RowAdam([self.params], [rates], config.adam_eps)
         else:
             self.optimizer = adam(self.params, config.lr, config.adam_eps)

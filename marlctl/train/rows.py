@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from marlctl.train.core import per_seed
+
 # What each trainer family reads per row, by the config field's name.
 ON_POLICY = (
     "lr", "critic_lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "clip",
@@ -33,20 +35,21 @@ class RowValues:
     def __init__(
         self, config, fields: tuple[str, ...], rows: list[dict] | None, seeds: int, device
     ):
-        self.config = config
-        self._tensors: dict[str, torch.Tensor] = {}
+        self.config, self.seeds = config, seeds
         self._given: dict[str, list[float]] = {}  # the rows' values as given
+        self._tensors: dict[tuple[str, torch.dtype], torch.Tensor] = {}  # made once each
+        self._device = device
         if not rows:
             return
         if len(rows) != seeds:
             raise ValueError(f"{len(rows)} rows of hyperparameters for {seeds} seeds")
-        unknown = sorted({k for row in rows for k in row} - set(fields))
+        named = {k for row in rows for k in row}
+        unknown = sorted(named - set(fields))
         if unknown:
             raise ValueError(
                 f"{type(config).__name__} does not take {', '.join(unknown)} per row; "
                 f"it takes {', '.join(fields)}"
             )
-        named = {k for row in rows for k in row}
         if "lr" in named and "critic_lr" in fields:
             named.add("critic_lr")  # null follows the actors' rate, row by row
         for name in fields:
@@ -56,37 +59,32 @@ class RowValues:
             if name == "critic_lr":
                 own = [rate if rate is not None else row.get("lr", config.lr)
                        for rate, row in zip(own, rows, strict=True)]  # fmt: skip
-            self._tensors[name] = torch.tensor(own, dtype=torch.float32, device=device)
             self._given[name] = [float(v) for v in own]
-
-    @property
-    def varies(self) -> bool:
-        return bool(self._tensors)
-
-    def of(self, name: str) -> float | torch.Tensor:
-        """The config's value, or `[S]`: one per row where a row names the field."""
-        found = self._tensors.get(name)
-        return getattr(self.config, name) if found is None else found
+            self.tensor(name)  # made now, not inside a captured iteration
 
     def differ(self, *names: str) -> bool:
         """Whether any row names any of `names` (then each row has its own value)."""
-        return any(name in self._tensors for name in names)
+        return any(name in self._given for name in names)
 
-    def per_row(self, name: str, seeds: int) -> list[float]:
-        """One value per row, as given."""
-        found = self.exact(name)
-        return found if isinstance(found, list) else [found] * seeds
+    def of(self, name: str) -> float | torch.Tensor:
+        """The config's value, or `[S]`: one per row where a row names the field."""
+        if name not in self._given:
+            return getattr(self.config, name)
+        return self.tensor(name)
 
-    def exact(self, name: str) -> float | list[float]:
-        """`of(name)` as given: the config's value, or one float per row."""
-        return self._given.get(name, getattr(self.config, name))
+    def tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`[S]` on the device, one value per row (the config's on every row where no row
+        names the field); made once: reading it copies nothing to the device."""
+        key = (name, dtype)
+        if key not in self._tensors:
+            found = self._given.get(name, [getattr(self.config, name)] * self.seeds)
+            self._tensors[key] = torch.tensor(found, dtype=dtype, device=self._device)
+        return self._tensors[key]
 
     def along(self, name: str, like: torch.Tensor) -> float | torch.Tensor:
         """`of(name)`, shaped to broadcast against the row-first tensor `like`."""
         value = self.of(name)
-        if isinstance(value, float | int):
-            return value
-        return value.view(-1, *([1] * (like.dim() - 1)))
+        return value if isinstance(value, float | int) else per_seed(value, like)
 
 
 class RowAdam(torch.optim.Optimizer):
@@ -156,5 +154,5 @@ class RowAdam(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 denom = (v.sqrt() / (1 - beta2**t).sqrt().to(p.dtype)).add_(group["eps"])
-                size = (rate / (1 - beta1**t)).to(p.dtype).view(-1, *([1] * (p.dim() - 1)))
+                size = per_seed((rate / (1 - beta1**t)).to(p.dtype), p)
                 p.sub_(size * m / denom)

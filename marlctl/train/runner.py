@@ -253,16 +253,29 @@ def _envs(spec: Spec, requests, client, learners: EnvInfo, device) -> tuple[Batc
     info, seeds = requests[0].env_info, [r.run.seed for r in requests]
     hw, S = spec.hardware, len(seeds)
     env = make_env(spec, info, hw.num_envs, device, hw.env_workers, S)
-    eval_env = make_env(spec, info, min(spec.train.eval_episodes, EVAL_ENVS), device, 0, S)
+    eval_env = None
     try:
         env = with_opponents(env, spec, info, client, seeds, deterministic=False)
-        eval_env = with_opponents(eval_env, spec, info, client, seeds, deterministic=True)
+        eval_env = make_eval_env(spec, info, client, seeds, device)
         env = with_pool(env, spec, learners, seeds, device, client)
     except Exception:
         env.close()
-        eval_env.close()
+        if eval_env is not None:
+            eval_env.close()
         raise
     return env, eval_env
+
+
+def make_eval_env(spec: Spec, info: EnvInfo, client, seeds: list[int], device) -> Any:
+    """The evaluation env of a batch of `seeds`: `train.eval_episodes` envs per seed, at most
+    `EVAL_ENVS`, with the spec's opponents acting deterministically (`client` reads frozen
+    ones' runs; None where the spec has no opponents)."""
+    env = make_env(spec, info, min(spec.train.eval_episodes, EVAL_ENVS), device, 0, len(seeds))
+    try:
+        return with_opponents(env, spec, info, client, seeds, deterministic=True)
+    except Exception:
+        env.close()
+        raise
 
 
 def _load_pools(env, pool_states: list | None) -> WithPool | None:

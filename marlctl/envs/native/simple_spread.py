@@ -91,7 +91,7 @@ def scripted_policy(obs: torch.Tensor, mask, group) -> torch.Tensor:
     native and the PettingZoo backend alike; obs [envs, N, obs_dim] -> actions [envs, N]."""
     import itertools
 
-    from marlctl.envs.native.mpe import MOVES
+    from marlctl.envs.native.mpe import MOVES, _off_diagonal
 
     E, N, size = obs.shape
     if not group.discrete or size != 4 + 2 * N + 4 * (N - 1):
@@ -104,9 +104,9 @@ def scripted_policy(obs: torch.Tensor, mask, group) -> torch.Tensor:
     landmarks = obs[..., 4 : 4 + 2 * N].reshape(E, N, N, 2)  # [E, observer, landmark, 2]
     others = obs[..., 4 + 2 * N : 4 + 4 * N - 2].reshape(E, N, N - 1, 2)
     # Each observer's view of every agent in agent order, itself at the origin.
-    everyone = torch.zeros(E, N, N, 2, dtype=obs.dtype, device=obs.device)
-    for i in range(N):
-        everyone[:, i, [j for j in range(N) if j != i]] = others[:, i]
+    everyone = torch.zeros(E, N * N, 2, dtype=obs.dtype, device=obs.device)
+    everyone.index_copy_(1, _off_diagonal(N, obs.device), others.flatten(1, 2))  # `others`' inverse
+    everyone = everyone.view(E, N, N, 2)
     distance = (everyone[:, :, :, None] - landmarks[:, :, None]).norm(dim=-1)  # [E, o, a, l]
     assignments = torch.tensor(list(itertools.permutations(range(N))), device=obs.device)
     cost = distance[:, :, torch.arange(N, device=obs.device), assignments].sum(-1)  # [E, o, P]
