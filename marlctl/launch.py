@@ -79,7 +79,64 @@ def run_plan(
     which its caller creates and ends). `stop` (an Event) ends every seed early. `tags` go on
     every run besides the spec's own (a suite's cell and its reference).
     """
+    return run_together([Planned(loaded, plan, parent_id, stop)], progress, tags)[0]
+
+
+@dataclass
+class Planned:
+    """A validated plan to train, its seeds' runs under `parent_id` (or a new parent run),
+    ended early when `stop` (an Event) is set; `progress` is told its seeds' events."""
+
+    loaded: LoadedSpec
+    plan: Plan
+    parent_id: str | None = None
+    stop: Any = None
+    progress: Progress | None = None
+
+
+def run_together(
+    planned: list[Planned], progress: Progress | None = None, tags: dict[str, str] | None = None
+) -> list[Summary]:
+    """`run_plan` for several plans whose specs differ only in hyperparameters a row of a
+    batch may have of its own (a sweep's trials): with `hardware.batch_seeds`, the seeds of
+    all of them on one device train as one batch. A summary per plan, in order; `progress`
+    is told every event, each plan's own its seeds'."""
     remove_stale_staging()
+    first = planned[0].plan
+    per_plan = [_create_runs(item, tags) for item in planned]
+    requests = [request for _, found in per_plan for request in found]
+    routes = {
+        request.run_id: item.progress
+        for item, (_, found) in zip(planned, per_plan, strict=True)
+        for request in found
+        if item.progress is not None
+    }
+
+    def told(event: dict[str, Any]) -> None:
+        if progress is not None:
+            progress(event)
+        if (own := routes.get(event.get("run"))) is not None:
+            own(event)
+
+    with passive_wait(first.passive_wait):
+        listened = told if progress is not None or routes else None
+        results = _execute_all(_jobs(requests, first), first.parallel_runs, listened)
+    by_run = {result.run_id: result for result in results}
+    summaries = []
+    for item, (parent_id, found) in zip(planned, per_plan, strict=True):
+        uri = item.loaded.spec.tracking.uri
+        summary = Summary(item.plan.experiment, tracking.resolve_uri(uri), parent_id)
+        summary.runs = [by_run[request.run_id] for request in found]
+        if item.parent_id is None:
+            _finish_parent(tracking.client_for(uri), parent_id, summary)
+        summaries.append(summary)
+    return summaries
+
+
+def _create_runs(item: Planned, tags: dict[str, str] | None) -> tuple[str, list[RunRequest]]:
+    """The plan's parent run (its own, or `item.parent_id`) and a request per seed, each with
+    its new MLflow run."""
+    loaded, plan, parent_id = item.loaded, item.plan, item.parent_id
     spec = loaded.spec
     uri = spec.tracking.uri
     tracking.check_reachable(uri)
@@ -90,7 +147,6 @@ def run_plan(
     # The threads the runs start with, not `auto`: the tag says how auto chose them.
     params["hardware.threads_per_run"] = str(plan.runs[0].threads)
     named = {**loaded.resolved, "name": plan.experiment}
-    own_parent = parent_id is None
     if parent_id is None:
         parent = client.create_run(
             experiment_id,
@@ -115,13 +171,9 @@ def run_plan(
         )
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
         log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
-        requests.append(RunRequest(loaded.spec, plan.env, run, uri, child.info.run_id, stop=stop))
-    summary = Summary(plan.experiment, tracking.resolve_uri(uri), parent_id)
-    with passive_wait(plan.passive_wait):
-        summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
-    if own_parent:
-        _finish_parent(client, parent_id, summary)
-    return summary
+        request = RunRequest(spec, plan.env, run, uri, child.info.run_id, stop=item.stop)
+        requests.append(request)
+    return parent_id, requests
 
 
 def identity_tags(loaded: LoadedSpec) -> dict[str, str]:
@@ -304,7 +356,8 @@ Job = list[RunRequest]  # runs trained together in one process: one, or a seed b
 
 
 def _jobs(requests: list[RunRequest], plan: Plan) -> list[Job]:
-    """One job per run, or with `hardware.batch_seeds` one job per device."""
+    """One job per run, or with `hardware.batch_seeds` one job per device (all the plans'
+    seeds placed on it)."""
     if not plan.batch_seeds:
         return [[r] for r in requests]
     by_device: dict[str, Job] = {}

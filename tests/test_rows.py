@@ -130,3 +130,59 @@ def test_a_row_s_checkpoint_resumes_as_a_run_of_its_own_values():
         for field in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(entry[field][0], moments[key][field][1]), (key, field)
         assert float(entry["step"]) == float(moments[key]["step"])
+
+
+ON_POLICY_VALUES = {
+    "lr": 4e-3, "critic_lr": 2e-3, "gamma": 0.9, "gae_lambda": 0.7, "entropy_coef": 0.1,
+    "value_coef": 0.5, "clip": 0.05, "max_grad_norm": 0.3,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ON_POLICY_VALUES))
+def test_an_on_policy_row_computes_exactly_what_its_trial_computes_unbatched(name):
+    # Not only as a batch of that row alone: as the plain run of the trial's spec, which
+    # reads its values as floats and steps torch's Adam. Every per-row value rounds as the
+    # float does, so a sweep's batched trial logs what it would have logged on its own.
+    torch.set_num_threads(1)
+    value = ON_POLICY_VALUES[name]
+    batched = _train("mappo", (0, 1), [{}, {name: value}], anneal_lr=True)
+    alone = _train("mappo", (1,), None, anneal_lr=True, **{name: value})
+    for step, their_step in zip(alone[0], batched[0], strict=True):
+        for key in step:
+            assert torch.equal(step[key][0], their_step[key][1]), key
+    for key, weights in alone[1].items():
+        assert torch.equal(weights[0], batched[1][key][1]), key
+
+
+def _spec(**algo):
+    from marlctl.spec.models import Spec
+
+    return Spec.model_validate(
+        {
+            "env": {"id": "mpe/simple_spread", "backend": "native"},
+            "algo": {"name": "mappo", **algo},
+            "seeds": [0, 1],
+        }
+    )
+
+
+def test_specs_batch_as_rows_where_they_differ_in_row_fields_only():
+    from marlctl.train.build import batch_rows, structure
+
+    plain = _spec()
+    assert batch_rows([plain, _spec()]) is None
+    renamed = plain.model_copy(update={"name": "other", "seeds": [5]})
+    assert batch_rows([plain, renamed]) is None  # nothing training reads
+    rows = batch_rows([_spec(lr=1e-3), _spec(lr=2e-3, entropy_coef=0.1), _spec(lr=1e-3)])
+    assert rows == [
+        {"lr": 1e-3, "entropy_coef": plain.algo.entropy_coef},
+        {"lr": 2e-3, "entropy_coef": 0.1},
+        {"lr": 1e-3, "entropy_coef": plain.algo.entropy_coef},
+    ]
+    assert structure(_spec(lr=1e-3)) == structure(_spec(lr=2e-3, clip=0.1))
+    assert structure(_spec(epochs=3)) != structure(plain)
+    with pytest.raises(ValueError, match=r"these differ in algo\.epochs"):
+        batch_rows([plain, _spec(epochs=3, lr=1e-3)])
+    wider = plain.model_copy(update={"model": plain.model.model_copy(update={"hidden": [8]})})
+    with pytest.raises(ValueError, match="these differ in model"):
+        batch_rows([plain, wider])

@@ -513,6 +513,84 @@ def test_a_crashing_trial_is_recorded_fail_and_the_study_goes_on(tmp_path: Path)
     assert "simulated env failure" in run.data.tags["marlctl.error"]
 
 
+def test_a_batched_sweep_trains_trials_that_differ_in_row_values_as_one_batch(
+    tmp_path: Path,
+) -> None:
+    # Four trials taken at once: those with the same network train as rows of one batch
+    # (their seeds' runs say how many rows it had), the others in a batch of their own.
+    body = {
+        **TINY,
+        "name": "batched",
+        "sweep": {
+            **TINY["sweep"],
+            "batch": 4,
+            "pruner": "none",
+            "seed": 3,
+            "space": {
+                **TINY["sweep"]["space"],
+                "algo.entropy_coef": {"low": 0.0, "high": 0.05},
+            },
+        },
+    }
+    code, summary = sweep_json(str(write_spec(tmp_path, body)))
+    assert code == 0, summary
+    assert summary["counts"] == {"COMPLETE": 4}
+    trials = journal_study(tmp_path, "batched").get_trials()
+    client = mlflow_client(tmp_path)
+    seeds = runs_by_role(client, "batched")["seed"]
+    for trial in trials:
+        run_id = trial.user_attrs["marlctl.mlflow_run_id"]
+        own = [r for r in seeds if r.data.tags["mlflow.parentRunId"] == run_id]
+        assert [r.info.status for r in own] == ["FINISHED", "FINISHED"]
+        alike = [t for t in trials if t.params["model.hidden"] == trial.params["model.hidden"]]
+        assert {r.data.tags["marlctl.batch_rows"] for r in own} == {str(2 * len(alike))}
+        assert own[0].data.params["algo.lr"] == repr(trial.params["algo.lr"])
+    assert len({t.value for t in trials}) == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hardware": {**TINY["hardware"], "batch_seeds": False}}, "hardware.batch_seeds: true"),
+        (
+            {"algo": {"name": "masac"}, "env": {**TINY["env"], "params": {"N": 2}}},
+            "algorithm masac takes no hyperparameters per row",
+        ),
+    ],
+)
+def test_a_sweep_batch_that_cannot_be_a_batch_is_exit_2_at_its_line(
+    tmp_path: Path, change: dict, message: str
+) -> None:
+    body = {**TINY, **change, "sweep": {**TINY["sweep"], "batch": 2}}
+    if change.get("algo", {}).get("name") == "masac":
+        body["sweep"] = {**body["sweep"], "space": {"algo.lr": TINY["sweep"]["space"]["algo.lr"]}}
+    spec = write_spec(tmp_path, body)
+    result = runner.invoke(app, ["sweep", str(spec)])
+    assert result.exit_code == 2, result.output
+    line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if "batch:" in text
+                and "batch_seeds" not in text)  # fmt: skip
+    assert f"spec.yaml:{line}: sweep.batch: " in result.output
+    assert message in result.output
+    assert not (tmp_path / "optuna.journal").exists()
+
+
+def test_an_automatic_batch_fits_the_memory_and_a_quarter_of_the_budget() -> None:
+    from types import SimpleNamespace
+
+    from marlctl.sweep.worker import batch_size
+
+    def plan(mb: float, seeds: int = 2):
+        runs = [SimpleNamespace(est_memory_mb=mb, device="cpu") for _ in range(seeds)]
+        return SimpleNamespace(runs=runs)
+
+    auto = SimpleNamespace(batch="auto")
+    assert batch_size(SimpleNamespace(batch=6), plan(10.0), 32, 1) == 6
+    assert batch_size(auto, plan(1.0), 32, 1) == 8
+    assert batch_size(auto, plan(1.0), 32, 2) == 4  # each worker's share of the budget
+    assert batch_size(auto, plan(1.0), 2, 1) == 1
+    assert batch_size(auto, plan(1e12), 32, 1) == 1  # never none
+
+
 def _wait_for(condition, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -524,12 +602,23 @@ def _wait_for(condition, timeout: float, what: str):
 
 
 @pytest.mark.slow
-def test_a_trial_of_a_killed_worker_is_failed_and_retried_on_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_trial_of_a_killed_worker_is_failed_and_retried_on_resume(
+    tmp_path: Path, batch: int
+) -> None:
+    # With `sweep.batch: 2` both trials train as one batch, and both are lost with it.
     body = {
         **TINY,
         "name": "killed",
         "train": {**TINY["train"], "total_env_steps": 10_000_000, "eval_every": 1000},
-        "sweep": {**TINY["sweep"], "trials": 2, "heartbeat_s": 0.5, "pruner": "none"},
+        "sweep": {
+            **TINY["sweep"],
+            "trials": 2,
+            "heartbeat_s": 0.5,
+            "pruner": "none",
+            "batch": batch,
+            "space": {"algo.lr": TINY["sweep"]["space"]["algo.lr"]},
+        },
     }
     spec = write_spec(tmp_path, body)
     cmd = [str(Path(sys.executable).parent / "marlctl"), "sweep", str(spec)]
@@ -556,7 +645,11 @@ def test_a_trial_of_a_killed_worker_is_failed_and_retried_on_resume(tmp_path: Pa
                 if t.state.name == "RUNNING" and "marlctl.heartbeat" in t.user_attrs
             ]
 
-        (victim,) = _wait_for(running_with_heartbeat, 120, "a running trial")
+        victims = _wait_for(
+            lambda: (found := running_with_heartbeat()) and len(found) == batch and found,
+            120,
+            "the running trials",
+        )
         client = mlflow_client(tmp_path)
         _wait_for(
             lambda: [
@@ -570,7 +663,8 @@ def test_a_trial_of_a_killed_worker_is_failed_and_retried_on_resume(tmp_path: Pa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the coordinator, its worker and run processes
         proc.wait()
-    assert journal_study(tmp_path, "killed").trials[victim.number].state.name == "RUNNING"
+    for victim in victims:
+        assert journal_study(tmp_path, "killed").trials[victim.number].state.name == "RUNNING"
 
     time.sleep(2.5)  # more than 4 heartbeats: the trial's worker is lost
     result = subprocess.run(
@@ -583,25 +677,26 @@ def test_a_trial_of_a_killed_worker_is_failed_and_retried_on_resume(tmp_path: Pa
     )
     assert result.returncode == 0, result.stderr
     trials = journal_study(tmp_path, "killed").get_trials()
-    lost = trials[victim.number]
-    assert lost.state.name == "FAIL"
-    assert lost.user_attrs["marlctl.error"].startswith("worker lost")
-    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
-    assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
-    assert retries[0].params == lost.params
     summary = json.loads(result.stdout)
-    assert summary["retried"] == 1
-    assert sum(summary["counts"].values()) == 2  # the retry stands in for the lost trial
+    assert summary["retried"] == batch
+    assert sum(summary["counts"].values()) == 2  # the retries stand in for the lost trials
     client = mlflow_client(tmp_path)
-    lost_run = client.get_run(lost.user_attrs["marlctl.mlflow_run_id"])
-    assert lost_run.info.status == "FAILED"
-    assert lost_run.data.tags["marlctl.error"].startswith("worker lost")
-    seeds = [
-        r
-        for r in runs_by_role(client, "killed")["seed"]
-        if r.data.tags["mlflow.parentRunId"] == lost_run.info.run_id
-    ]
-    assert seeds and all(r.info.status == "FAILED" for r in seeds)
+    for victim in victims:
+        lost = trials[victim.number]
+        assert lost.state.name == "FAIL"
+        assert lost.user_attrs["marlctl.error"].startswith("worker lost")
+        retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+        assert len(retries) == 1 and retries[0].state.name == "COMPLETE"
+        assert retries[0].params == lost.params
+        lost_run = client.get_run(lost.user_attrs["marlctl.mlflow_run_id"])
+        assert lost_run.info.status == "FAILED"
+        assert lost_run.data.tags["marlctl.error"].startswith("worker lost")
+        seeds = [
+            r
+            for r in runs_by_role(client, "killed")["seed"]
+            if r.data.tags["mlflow.parentRunId"] == lost_run.info.run_id
+        ]
+        assert seeds and all(r.info.status == "FAILED" for r in seeds)
 
 
 @pytest.mark.slow

@@ -95,4 +95,11 @@ class SweepSpec(Strict):
         30.0, gt=0, description="Running trials beat this often; 4 missed beats = lost."
     )
     seed: int | None = Field(None, description="Sampler seed (worker i uses seed + i).")
+    batch: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="Trials a worker takes at once and trains as one batch of trials x seeds "
+        "(with hardware.batch_seeds), each row with its own hyperparameters; trials whose "
+        "structural settings differ train in batches of their own. auto: as many as the "
+        "memory estimate fits, at most a quarter of the trials.",
+    )
     space: dict[str, SearchParam] = Field(default_factory=dict)

@@ -55,6 +55,10 @@ def prepare(
                 )
             ]
         )
+    if sweep.batch != 1:
+        problem = batch_problem(loaded)
+        if problem is not None:
+            raise SpecError([problem])
     params = space_of(loaded, from_cli)
     if check:
         check_space(spec_path, plain, params, sweep.sampler)
@@ -74,6 +78,26 @@ def prepare(
         cwd=str(Path.cwd()),
     )
     return ctx, sweep
+
+
+def batch_problem(loaded) -> Problem | None:
+    """Why the trials of this spec cannot train as rows of one batch (`sweep.batch`), or None."""
+    from marlctl.algos import registered_algos
+    from marlctl.train.build import row_fields, trainer_class
+
+    spec = loaded.spec
+    if not spec.hardware.batch_seeds:
+        message = "trials train as one batch with hardware.batch_seeds: true only"
+        return loaded.provenance.problem("sweep.batch", message)
+    if not row_fields(spec):
+        what = "learning teams" if spec.teams else f"algorithm {spec.algo.name}"
+        able = [name for name in registered_algos() if trainer_class(name).row_fields]
+        message = (
+            f"{what} takes no hyperparameters per row; trials train as one batch with "
+            f"{', '.join(able)} (or set sweep.batch: 1)"
+        )
+        return loaded.provenance.problem("sweep.batch", message)
+    return None
 
 
 def open_sweep(ctx: SweepContext, sweep, launcher: Launcher):

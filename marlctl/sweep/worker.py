@@ -52,12 +52,12 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
 
     os.chdir(ctx.cwd)
     loaded = load_spec(ctx.spec_path, ctx.overrides)
+    plan = compile_plan(loaded)
     index, here = (0, 1) if ctx.alone else (ctx.worker, ctx.workers)
-    ctx.placement = ctx.placement or placement(
-        loaded, compile_plan(loaded), index, here, ctx.free_cores
-    )
+    ctx.placement = ctx.placement or placement(loaded, plan, index, here, ctx.free_cores)
     base = loaded.spec
     sweep = base.sweep or _default_sweep()
+    size = batch_size(sweep, plan, ctx.trials, here)
     study = load_study(
         ctx, make_sampler(sweep, ctx.params, ctx.worker), make_pruner(sweep, base.train)
     )
@@ -73,16 +73,57 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
             # Other workers' trials are running: stay to re-run any of them that is lost.
             time.sleep(min(sweep.heartbeat_s, 10.0))
             continue
-        trial = study.ask()
-        is_retry = "failed_trial" in frozen(study, trial.number).system_attrs
-        if not is_retry and over_budget(study, trial, ctx.trials):
-            trial.set_user_attr(SURPLUS_ATTR, True)
-            study.tell(trial, state=TrialState.FAIL)
+        taken = take(study, ctx.trials, size)
+        if not taken:
             return report
-        report.trials.append(trial.number)
-        run_trial(ctx, sweep, study, trial)
+        report.trials += [trial.number for trial in taken]
+        run_trials(ctx, sweep, study, taken)
         if after_trial is not None:
             after_trial()
+
+
+def take(study, budget: int, size: int) -> list:
+    """Up to `size` trials to train (re-queued ones first), no more than the budget leaves;
+    none where other workers took the last."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    room = max(1, min(size, budget - len(counted(trials)) + waiting))
+    taken = []
+    for _ in range(room):
+        trial = study.ask()
+        is_retry = "failed_trial" in frozen(study, trial.number).system_attrs
+        if not is_retry and over_budget(study, trial, budget):
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        taken.append(trial)
+    return taken
+
+
+def batch_size(sweep, plan, budget: int, workers: int) -> int:
+    """The trials a worker trains at once (`sweep.batch`). auto: as many as fit in half of the
+    memory of the worker's first device by the plan's estimate, at most a quarter of the
+    budget's share of each worker (the sampler learns from the batches before), at least 1."""
+    if sweep.batch != "auto":
+        return sweep.batch
+    share = max(1, math.ceil(budget / max(workers, 1) / 4))
+    per_trial = sum(run.est_memory_mb for run in plan.runs)
+    free = _device_memory_mb(plan.runs[0].device) / 2
+    return max(1, min(share, int(free // max(per_trial, 1.0))))
+
+
+def _device_memory_mb(device: str) -> float:
+    """The memory of `device`: a GPU's own, else this machine's (4 GiB where it is not
+    known)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**20
+    from marlctl.plan import physical_memory_mb
+
+    return physical_memory_mb() or 4096.0
 
 
 def placement(loaded, plan, index: int, workers: int, free: int | None = None) -> list[str]:
@@ -216,54 +257,38 @@ def aggregate(values: list[float], how: str) -> float:
     return float(STATISTICS[how](values))
 
 
-def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
-    """Sample, validate, train and tell one trial; returns its state name."""
-    import multiprocessing as mp
+class _Trial:
+    """One trial a worker took: sampled, its MLflow run and spec made (`prepare`), trained
+    alone or with others (`run_trials`), then told to the study (`conclude`)."""
 
-    from optuna.trial import TrialState
+    def __init__(self, ctx: SweepContext, sweep, study, trial):
+        from marlctl import tracking
 
-    from marlctl import tracking
-    from marlctl.launch import log_spec, run_plan, run_tags
-    from marlctl.plan import compile_plan
-    from marlctl.spec import load_spec
+        self.ctx, self.sweep, self.study, self.trial = ctx, sweep, study, trial
+        self.heartbeat = _Heartbeat(trial, sweep.heartbeat_s)
+        self.client = tracking.client_for(ctx.tracking_uri)
+        self.run_id: str | None = None
+        self.state: str | None = None  # once finished
+        self.told = False
+        self.loaded = self.plan = self.reporter = self.stop = None
 
-    heartbeat = _Heartbeat(trial, sweep.heartbeat_s)
-    client = tracking.client_for(ctx.tracking_uri)
-    run_id: str | None = None
-    told = {"ok": False}
+    def prepare(self) -> bool:
+        """Sample the trial, create its MLflow run and validate its spec; False where it
+        ended already (an invalid spec is a failed trial)."""
+        import multiprocessing as mp
 
-    def finish(state: str, error: str | None = None, value: float | None = None) -> str:
-        heartbeat.stop()
-        if run_id is not None:
-            if value is not None:
-                client.log_metric(run_id, "objective", value)
-            status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
-            tracking.end_run(client, run_id, status, error, tags={"marlctl.trial_state": state})
-        try:
-            if error is not None:
-                trial.set_user_attr(ERROR_ATTR, redact(error)[:2000])
-            if state == "COMPLETE":
-                study.tell(trial, value)
-            else:
-                study.tell(trial, state=TrialState[state])
-            told["ok"] = True
-        except Exception as err:  # failed as lost by another worker meanwhile
-            if run_id is not None:
-                client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
-        return state
+        from marlctl import tracking
+        from marlctl.launch import log_spec, run_tags
+        from marlctl.plan import compile_plan
+        from marlctl.spec import load_spec
 
-    def interrupted() -> None:
-        finish("FAIL", "interrupted")
-        if told["ok"]:  # not when another worker failed (and re-queued) it as lost
-            retry(study, frozen(study, trial.number), sweep.retries)
-
-    try:
+        ctx, trial, client = self.ctx, self.trial, self.client
         values = sample(trial, ctx.params)
         chosen = overrides_for(values, listed_groups(ctx.spec_path))
         trial.set_user_attr("marlctl.overrides", redact_all(chosen))
         trial.set_user_attr("marlctl.worker", f"{socket.gethostname()}:{os.getpid()}")
         experiment_id = tracking.ensure_experiment(client, ctx.experiment, ctx.tracking_uri)
-        run_id = client.create_run(
+        self.run_id = client.create_run(
             experiment_id,
             run_name=f"trial-{trial.number}",
             tags={
@@ -273,53 +298,137 @@ def run_trial(ctx: SweepContext, sweep, study, trial) -> str:
                 "marlctl.trial": str(trial.number),
             },
         ).info.run_id
-        trial.set_user_attr(RUN_ATTR, run_id)
-        tracking.log_params(client, run_id, {k: param_text(v) for k, v in values.items()})
+        trial.set_user_attr(RUN_ATTR, self.run_id)
+        tracking.log_params(client, self.run_id, {k: param_text(v) for k, v in values.items()})
         try:
             # The spec as the user would run it (best.yaml), then with this worker's share.
             portable = load_spec(ctx.spec_path, [*ctx.overrides, *chosen])
-            loaded = load_spec(ctx.spec_path, [*ctx.overrides, *chosen, *ctx.placement])
-            plan = compile_plan(loaded)
+            self.loaded = load_spec(ctx.spec_path, [*ctx.overrides, *chosen, *ctx.placement])
+            self.plan = compile_plan(self.loaded)
         except SpecError as err:
-            return finish("FAIL", "invalid spec: " + "; ".join(str(p) for p in err.problems))
+            self.finish("FAIL", "invalid spec: " + "; ".join(str(p) for p in err.problems))
+            return False
+        loaded = self.loaded
         resolved = {k: v for k, v in portable.resolved.items() if k != "sweep"}
         trial.set_user_attr(SPEC_ATTR, redact_all({**resolved, "name": loaded.experiment}))
-        tracking.log_params(client, run_id, tracking.flatten(resolved))
-        for key, value in run_tags(loaded, plan).items():
-            client.set_tag(run_id, key, value)
-        log_spec(client, run_id, {**resolved, "name": loaded.experiment})
-        stop = mp.get_context("spawn").Event()
-        reporter = _Reporter(
+        tracking.log_params(client, self.run_id, tracking.flatten(resolved))
+        for key, value in run_tags(loaded, self.plan).items():
+            client.set_tag(self.run_id, key, value)
+        log_spec(client, self.run_id, {**resolved, "name": loaded.experiment})
+        self.stop = mp.get_context("spawn").Event()
+        self.reporter = _Reporter(
             trial,
-            sweep.metric,
+            self.sweep.metric,
             list(loaded.spec.seeds),
-            sweep.objective,
-            stop,
+            self.sweep.objective,
+            self.stop,
             loaded.spec.train.eval_every,
-            heartbeat,
+            self.heartbeat,
         )
-        summary = run_plan(loaded, plan, reporter, parent_id=run_id, stop=stop)
+        return True
+
+    def finish(self, state: str, error: str | None = None, value: float | None = None) -> str:
+        from optuna.trial import TrialState
+
+        from marlctl import tracking
+
+        self.heartbeat.stop()
+        self.state = state
+        run_id, client, trial = self.run_id, self.client, self.trial
+        if run_id is not None:
+            if value is not None:
+                client.log_metric(run_id, "objective", value)
+            status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED"}.get(state, "FAILED")
+            tracking.end_run(client, run_id, status, error, tags={"marlctl.trial_state": state})
+        try:
+            if error is not None:
+                trial.set_user_attr(ERROR_ATTR, redact(error)[:2000])
+            if state == "COMPLETE":
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=TrialState[state])
+            self.told = True
+        except Exception as err:  # failed as lost by another worker meanwhile
+            if run_id is not None:
+                client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
+        return state
+
+    def interrupted(self) -> None:
+        """Failed, and re-queued unless another worker failed (and re-queued) it as lost."""
+        self.finish("FAIL", "interrupted")
+        if self.told:
+            retry(self.study, frozen(self.study, self.trial.number), self.sweep.retries)
+
+    def conclude(self, summary) -> str:
+        """Tell the study how the trial's seeds ended."""
+        trial, sweep = self.trial, self.sweep
+        trial.set_user_attr("marlctl.env_steps", sum(r.env_steps for r in summary.runs))
+        failed = [r for r in summary.runs if r.status == "FAILED"]
+        if failed:
+            return self.finish("FAIL", f"seed {failed[0].seed} failed: {failed[0].error}")
+        if any(r.status == "PRUNED" for r in summary.runs):
+            return self.finish("PRUNED")
+        finals = _final_values(self.client, summary, sweep.metric)
+        if isinstance(finals, str):
+            return self.finish("FAIL", finals)
+        for key, value in summary.aggregate().items():
+            if value is not None:
+                self.client.log_metric(self.run_id, key, value)
+        return self.finish("COMPLETE", value=aggregate(finals, sweep.objective))
+
+
+def run_trials(ctx: SweepContext, sweep, study, trials: list) -> list[str]:
+    """Sample, validate, train and tell the trials a worker took: those whose specs differ
+    only in hyperparameters a batch's row may have of its own train as one batch (with
+    `hardware.batch_seeds`). Their states' names, in order."""
+    taken = [_Trial(ctx, sweep, study, trial) for trial in trials]
+    try:
+        ready = []
+        for one in taken:
+            try:
+                if one.prepare():
+                    ready.append(one)
+            except Exception as err:
+                one.finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        for group in _groups(ready):
+            _train_together(group)
     except KeyboardInterrupt:
-        interrupted()
+        for one in taken:
+            if one.state is None:
+                one.interrupted()
+        raise
+    return [one.state or "FAIL" for one in taken]
+
+
+def _groups(ready: list[_Trial]) -> list[list[_Trial]]:
+    """The trials in batches of those that may train as rows of one batch, in order."""
+    import json
+
+    from marlctl.train.build import structure
+
+    groups: dict[str, list[_Trial]] = {}
+    for one in ready:
+        key = json.dumps(structure(one.loaded.spec), sort_keys=True, default=str)
+        groups.setdefault(key, []).append(one)
+    return list(groups.values())
+
+
+def _train_together(group: list[_Trial]) -> None:
+    from marlctl.launch import Planned, run_together
+
+    planned = [Planned(one.loaded, one.plan, one.run_id, one.stop, one.reporter) for one in group]
+    try:
+        summaries = run_together(planned)
+    except KeyboardInterrupt:
         raise
     except Exception as err:
-        return finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
-    if summary.interrupted:
-        interrupted()
+        for one in group:
+            one.finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        return
+    if any(summary.interrupted for summary in summaries):
         raise KeyboardInterrupt
-    trial.set_user_attr("marlctl.env_steps", sum(r.env_steps for r in summary.runs))
-    failed = [r for r in summary.runs if r.status == "FAILED"]
-    if failed:
-        return finish("FAIL", f"seed {failed[0].seed} failed: {failed[0].error}")
-    if any(r.status == "PRUNED" for r in summary.runs):
-        return finish("PRUNED")
-    finals = _final_values(client, summary, sweep.metric)
-    if isinstance(finals, str):
-        return finish("FAIL", finals)
-    for key, value in summary.aggregate().items():
-        if value is not None:
-            client.log_metric(run_id, key, value)
-    return finish("COMPLETE", value=aggregate(finals, sweep.objective))
+    for one, summary in zip(group, summaries, strict=True):
+        one.conclude(summary)
 
 
 def _final_values(client, summary, metric: str) -> list[float] | str:

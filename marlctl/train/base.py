@@ -339,9 +339,10 @@ def next_observation(tr: Transition) -> Observation:
 
 
 def clip_grad_norm_per_seed(
-    params: list[torch.Tensor], max_norm: float, seeds: int
+    params: list[torch.Tensor], max_norm: float | torch.Tensor, seeds: int
 ) -> torch.Tensor:
-    """`clip_grad_norm_` for each seed's slice of the parameters; returns the norms `[S]`."""
+    """`clip_grad_norm_` for each seed's slice of the parameters (`max_norm` one limit, or
+    one per seed `[S]`); returns the norms `[S]`."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(seeds, device=params[0].device if params else None)
@@ -350,7 +351,9 @@ def clip_grad_norm_per_seed(
     slices = [g[s] for g in grads for s in range(seeds)]
     norms = torch.stack(torch._foreach_norm(slices)).view(len(grads), seeds).T.contiguous()
     total = torch.stack(torch._foreach_norm(list(norms)))
-    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    # A reciprocal times the limit, as `float / tensor` computes it: a limit per row `[S]`
+    # rounds as a float one does.
+    scale = ((total + 1e-6).reciprocal() * max_norm).clamp(max=1.0)
     torch._foreach_mul_(grads, [per_seed(scale, g) for g in grads])
     return total
 

@@ -69,6 +69,56 @@ def build_trainer(
     return trainer
 
 
+# What two runs' specs may differ in and still train as rows of one batch, besides the
+# trainer's `row_fields`: nothing training reads.
+_NOT_TRAINED = frozenset({"name", "label", "seeds", "sweep"})
+
+
+def row_fields(spec: Spec) -> tuple[str, ...]:
+    """The algorithm hyperparameters a row of `spec`'s batch may have of its own (none with
+    learning teams)."""
+    return () if spec.teams else trainer_class(spec.algo.name).row_fields
+
+
+def structure(spec: Spec) -> dict:
+    """What must be the same in specs whose runs train as one batch: everything training
+    reads, but the hyperparameters a row may have of its own."""
+    dumped = spec.model_dump(mode="json", exclude=set(_NOT_TRAINED))
+    for name in row_fields(spec):
+        dumped["algo"].pop(name, None)
+    return dumped
+
+
+def batch_rows(specs: list[Spec]) -> list[dict] | None:
+    """Per run, the hyperparameters it has of its own among `specs` (one spec per run of a
+    batch): those `row_fields` in which the specs differ; None where they do not differ.
+    Raises ValueError where they differ in anything else."""
+    first = specs[0]
+    if all(spec == first for spec in specs[1:]):
+        return None
+    base = structure(first)
+    for spec in specs[1:]:
+        other = structure(spec)
+        if other != base:
+            differ = sorted(k for k in base.keys() | other.keys() if base.get(k) != other.get(k))
+            if differ == ["algo"]:
+                differ = sorted(
+                    f"algo.{k}" for k in base["algo"].keys() | other["algo"].keys()
+                    if base["algo"].get(k) != other["algo"].get(k)
+                )  # fmt: skip
+            raise ValueError(
+                f"runs of one batch may differ only in {', '.join(row_fields(first))}; "
+                f"these differ in {', '.join(differ)}"
+            )
+    differ = [
+        name for name in row_fields(first)
+        if any(getattr(s.algo, name) != getattr(first.algo, name) for s in specs[1:])
+    ]  # fmt: skip
+    if not differ:
+        return None
+    return [{name: getattr(spec.algo, name) for name in differ} for spec in specs]
+
+
 def _setup(algo_config, model, info, num_envs, device, total_iterations, seeds) -> TrainerSetup:
     centralised = registered_algos()[algo_config.name].centralised_critic
     return TrainerSetup(

@@ -296,7 +296,9 @@ def gae(
     for t in reversed(range(steps)):
         keep = continues[t].to(rewards.dtype)
         delta = rewards[t] + gamma * next_value * keep - values[t]
-        running = delta + gamma * lam * keep * running
+        # gamma * (lam * ...): rounds alike whether gamma and lam are floats or per-row
+        # tensors (a float product gamma * lam is taken in double first).
+        running = delta + gamma * (lam * keep) * running
         advantages[t] = running
         next_value = values[t]
     return advantages, advantages + values
@@ -339,7 +341,7 @@ def turn_gae(
         unknown = unknown & ~ended
         acts = active[t]
         delta = rewards[t] + pending + gamma * next_value - values[t]
-        step = delta + gamma * lam * running
+        step = delta + gamma * (lam * running)  # rounds as `gae` does
         use = acts & ~unknown
         advantages[t] = torch.where(use, step, zero)
         counted[t] = use

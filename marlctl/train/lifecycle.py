@@ -27,10 +27,6 @@ Progress = Callable[[dict[str, Any]], None]
 COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA graph, ...
 
 
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
 class Clock:
     """Training time: started once the first episodes reset; evaluations and checkpoints
     are `paused()` out of the throughput between two logs, not out of the run's mean."""
@@ -57,9 +53,23 @@ class Clock:
             self.tick += time.perf_counter() - paused
 
 
+@dataclass(frozen=True)
+class RowEnd:
+    """A row of the batch that stopped before the budget, while the others train on: PRUNED
+    by its sweep's pruner at `step`, or FAILED with `error` (a non-finite loss of its own)."""
+
+    status: str
+    step: int
+    error: str | None = None
+
+
 @dataclass
 class RunState:
-    """What the parts of a run share: its spec, runs, env, trainer and where training is."""
+    """What the parts of a run share: its spec, runs, env, trainer and where training is.
+
+    Each request is a row of the batch: a seed, or a seed of one of several sweep trials
+    whose hyperparameters differ. A row that ends early (`ended`) goes on computing with the
+    others, but nothing of it is logged, evaluated, checkpointed or reported any more."""
 
     spec: Spec
     requests: list  # the `RunRequest`s of the batch, one per seed
@@ -77,7 +87,20 @@ class RunState:
     clock: Clock = field(default_factory=Clock)
     threads: int | None = None  # as `threads_per_run: auto` last set them
     last_return: list[float | None] = field(default_factory=list)
-    pruned_at: int | None = None  # set when a sweep's pruner stops the run
+    ended: dict[int, RowEnd] = field(default_factory=dict)  # by row
+
+    @property
+    def live(self) -> list[int]:
+        """The rows still training, in order."""
+        return [i for i in range(len(self.requests)) if i not in self.ended]
+
+    def end_row(self, index: int, end: RowEnd) -> None:
+        """Row `index` stops here: what it logged so far goes to its run, nothing more."""
+        self.ended[index] = end
+        try:
+            self.sinks[index].close()
+        except RuntimeError:  # its metrics could not be logged; the row has ended anyway
+            pass
 
     @property
     def seeds(self) -> list[int]:
@@ -94,8 +117,8 @@ class RunState:
         return self.requests[0].run.total_env_steps
 
     def flush(self) -> None:
-        for sink in self.sinks:
-            sink.flush()
+        for index in self.live:
+            self.sinks[index].flush()
 
 
 class Part:
@@ -155,8 +178,8 @@ class MetricLogger(Part):
         self.log_steps = run.env_steps
         age = process_age()
         if age is not None and not run.requests[0].resume:
-            for sink in run.sinks:  # how long the command took to reach its first env step
-                sink.log({"perf/startup_s": age}, run.env_steps)
+            for index in run.live:  # how long the command took to reach its first env step
+                run.sinks[index].log({"perf/startup_s": age}, run.env_steps)
 
     def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
         graph = run.trainer.graph
@@ -172,19 +195,20 @@ class MetricLogger(Part):
     def _log(self, run: RunState, keys: list[str]) -> None:
         values = (self.loss_sum / self.loss_iterations).tolist()  # [loss][seed]
         self.loss_sum, self.loss_iterations = None, 0
-        for index, seed in enumerate(run.seeds):
+        for index in run.live:  # a row whose loss is not finite fails alone
             bad = [k for k, v in zip(keys, values, strict=True) if not math.isfinite(v[index])]
             if bad:
-                raise NonFiniteLoss(
-                    f"non-finite loss by env step {run.env_steps} (seed {seed}): {', '.join(bad)}"
-                )
+                seed, steps = run.seeds[index], run.env_steps
+                error = f"non-finite loss by env step {steps} (seed {seed}): {', '.join(bad)}"
+                run.end_row(index, RowEnd("FAILED", steps, error))
         now = time.perf_counter()
         rate = (run.env_steps - self.log_steps) / max(now - run.clock.tick, 1e-9)
         run.clock.tick, self.log_steps = now, run.env_steps
         episodes = run.trainer.stats.take()
         pooled = run.pool.metrics() if run.pool is not None else [{}] * len(run.seeds)
         agents = run.requests[0].env_info.n_agents
-        for index, sink in enumerate(run.sinks):
+        for index in run.live:
+            sink = run.sinks[index]
             if episodes[index] is not None:
                 run.last_return[index] = episodes[index]["return_mean"]
             metrics = {k: v[index] for k, v in zip(keys, values, strict=True)}
@@ -206,8 +230,8 @@ def _report_capture(run: RunState, graph) -> None:
             tag = f"eager (capture failed: {graph.failed})"
             run.client.set_tag(request.run_id, COMPILE_TAG, tag)
         return
-    for sink in run.sinks:
-        sink.log({"perf/capture_s": graph.capture_seconds}, run.env_steps)
+    for index in run.live:
+        run.sinks[index].log({"perf/capture_s": graph.capture_seconds}, run.env_steps)
 
 
 class Evaluator(Part):
@@ -234,17 +258,19 @@ class Evaluator(Part):
         if not self.every or steps < run.next_eval or steps >= run.total_env_steps:
             return
         with run.clock.paused():  # throughput counts training only
-            for index, scores in enumerate(self.scores(run)):
-                run.sinks[index].log(scores, steps)
+            scored = self.scores(run)
+            for index in run.live:
+                run.sinks[index].log(scored[index], steps)
                 if run.progress is not None:
-                    seed = run.seeds[index]
-                    event = {"kind": "eval", "seed": seed, "step": steps, "metrics": scores}
-                    run.progress(event)
+                    event = {"kind": "eval", "step": steps, "metrics": scored[index]}
+                    run.progress(event | _row(run, index))
             run.next_eval = (steps // self.every + 1) * self.every
 
     def on_end(self, run: RunState) -> None:
         rate = run.clock.mean_rate(run.env_steps)
-        for index, final in enumerate(self.scores(run)):
+        scored = self.scores(run)
+        for index in run.live:
+            final = scored[index]
             final["perf/env_steps_per_s_mean"] = rate
             run.sinks[index].log(final, run.env_steps)
             result = run.results[index]
@@ -278,37 +304,41 @@ class Checkpointer(Part):
 
     def on_end(self, run: RunState) -> None:
         save_checkpoints(run)
-        for index, request in enumerate(run.requests):
+        for index in run.live:
             policies = run.trainer.seed_state(index)["policies"]
-            _log_torch(run.client, request.run_id, {"policies": policies}, POLICY)
+            _log_torch(run.client, run.requests[index].run_id, {"policies": policies}, POLICY)
 
 
 class ProgressEvents(Part):
     """Where each seed stands, after every iteration, for the live display."""
 
     def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
-        for index, request in enumerate(run.requests):
-            p = request.run
-            event = {"index": p.index, "seed": p.seed, "step": run.env_steps}
-            event |= {"total": p.total_env_steps, "return": run.last_return[index]}
-            run.progress(event)
+        for index in run.live:
+            p = run.requests[index].run
+            event = {"index": p.index, "step": run.env_steps, "total": p.total_env_steps}
+            run.progress(event | _row(run, index) | {"return": run.last_return[index]})
+
+
+def _row(run: RunState, index: int) -> dict[str, Any]:
+    """What names row `index` in a progress event: its seed and its run (the batch's rows may
+    be several trials' seeds)."""
+    return {"seed": run.seeds[index], "run": run.requests[index].run_id}
 
 
 class Pruning(Part):
-    """A sweep's pruner sets `stop`: the run ends after this iteration, without a final
-    evaluation or checkpoint."""
-
-    def __init__(self, stop):
-        self.stop = stop
+    """A sweep's pruner sets a trial's `stop`: its rows end after this iteration, without a
+    final evaluation or checkpoint."""
 
     def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
-        if self.stop.is_set():
-            run.pruned_at = run.env_steps
+        for index in run.live:
+            stop = run.requests[index].stop
+            if stop is not None and stop.is_set():
+                run.end_row(index, RowEnd("PRUNED", run.env_steps))
 
 
 def parts_for(run: RunState) -> list[Part]:
     """The run's parts, in the order their hooks run."""
-    plan, stop = run.requests[0].run, run.requests[0].stop
+    plan = run.requests[0].run
     parts: list[Part] = []
     if plan.max_threads > 1:  # threads_per_run: auto follows the cores left free
         parts.append(ThreadWatch(plan.max_threads))
@@ -317,8 +347,8 @@ def parts_for(run: RunState) -> list[Part]:
     parts += [MetricLogger(run), Evaluator(run), Checkpointer()]
     if run.progress is not None:
         parts.append(ProgressEvents())
-    if stop is not None:
-        parts.append(Pruning(stop))
+    if any(request.stop is not None for request in run.requests):
+        parts.append(Pruning())
     return parts
 
 
@@ -340,7 +370,8 @@ def process_age() -> float | None:
 
 
 def save_checkpoints(run: RunState) -> None:
-    for index, request in enumerate(run.requests):
+    for index in run.live:
+        request = run.requests[index]
         state = {
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
             "trainer": run.trainer.seed_state(index),

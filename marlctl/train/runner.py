@@ -25,12 +25,12 @@ from marlctl.envs.info import EnvInfo
 from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, PRUNED_TAG
-from marlctl.train.build import build_trainer
+from marlctl.train.build import batch_rows, build_trainer
 from marlctl.train.lifecycle import (
     COMPILE_TAG,
-    NonFiniteLoss,
     Part,
     Progress,
+    RowEnd,
     RunState,
     load_checkpoint,
     parts_for,
@@ -44,7 +44,6 @@ from marlctl.train.scores import EVAL_ENVS, derive_seed, eval_seed, evaluate, re
 __all__ = [
     "COMPILE_TAG",
     "EVAL_ENVS",
-    "NonFiniteLoss",
     "build_trainer",
     "eval_seed",
     "evaluate",
@@ -52,11 +51,17 @@ __all__ = [
 ]
 
 RESUMED_TAG = "marlctl.resumed_from_step"
+# The runs trained as one batch with this one, itself included: its seeds, or the seeds of
+# several sweep trials.
+ROWS_TAG = "marlctl.batch_rows"
 
 
 @dataclass
 class RunRequest:
-    spec: Spec  # validated once, where the spec was loaded; it pickles into a run's process
+    # Validated once, where the spec was loaded; it pickles into a run's process. The
+    # requests of one batch share it, or differ only in hyperparameters a row may have of
+    # its own (`marlctl.train.build.batch_rows`): several sweep trials' seeds.
+    spec: Spec
     env_info: EnvInfo
     run: RunPlan
     tracking_uri: str | None
@@ -65,7 +70,8 @@ class RunRequest:
     # Resumed: the last env step whose metrics the run holds (none are logged twice).
     logged_until: int = -1
     # Set by a sweep's pruner: the run stops after its current iteration, without a final
-    # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`.
+    # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`; the batch's other
+    # rows train on.
     stop: Any = None
 
 
@@ -85,10 +91,12 @@ class RunResult:
 
 
 def execute_batch(requests: list[RunRequest], progress: Progress | None = None) -> list[RunResult]:
-    """Train one run, or several seeds of one spec as one batch, to completion.
+    """Train one run, or several as one batch (seeds of one spec, or of several specs that
+    differ only in per-row hyperparameters), to completion.
 
     Never raises for a training failure: every result of the batch says FAILED with the
-    reason (or KILLED on Ctrl-C / SIGTERM, after a checkpoint); the caller ends the runs.
+    reason (or KILLED on Ctrl-C / SIGTERM, after a checkpoint); a row whose own loss turns
+    non-finite fails alone, a pruned row ends alone. The caller ends the runs.
     """
     from marlctl import tracking
 
@@ -120,15 +128,12 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         every = spec.tracking.flush_every_s
         for request in requests:
             sinks.append(tracking.MetricSink(client, request.run_id, every, request.logged_until))
-        pruned_at = _train(spec, requests, client, sinks, device, results, progress)
+        ended = _train(spec, requests, client, sinks, device, results, progress)
         for sink in sinks:
             sink.close()
         sinks = []
-        for result in results:
-            result.status = "FINISHED" if pruned_at is None else "PRUNED"
-            if pruned_at is not None:
-                result.tags[PRUNED_TAG] = str(pruned_at)
-            result.env_steps = result.env_steps or (pruned_at or 0)
+        for index, result in enumerate(results):
+            _ended_as(result, ended.get(index))
     except KeyboardInterrupt:
         finish("KILLED", "interrupted by the user", None)
     except Exception as err:  # recorded, not raised: other runs go on
@@ -138,6 +143,18 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     return results
+
+
+def _ended_as(result: RunResult, end: RowEnd | None) -> None:
+    """`result` as its row ended: at the budget, or early (pruned, failed)."""
+    if end is None:
+        result.status = "FINISHED"
+        return
+    result.status, result.env_steps = end.status, end.step
+    if end.status == "PRUNED":
+        result.tags[PRUNED_TAG] = str(end.step)
+    else:
+        result.error = result.trace = end.error
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -170,12 +187,14 @@ def _train(
     device: torch.device,
     results: list[RunResult],
     progress: Progress | None,
-) -> int | None:
-    """Train to the budget; the env step where a sweep's pruner stopped it, or None."""
+) -> dict[int, RowEnd]:
+    """Train to the budget; the rows that ended before it, by index."""
     plan, info = requests[0].run, requests[0].env_info
     seeds = [r.run.seed for r in requests]
+    rows = batch_rows([r.spec for r in requests])
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
-    trainer = build_trainer(spec, learners, spec.hardware.num_envs, device, plan.iterations, seeds)
+    num_envs = spec.hardware.num_envs
+    trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
     start = _Resumed(0, spec.train.eval_every, spec.train.checkpoint_every)
     if requests[0].resume:
         start = _resume(spec, requests, client, trainer, device) or start
@@ -193,8 +212,8 @@ def _train(
         eval_env.close()
 
 
-def _loop(run: RunState, parts: list[Part]) -> int | None:
-    """The training iterations, and the parts' hooks around them."""
+def _loop(run: RunState, parts: list[Part]) -> dict[int, RowEnd]:
+    """The training iterations, and the parts' hooks around them; the rows that ended early."""
     for part in parts:
         part.on_start(run)
     entropy = [derive_seed(seed, 0, run.env_steps) for seed in run.seeds]
@@ -210,15 +229,15 @@ def _loop(run: RunState, parts: list[Part]) -> int | None:
             run.env_steps += per_iteration
             for part in parts:
                 part.on_iteration(run, losses)
-            if run.pruned_at is not None:
-                return run.pruned_at
+            if not run.live:
+                return run.ended
     except KeyboardInterrupt:
         for part in parts:
             part.on_interrupt(run)
         raise
     for part in parts:
         part.on_end(run)
-    return None
+    return run.ended
 
 
 def _resume(spec: Spec, requests, client, trainer, device) -> _Resumed | None:
@@ -299,6 +318,7 @@ def _tag_iterations(spec: Spec, requests, client, trainer, env, device) -> None:
     for request in requests:
         client.set_tag(request.run_id, COMPILE_TAG, mode)
         client.set_tag(request.run_id, tracking.HARDWARE_TAG, hardware)
+        client.set_tag(request.run_id, ROWS_TAG, str(len(requests)))
 
 
 def prepare_iterations(spec: Spec, trainer, env: BatchedEnv, capture: bool = True) -> str:

@@ -1,0 +1,214 @@
+"""Benchmark: a sweep's trials trained one at a time against trained as one batch.
+
+Each case runs the same study twice through `marlctl sweep`, one worker, the same sampler
+seed and budget, no pruner (every trial trains its whole budget, so completed trials per hour
+compare like with like): once with `sweep.batch: 1`, once with `sweep.batch: K`. Reports the
+wall-clock, completed trials per hour and their ratio, and the best trial's objective with
+its seeds' final returns. Writes `bench/results/sweep_batch.md`.
+
+    .venv/bin/python bench/sweep_batch.py                          # both cases
+    .venv/bin/python bench/sweep_batch.py --cases mappo --trials 8 --steps 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from datetime import date
+from pathlib import Path
+
+import yaml
+from pettingzoo_mappo import machine, marlctl_json
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "results" / "sweep_batch.md"
+WORKDIR = ROOT / "bench" / "runs" / "sweep_batch"  # studies and MLflow stores (not committed)
+SPREAD = {"N": 3, "max_cycles": 25, "local_ratio": 0.5}
+
+# specs/spread_mappo_sweep.yaml's run, searched over the values a row may have of its own.
+MAPPO = {
+    "what": "MAPPO on native simple_spread (specs/spread_mappo_sweep.yaml's settings: 2 seeds, "
+    "128 envs per seed, evaluation every 50k steps on 32 episodes)",
+    "trials": 32,
+    "steps": 200_000,
+    "batch": 8,
+    "body": {
+        "defaults": [{"envs": "simple_spread"}, {"algos": "mappo"}, "_self_"],
+        "env": {"backend": "native"},
+        "seeds": [0, 1],
+        "train": {"eval_every": 50_000, "eval_episodes": 32, "checkpoint_every": 0},
+        "hardware": {"device": "cpu", "num_envs": 128, "batch_seeds": True},
+        "space": {
+            "algo.lr": {"low": 1.0e-4, "high": 3.0e-3, "log": True},
+            "algo.entropy_coef": {"low": 1.0e-4, "high": 5.0e-2, "log": True},
+            "algo.clip": {"low": 0.05, "high": 0.3},
+            "algo.gae_lambda": {"low": 0.8, "high": 1.0},
+        },
+    },
+}
+# The baseline-mpe suite's QMIX cell, with Polyak targets so that tau matters.
+QMIX = {
+    "what": "QMIX on native simple_spread (the baseline-mpe suite's settings with Polyak "
+    "targets: 2 seeds, 32 envs per seed, 2 updates of 256 per step, evaluation every 25k "
+    "steps on 32 episodes)",
+    "trials": 16,
+    "steps": 100_000,
+    "batch": 8,
+    "body": {
+        "env": {"id": "mpe/simple_spread", "backend": "native", "params": SPREAD},
+        "algo": {
+            "name": "qmix",
+            "gamma": 0.9,
+            "buffer_size": 200_000,
+            "batch_size": 256,
+            "learning_starts": 2000,
+            "updates": 2,
+            "target_update_every": 0,
+            "reward_scaling": "standardise",
+            "double_q": True,
+        },
+        "seeds": [0, 1],
+        "train": {"eval_every": 25_000, "eval_episodes": 32, "checkpoint_every": 0},
+        "hardware": {"device": "cpu", "num_envs": 32, "batch_seeds": True},
+        "space": {
+            "algo.lr": {"low": 1.0e-4, "high": 3.0e-3, "log": True},
+            "algo.tau": {"low": 1.0e-3, "high": 5.0e-2, "log": True},
+            "algo.epsilon_anneal_steps": {"low": 5_000, "high": 50_000},
+            "algo.epsilon_end": {"low": 0.01, "high": 0.2},
+        },
+    },
+}
+CASES = {"mappo": MAPPO, "qmix": QMIX}
+
+
+def spec_for(case: dict, name: str, trials: int, steps: int, batch: int) -> dict:
+    body = {k: v for k, v in case["body"].items() if k != "space"}
+    body = json.loads(json.dumps(body))  # a copy
+    body["name"] = name
+    body["train"]["total_env_steps"] = steps
+    body["train"]["eval_every"] = min(body["train"]["eval_every"], steps)
+    body["sweep"] = {
+        "trials": trials,
+        "sampler": "tpe",
+        "pruner": "none",
+        "seed": 0,
+        "startup_trials": 5,
+        "batch": batch,
+        "space": case["body"]["space"],
+    }
+    return body
+
+
+def seed_returns(folder: Path, trial: int, study: str) -> list[float]:
+    """The final eval returns of trial `trial`'s seeds."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(folder / "optuna.journal"))
+    )
+    found = optuna.load_study(study_name=study, storage=storage).trials[trial]
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    run_id = found.user_attrs["marlctl.mlflow_run_id"]
+    experiment = client.get_run(run_id).info.experiment_id
+    seeds = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{run_id}'")
+    return sorted(r.data.metrics["eval/return_mean"] for r in seeds)
+
+
+def run(case_name: str, trials: int, steps: int, batch: int) -> dict:
+    case = CASES[case_name]
+    name = f"sweep-batch-{case_name}-{batch}"
+    folder = WORKDIR / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_for(case, name, trials, steps, batch), sort_keys=False))
+    summary, wall = marlctl_json(["sweep", str(path)], folder, f"{name}")
+    best = summary["best"]
+    return {
+        "case": case_name,
+        "batch": batch,
+        "trials": trials,
+        "steps": steps,
+        "complete": summary["counts"].get("COMPLETE", 0),
+        "failed": summary["counts"].get("FAIL", 0),
+        "wall_s": wall,
+        "best": best["value"] if best else None,
+        "best_params": best["params"] if best else None,
+        "best_seeds": seed_returns(folder, best["trial"], name) if best else [],
+    }
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| case | sweep.batch | trials complete | wall-clock | trials per hour | ratio | "
+        "best objective | its seeds' final returns |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base: dict[str, float] = {}
+    for r in rows:
+        per_hour = r["complete"] / (r["wall_s"] / 3600)
+        if r["batch"] == 1:
+            base[r["case"]] = per_hour
+        ratio = per_hour / base[r["case"]] if r["case"] in base else float("nan")
+        seeds = ", ".join(f"{v:.2f}" for v in r["best_seeds"])
+        best = "-" if r["best"] is None else f"{r['best']:.2f}"
+        lines.append(
+            f"| {r['case']} | {r['batch']} | {r['complete']} of {r['trials']} | "
+            f"{r['wall_s'] / 60:.1f} min | {per_hour:.0f} | {ratio:.1f}x | {best} | {seeds} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="mappo,qmix")
+    parser.add_argument("--trials", type=int, help="trials per study (default: each case's)")
+    parser.add_argument("--steps", type=int, help="env steps per trial and seed")
+    parser.add_argument("--batch", type=int, help="sweep.batch of the batched study")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--jsonl", type=Path, help="append each study's row here")
+    args = parser.parse_args()
+    rows = []
+    for case_name in args.cases.split(","):
+        case = CASES[case_name]
+        trials, steps = args.trials or case["trials"], args.steps or case["steps"]
+        for batch in (1, args.batch or case["batch"]):
+            row = run(case_name, trials, steps, batch)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            if args.jsonl:
+                with args.jsonl.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+    command = " ".join([".venv/bin/python bench/sweep_batch.py", *sys.argv[1:]])
+    lines = [
+        "# Sweep: trials one at a time against trials trained as one batch",
+        "",
+        f"Measured {date.today()} with `{command}` on {machine()}.",
+        "",
+        "Each study runs through `marlctl sweep`, one worker, TPE (seed 0, 5 startup trials, "
+        "constant liar), no pruner, so that every trial trains its whole budget; the two "
+        "studies of a case differ only in `sweep.batch`. The ratio is completed trials per "
+        "hour against `sweep.batch: 1`. Objective: the mean over the seeds of the final "
+        "evaluation's `eval/return_mean`.",
+        "",
+    ]
+    for case_name in dict.fromkeys(r["case"] for r in rows):
+        case = CASES[case_name]
+        mine = [r for r in rows if r["case"] == case_name]
+        lines.append(
+            f"- **{case_name}**: {case['what']}; {mine[0]['trials']} trials of "
+            f"{mine[0]['steps']:,} env steps per seed; space "
+            f"{', '.join(f'`{k}`' for k in case['body']['space'])}."
+        )
+    lines += ["", *table(rows), "", "Best parameters found:", ""]
+    for r in rows:
+        lines.append(f"- {r['case']}, batch {r['batch']}: `{json.dumps(r['best_params'])}`")
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
