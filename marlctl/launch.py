@@ -171,7 +171,9 @@ def _create_runs(item: Planned, tags: dict[str, str] | None) -> tuple[str, list[
         )
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
         log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
-        request = RunRequest(spec, plan.env, run, uri, child.info.run_id, stop=item.stop)
+        request = RunRequest(
+            spec, plan.env, run, uri, child.info.run_id, stop=item.stop, trial=parent_id
+        )
         requests.append(request)
     return parent_id, requests
 

@@ -583,12 +583,14 @@ def test_an_automatic_batch_fits_the_memory_and_a_quarter_of_the_budget() -> Non
         runs = [SimpleNamespace(est_memory_mb=mb, device="cpu") for _ in range(seeds)]
         return SimpleNamespace(runs=runs)
 
-    auto = SimpleNamespace(batch="auto")
-    assert batch_size(SimpleNamespace(batch=6), plan(10.0), 32, 1) == 6
+    auto = SimpleNamespace(batch="auto", sampler="tpe")
+    assert batch_size(SimpleNamespace(batch=6, sampler="tpe"), plan(10.0), 32, 1) == 6
     assert batch_size(auto, plan(1.0), 32, 1) == 8
     assert batch_size(auto, plan(1.0), 32, 2) == 4  # each worker's share of the budget
     assert batch_size(auto, plan(1.0), 2, 1) == 1
     assert batch_size(auto, plan(1e12), 32, 1) == 1  # never none
+    population = SimpleNamespace(batch=1, sampler="pbt")
+    assert batch_size(population, plan(1e12), 12, 1) == 12  # the whole population
 
 
 def _wait_for(condition, timeout: float, what: str):

@@ -72,11 +72,45 @@ SearchParam = Annotated[
 ]
 
 
+class PbtSpec(Strict):
+    """Population-based training (Jaderberg et al. 2017): its exploit and explore steps."""
+
+    interval: int | None = Field(
+        None,
+        gt=0,
+        description="Env steps between two exploit/explore steps, a multiple of "
+        "train.eval_every; default: train.eval_every.",
+    )
+    quantile: float = Field(
+        0.2,
+        gt=0,
+        le=0.5,
+        description="The worst members that copy a member of the best, as a fraction of the "
+        "population (truncation selection; at least one, at most half).",
+    )
+    perturb: list[float] = Field(
+        default_factory=lambda: [0.8, 1.2],
+        min_length=1,
+        description="Factors one of which multiplies each searched value when a member "
+        "explores (a choice moves to an adjacent one instead).",
+    )
+    resample_probability: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Chance that an explored value is drawn from its range afresh instead.",
+    )
+
+
 class SweepSpec(Strict):
     metric: str = Field("eval/return_mean", description="Metric the objective reads.")
     direction: Literal["maximize", "minimize"] = "maximize"
     trials: int = Field(20, ge=1, description="Trials in the whole study, over all workers.")
-    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    sampler: Literal["tpe", "random", "grid", "cmaes", "pbt"] = Field(
+        "tpe",
+        description="pbt: population-based training: the trials are one population, trained "
+        "as one batch (see sweep.pbt).",
+    )
     pruner: Literal["median", "hyperband", "none"] = "median"
     storage: str | None = Field(
         None, description="null = local journal file ./optuna.journal; or postgresql://..."
@@ -101,5 +135,8 @@ class SweepSpec(Strict):
         "(with hardware.batch_seeds), each row with its own hyperparameters; trials whose "
         "structural settings differ train in batches of their own. auto: as many as the "
         "memory estimate fits, at most a quarter of the trials.",
+    )
+    pbt: PbtSpec = Field(
+        default_factory=PbtSpec, description="sampler: pbt's exploit and explore steps."
     )
     space: dict[str, SearchParam] = Field(default_factory=dict)

@@ -18,6 +18,8 @@ PROGRESS_EVERY_S = 2.0
 ERROR_ATTR = "marlctl.error"
 RUN_ATTR = "marlctl.mlflow_run_id"
 SPEC_ATTR = "marlctl.spec"
+# A population member's hyperparameters over training: {key: [[env step, value], ...]}.
+SCHEDULE_ATTR = "marlctl.pbt_schedule"
 SURPLUS_ATTR = "marlctl.surplus"
 LOST_AFTER_BEATS = 4
 

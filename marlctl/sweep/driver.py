@@ -55,10 +55,14 @@ def prepare(
                 )
             ]
         )
-    if sweep.batch != 1:
+    if sweep.batch != 1 or sweep.sampler == "pbt":
         problem = batch_problem(loaded)
         if problem is not None:
             raise SpecError([problem])
+    if sweep.sampler == "pbt":
+        problems = population_problems(loaded, sweep, from_cli)
+        if problems:
+            raise SpecError(problems)
     params = space_of(loaded, from_cli)
     if check:
         check_space(spec_path, plain, params, sweep.sampler)
@@ -86,18 +90,61 @@ def batch_problem(loaded) -> Problem | None:
     from marlctl.train.build import row_fields, trainer_class
 
     spec = loaded.spec
+    key = "sweep.sampler" if spec.sweep and spec.sweep.sampler == "pbt" else "sweep.batch"
     if not spec.hardware.batch_seeds:
         message = "trials train as one batch with hardware.batch_seeds: true only"
-        return loaded.provenance.problem("sweep.batch", message)
+        return loaded.provenance.problem(key, message)
     if not row_fields(spec):
         what = "learning teams" if spec.teams else f"algorithm {spec.algo.name}"
         able = [name for name in registered_algos() if trainer_class(name).row_fields]
         message = (
             f"{what} takes no hyperparameters per row; trials train as one batch with "
-            f"{', '.join(able)} (or set sweep.batch: 1)"
+            f"{', '.join(able)}"
         )
-        return loaded.provenance.problem("sweep.batch", message)
+        if key == "sweep.batch":
+            message += " (or set sweep.batch: 1)"
+        return loaded.provenance.problem(key, message)
     return None
+
+
+def population_problems(loaded, sweep, from_cli: list[str]) -> list[Problem]:
+    """What keeps this spec's population-based training from running: a searched value that
+    is not a hyperparameter a row may change (`algo.` and the algorithm's per-row fields),
+    a condition, an interval that is not a multiple of the evaluations', too few members."""
+    from marlctl.train.build import row_fields
+
+    spec, prov = loaded.spec, loaded.provenance
+    fields = row_fields(spec)
+    problems = []
+    if from_cli:
+        message = "population-based training takes its space from the spec's sweep.space only"
+        problems.append(Problem("overrides", None, "", message))
+    for key, param in sweep.space.items():
+        section, _, name = key.partition(".")
+        where = f"sweep.space.{key}"
+        if section != "algo" or name not in fields:
+            message = (
+                "population-based training changes only what a row may have of its own: "
+                + ", ".join(f"algo.{f}" for f in fields)
+            )
+            problems.append(prov.problem(where, message))
+        elif param.when is not None:
+            problems.append(prov.problem(where, "population-based training takes no conditions"))
+    every = spec.train.eval_every
+    interval = sweep.pbt.interval
+    if not every:
+        message = "population-based training ranks members at evaluations: set train.eval_every"
+        problems.append(prov.problem("train.eval_every", message))
+    elif interval is not None and interval % every:
+        message = f"{interval} is not a multiple of train.eval_every={every}"
+        problems.append(prov.problem("sweep.pbt.interval", message))
+    if not sweep.metric.startswith("eval"):
+        message = "population-based training ranks members by an evaluation: an eval/ metric"
+        problems.append(prov.problem("sweep.metric", message))
+    if sweep.trials < 2:
+        message = "a population needs at least 2 members (trials)"
+        problems.append(prov.problem("sweep.trials", message))
+    return problems
 
 
 def open_sweep(ctx: SweepContext, sweep, launcher: Launcher):
@@ -130,6 +177,9 @@ def run_sweep(
 ) -> SweepSummary:
     """Create or continue the study (`open_sweep`, unless `study` is the study it opened),
     run `workers` workers until the budget is used."""
+    if sweep.sampler == "pbt" and workers > 1:
+        message = "a population trains as one batch in one worker: use --workers 1"
+        raise SpecError([Problem("--workers", None, "", message)])
     if study is None:
         study = open_sweep(ctx, sweep, launcher)
     study.set_user_attr(BUDGET_ATTR, ctx.trials)  # what `--status` counts against

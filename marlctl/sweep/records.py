@@ -12,7 +12,14 @@ import yaml
 from marlctl.atomic import replacing
 from marlctl.redact import redact_all, shown_url
 from marlctl.sweep.budget import counted
-from marlctl.sweep.context import ERROR_ATTR, SPEC_ATTR, TOP, SweepContext, SweepSummary
+from marlctl.sweep.context import (
+    ERROR_ATTR,
+    SCHEDULE_ATTR,
+    SPEC_ATTR,
+    TOP,
+    SweepContext,
+    SweepSummary,
+)
 from marlctl.sweep.storage import storage_url
 
 
@@ -38,7 +45,7 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
             f"# Best trial ({complete[0].number}) of study '{ctx.study}' in "
             f"{shown_url(storage_url(ctx.storage, ctx.cwd))}: "
             f"{sweep.metric} = {complete[0].value:.6g}\n"
-        )
+        ) + _schedule_comment(complete[0].user_attrs.get(SCHEDULE_ATTR))
         with replacing(path) as tmp:  # never a half-written spec
             spec = yaml.safe_dump(redact_all(complete[0].user_attrs[SPEC_ATTR]), sort_keys=False)
             tmp.write_text(header + spec)
@@ -59,6 +66,19 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
         top=top,
         best_spec=best_spec,
     )
+
+
+def _schedule_comment(schedule: dict | None) -> str:
+    """A population member's hyperparameter schedule as comment lines of its `best.yaml`
+    (which holds its final values)."""
+    if not schedule:
+        return ""
+    lines = ["# Population-based training: its values from each env step on (the spec holds "
+             "the last):"]  # fmt: skip
+    for key, points in schedule.items():
+        shown = ", ".join(f"{int(step)}: {value:.6g}" for step, value in points)
+        lines.append(f"#   {key}: {{{shown}}}")
+    return "\n".join(lines) + "\n"
 
 
 def _trial_row(trial) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def make_sampler(sweep, params: list[Param], worker: int):
         seed = None
     else:  # distinct per worker, and per machine when several run workers 0..N-1
         seed = sweep.seed + worker + 1000 * (zlib.crc32(socket.gethostname().encode()) % 1000)
-    if sweep.sampler == "random":
+    if sweep.sampler in ("random", "pbt"):  # a population starts from random points
         return optuna.samplers.RandomSampler(seed=seed)
     if sweep.sampler == "grid":
 
@@ -58,6 +58,8 @@ def make_sampler(sweep, params: list[Param], worker: int):
 def make_pruner(sweep, train):
     import optuna
 
+    if sweep.sampler == "pbt":  # exploit replaces the worst members instead
+        return optuna.pruners.NopPruner()
     if sweep.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials)
     if sweep.pruner == "hyperband":

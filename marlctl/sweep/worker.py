@@ -23,6 +23,7 @@ from marlctl.sweep.context import (
     PROGRESS_ATTR,
     PROGRESS_EVERY_S,
     RUN_ATTR,
+    SCHEDULE_ATTR,
     SPEC_ATTR,
     SURPLUS_ATTR,
     SweepContext,
@@ -106,6 +107,8 @@ def batch_size(sweep, plan, budget: int, workers: int) -> int:
     """The trials a worker trains at once (`sweep.batch`). auto: as many as fit in half of the
     memory of the worker's first device by the plan's estimate, at most a quarter of the
     budget's share of each worker (the sampler learns from the batches before), at least 1."""
+    if sweep.sampler == "pbt":  # the whole population, as one batch
+        return budget
     if sweep.batch != "auto":
         return sweep.batch
     share = max(1, math.ceil(budget / max(workers, 1) / 4))
@@ -374,7 +377,30 @@ class _Trial:
         for key, value in summary.aggregate().items():
             if value is not None:
                 self.client.log_metric(self.run_id, key, value)
+        if sweep.sampler == "pbt":
+            self._record_schedule(summary.runs[0].run_id)
         return self.finish("COMPLETE", value=aggregate(finals, sweep.objective))
+
+    def _record_schedule(self, seed_run: str) -> None:
+        """A population member's hyperparameters over training (`pbt/KEY`, as its first seed
+        logged them) on its trial: as metrics of its run, as `SCHEDULE_ATTR`, and its final
+        values in the spec `best.yaml` is written from."""
+        from marlctl.train.population import SCHEDULE_PREFIX
+
+        schedule = {}
+        for key in self.sweep.space:
+            history = self.client.get_metric_history(seed_run, SCHEDULE_PREFIX + key)
+            points = sorted((m.step, m.value) for m in history)
+            for step, value in points:
+                self.client.log_metric(self.run_id, SCHEDULE_PREFIX + key, value, step=step)
+            schedule[key] = [[step, _as_field(self.loaded, key, value)] for step, value in points]
+        self.trial.set_user_attr(SCHEDULE_ATTR, schedule)
+        spec = dict(self.trial.user_attrs.get(SPEC_ATTR, {}))
+        algo = dict(spec.get("algo", {}))
+        for key, points in schedule.items():
+            if points:
+                algo[key.split(".", 1)[1]] = points[-1][1]
+        self.trial.set_user_attr(SPEC_ATTR, {**spec, "algo": algo})
 
 
 def run_trials(ctx: SweepContext, sweep, study, trials: list) -> list[str]:
@@ -429,6 +455,13 @@ def _train_together(group: list[_Trial]) -> None:
         raise KeyboardInterrupt
     for one, summary in zip(group, summaries, strict=True):
         one.conclude(summary)
+
+
+def _as_field(loaded, key: str, value: float):
+    """A logged float as the type of the spec field `key` (an int stays an int)."""
+    section, _, name = key.partition(".")
+    return int(round(value)) if isinstance(getattr(getattr(loaded.spec, section), name), int) \
+        else value  # fmt: skip
 
 
 def _final_values(client, summary, metric: str) -> list[float] | str:

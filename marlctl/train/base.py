@@ -238,6 +238,25 @@ class Trainer:
     def load_extra_states(self, states: list[dict]) -> None:
         pass
 
+    # ------------------------------------------------------------ rows of their own
+
+    def set_row_value(self, name: str, row: int, value: float) -> None:
+        """Row `row` trains with hyperparameter `name` (one of `row_fields`, given per row
+        from the start) at `value` from now on, as if it had begun with it."""
+        if name not in self.row_fields:
+            raise ValueError(f"{type(self).__name__} takes no {name} per row")
+        self.values.set(name, row, value)
+        for optimizer in self.optimizers.values():
+            if hasattr(optimizer, "set_rate"):
+                optimizer.set_rate(name, row, self.values.tensor(name, torch.float64)[row])
+                if name == "lr" and "critic_lr" in optimizer.names:  # where it follows
+                    rates = self.values.tensor("critic_lr", torch.float64)
+                    optimizer.set_rate("critic_lr", row, rates[row])
+
+    def copy_extra_rows(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Rows `targets` of per-row state kept outside the trainer's networks and optimisers
+        take rows `sources`' values (`marlctl.train.population.copy_rows`)."""
+
     def state_dict(self) -> dict:
         return {
             "policies": self.policies.state_dict(),

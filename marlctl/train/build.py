@@ -89,12 +89,13 @@ def structure(spec: Spec) -> dict:
     return dumped
 
 
-def batch_rows(specs: list[Spec]) -> list[dict] | None:
+def batch_rows(specs: list[Spec], always: tuple[str, ...] = ()) -> list[dict] | None:
     """Per run, the hyperparameters it has of its own among `specs` (one spec per run of a
-    batch): those `row_fields` in which the specs differ; None where they do not differ.
-    Raises ValueError where they differ in anything else."""
+    batch): those `row_fields` in which the specs differ, and those of `always` (values that
+    will change row by row); None where there are none. Raises ValueError where the specs
+    differ in anything else."""
     first = specs[0]
-    if all(spec == first for spec in specs[1:]):
+    if not always and all(spec == first for spec in specs[1:]):
         return None
     base = structure(first)
     for spec in specs[1:]:
@@ -112,7 +113,8 @@ def batch_rows(specs: list[Spec]) -> list[dict] | None:
             )
     differ = [
         name for name in row_fields(first)
-        if any(getattr(s.algo, name) != getattr(first.algo, name) for s in specs[1:])
+        if name in always
+        or any(getattr(s.algo, name) != getattr(first.algo, name) for s in specs[1:])
     ]  # fmt: skip
     if not differ:
         return None

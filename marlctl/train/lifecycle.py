@@ -88,6 +88,8 @@ class RunState:
     threads: int | None = None  # as `threads_per_run: auto` last set them
     last_return: list[float | None] = field(default_factory=list)
     ended: dict[int, RowEnd] = field(default_factory=dict)  # by row
+    scores: list[dict] = field(default_factory=list)  # each row's last evaluation
+    scored_at: int = -1  # the env step of that evaluation
 
     @property
     def live(self) -> list[int]:
@@ -259,6 +261,7 @@ class Evaluator(Part):
             return
         with run.clock.paused():  # throughput counts training only
             scored = self.scores(run)
+            run.scores, run.scored_at = scored, steps
             for index in run.live:
                 run.sinks[index].log(scored[index], steps)
                 if run.progress is not None:

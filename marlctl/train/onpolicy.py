@@ -90,7 +90,10 @@ class OnPolicyTrainer(Trainer):
         cfg, values = self.cfg, self.values
         if values.differ("lr", "critic_lr"):  # a row naming either names both
             rates = [values.tensor(name, torch.float64) for name in ("lr", "critic_lr")]
-            self.optimizer = RowAdam([self.actor_params, self.critic_params], rates, cfg.adam_eps)
+            self.optimizer = RowAdam(
+                [self.actor_params, self.critic_params], rates, cfg.adam_eps,
+                names=("lr", "critic_lr"),
+            )  # fmt: skip
             return {"adam": self.optimizer}
         self.optimizer = Adam(
             [

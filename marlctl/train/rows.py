@@ -62,6 +62,24 @@ class RowValues:
             self._given[name] = [float(v) for v in own]
             self.tensor(name)  # made now, not inside a captured iteration
 
+    def set(self, name: str, row: int, value: float) -> None:
+        """Row `row`'s `name` is `value` from now on (population-based training), in place: a
+        captured graph reads it. The actors' rate carries the critics' along where the
+        critics' rate follows it."""
+        if name not in self._given:
+            raise ValueError(f"{name} is not a value of its own on every row")
+        follows = (
+            name == "lr"
+            and "critic_lr" in self._given
+            and getattr(self.config, "critic_lr", 0) is None
+            and self._given["critic_lr"][row] == self._given["lr"][row]
+        )
+        for field in ("lr", "critic_lr") if follows else (name,):
+            self._given[field][row] = float(value)
+            for (key, _), tensor in self._tensors.items():
+                if key == field:
+                    tensor[row] = float(value)
+
     def differ(self, *names: str) -> bool:
         """Whether any row names any of `names` (then each row has its own value)."""
         return any(name in self._given for name in names)
@@ -99,6 +117,7 @@ class RowAdam(torch.optim.Optimizer):
         rates: list[torch.Tensor],
         eps: float,
         betas: tuple[float, float] = (0.9, 0.999),
+        names: tuple[str, ...] = ("lr",),
     ):
         # torch's Adam's settings beside the rates: a row's checkpoint loads into it.
         defaults = {
@@ -121,6 +140,8 @@ class RowAdam(torch.optim.Optimizer):
         )  # fmt: skip
         self.rates = [rate.clone() for rate in rates]
         self.base = [rate.clone() for rate in rates]  # `scale` multiplies these
+        self.fractions = [1.0] * len(rates)
+        self.names = names  # the config field each group's rate is
 
     def row_groups(self, groups: list[dict], index: int) -> list[dict]:
         """Saved parameter groups `groups` as row `index` alone would have saved them: its
@@ -130,7 +151,15 @@ class RowAdam(torch.optim.Optimizer):
 
     def scale(self, index: int, fraction: float) -> None:
         """Group `index`'s rates at `fraction` of their starting values (a decay)."""
+        self.fractions[index] = fraction
         self.rates[index].copy_(self.base[index] * fraction)
+
+    def set_rate(self, name: str, row: int, rate: float) -> None:
+        """Row `row`'s starting rate of the group whose rate is config field `name`."""
+        if name in self.names:
+            index = self.names.index(name)
+            self.base[index][row] = rate
+            self.rates[index][row] = rate * self.fractions[index]
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]

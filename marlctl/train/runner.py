@@ -69,6 +69,9 @@ class RunRequest:
     resume: bool = False
     # Resumed: the last env step whose metrics the run holds (none are logged twice).
     logged_until: int = -1
+    # The run this one's seeds share (its experiment's, or its sweep trial's): the rows of a
+    # population-based training's member.
+    trial: str | None = None
     # Set by a sweep's pruner: the run stops after its current iteration, without a final
     # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`; the batch's other
     # rows train on.
@@ -191,7 +194,8 @@ def _train(
     """Train to the budget; the rows that ended before it, by index."""
     plan, info = requests[0].run, requests[0].env_info
     seeds = [r.run.seed for r in requests]
-    rows = batch_rows([r.spec for r in requests])
+    pbt = _population(spec)
+    rows = batch_rows([r.spec for r in requests], always=pbt)
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
     trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
@@ -206,10 +210,23 @@ def _train(
         run.progress, run.last_return = progress, [None] * len(seeds)
         run.env_steps = start.env_steps
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
-        return _loop(run, parts_for(run))
+        parts = parts_for(run)
+        if pbt:
+            from marlctl.train.population import Population
+
+            parts.append(Population(run))
+        return _loop(run, parts)
     finally:
         env.close()
         eval_env.close()
+
+
+def _population(spec: Spec) -> tuple[str, ...]:
+    """The algorithm fields a population-based training searches (every row has its own,
+    which exploit and explore change), or none."""
+    if spec.sweep is None or spec.sweep.sampler != "pbt":
+        return ()
+    return tuple(key.split(".", 1)[1] for key in spec.sweep.space)
 
 
 def _loop(run: RunState, parts: list[Part]) -> dict[int, RowEnd]:

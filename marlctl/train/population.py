@@ -1,0 +1,192 @@
+"""Population-based training (Jaderberg et al. 2017) inside one batch.
+
+The members of a population are sweep trials trained as rows of one batch, each with the
+spec's seeds and its own hyperparameters (`marlctl.train.rows`). Every `sweep.pbt.interval`
+env steps, at an evaluation, the members are ranked by the mean of their seeds' scores; each
+member of the worst quantile *exploits* one of the best quantile, drawn at random: it takes
+that member's weights, optimiser state and hyperparameters (seed row k from seed row k), then
+*explores*: every searched hyperparameter is multiplied by one of the perturbation factors
+(0.8 or 1.2), kept inside its range, or an adjacent choice is taken; with
+`resample_probability` it is drawn from its range afresh instead. Each row keeps its own env
+episodes and random streams. Every row logs its hyperparameters as `pbt/KEY` at the start
+and at each interval (its schedule), and `pbt/exploited` with the member it copied.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+from torch import nn
+
+from marlctl.train.lifecycle import Part, RunState
+
+SCHEDULE_PREFIX = "pbt/"
+EXPLOITED = "pbt/exploited"  # the index of the member whose weights a member took
+
+
+class Population(Part):
+    """Exploit and explore between the members of a batch (`sweep.sampler: pbt`)."""
+
+    def __init__(self, run: RunState):
+        sweep = run.spec.sweep
+        self.config, self.space = sweep.pbt, dict(sweep.space)
+        self.metric, self.maximize = sweep.metric, sweep.direction == "maximize"
+        self.members = members_of(run.requests)
+        # The searched values each member trains with now, by space key.
+        self.values = [
+            {key: _field_value(run.requests[rows[0]].spec, key) for key in self.space}
+            for rows in self.members
+        ]
+        seed = sweep.seed if sweep.seed is not None else run.seeds[0]
+        self.rng = random.Random(seed)
+        self.every = self.config.interval or run.spec.train.eval_every
+        self.next = (run.env_steps // self.every + 1) * self.every
+
+    def on_training_start(self, run: RunState) -> None:
+        self._log_schedule(run)
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        if run.env_steps < self.next or run.scored_at != run.env_steps:
+            return
+        self.next = (run.env_steps // self.every + 1) * self.every
+        scores = self._scores(run)
+        ranked = sorted(scores, key=scores.get, reverse=self.maximize)  # best first
+        count = quantile_count(len(ranked), self.config.quantile)
+        if count == 0:
+            return
+        best, worst = ranked[:count], ranked[-count:]
+        for loser in worst:
+            winner = self.rng.choice(best)
+            self._exploit(run, winner, loser)
+            self.values[loser] = {
+                key: explore(self.values[winner][key], param, self.config, self.rng)
+                for key, param in self.space.items()
+            }
+            for row in self.members[loser]:
+                for key, value in self.values[loser].items():
+                    run.trainer.set_row_value(key.split(".", 1)[1], row, value)
+                if row in run.live:
+                    run.sinks[row].log({EXPLOITED: winner}, run.env_steps)
+        self._log_schedule(run)
+
+    def _scores(self, run: RunState) -> dict[int, float]:
+        """Each member's mean over its live seeds of the metric just evaluated; members whose
+        rows all ended take no part."""
+        scores = {}
+        for member, rows in enumerate(self.members):
+            found = [run.scores[row].get(self.metric) for row in rows if row in run.live]
+            found = [v for v in found if v is not None and math.isfinite(v)]
+            if found:
+                scores[member] = sum(found) / len(found)
+        return scores
+
+    def _exploit(self, run: RunState, winner: int, loser: int) -> None:
+        alive = [(s, d) for s, d in zip(self.members[winner], self.members[loser], strict=True)]
+        copy_rows(run.trainer, [s for s, _ in alive], [d for _, d in alive])
+
+    def _log_schedule(self, run: RunState) -> None:
+        for member, rows in enumerate(self.members):
+            logged = {
+                SCHEDULE_PREFIX + key: float(value)
+                for key, value in self.values[member].items()
+                if isinstance(value, int | float)
+            }
+            for row in rows:
+                if row in run.live:
+                    run.sinks[row].log(logged, run.env_steps)
+
+
+def members_of(requests: list) -> list[list[int]]:
+    """The batch's rows by member (trial), in order: each member's seed rows."""
+    members: dict[Any, list[int]] = {}
+    for index, request in enumerate(requests):
+        members.setdefault(request.trial, []).append(index)
+    found = list(members.values())
+    if len({len(rows) for rows in found}) > 1:
+        raise ValueError("the members of a population must train the same seeds")
+    return found
+
+
+def quantile_count(members: int, quantile: float) -> int:
+    """How many members the best and the worst quantile hold: at least one where there are
+    two members or more, at most half of them."""
+    if members < 2:
+        return 0
+    return min(members // 2, max(1, math.ceil(members * quantile)))
+
+
+def explore(value: Any, param, config, rng: random.Random) -> Any:
+    """A perturbed `value` of search parameter `param` (a range or choices)."""
+    resample = rng.random() < config.resample_probability
+    if hasattr(param, "choices"):
+        choices = list(param.choices)
+        if resample or value not in choices:
+            return rng.choice(choices)
+        index = choices.index(value) + rng.choice((-1, 1))
+        return choices[min(max(index, 0), len(choices) - 1)]
+    low, high = float(param.low), float(param.high)
+    if resample:
+        found = (
+            math.exp(rng.uniform(math.log(low), math.log(high)))
+            if param.log
+            else rng.uniform(low, high)
+        )
+    else:
+        found = min(max(float(value) * rng.choice(config.perturb), low), high)
+    if param.step is not None:
+        found = low + round((found - low) / param.step) * param.step
+        found = min(found, high)
+    is_int = param.type == "int" or (
+        param.type is None
+        and all(isinstance(v, int) for v in (param.low, param.high, param.step or 1))
+    )
+    return int(round(found)) if is_int else found
+
+
+def copy_rows(trainer, sources: list[int], targets: list[int]) -> None:
+    """Rows `targets` of every weight and buffer of the trainer's networks (online and
+    target), of its optimisers' state and of its own per-row state (`copy_extra_rows`) take
+    the values of rows `sources`, in place (a captured graph reads them)."""
+    if not sources:
+        return
+    S = len(trainer.seeds)
+    device = trainer.device
+    src = torch.tensor(sources, device=device)
+    dst = torch.tensor(targets, device=device)
+
+    def copy(tensor: torch.Tensor, where: str) -> None:
+        if tensor.dim() == 0:
+            return  # shared by every row (a step count)
+        if tensor.shape[0] != S:
+            raise ValueError(f"{where}: {tuple(tensor.shape)} has no leading row of {S}")
+        tensor.data.index_copy_(0, dst.to(tensor.device), tensor.data.index_select(0, src))
+
+    with torch.no_grad():
+        for name, module in _modules(trainer):
+            for key, tensor in module.state_dict(keep_vars=True).items():
+                copy(tensor, f"{name}.{key}")
+        for name, optimizer in trainer.optimizers.items():
+            for state in optimizer.state.values():
+                for key, value in state.items():
+                    if torch.is_tensor(value):
+                        copy(value, f"optimizer {name}: {key}")
+        trainer.copy_extra_rows(src, dst)
+
+
+def _modules(trainer) -> list[tuple[str, nn.Module]]:
+    """The trainer's networks: every module it holds as an attribute, each once."""
+    seen: set[int] = set()
+    found = []
+    for name, value in vars(trainer).items():
+        if isinstance(value, nn.Module) and id(value) not in seen:
+            seen.add(id(value))
+            found.append((name, value))
+    return found
+
+
+def _field_value(spec, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return getattr(getattr(spec, section), name)

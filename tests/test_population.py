@@ -1,0 +1,153 @@
+"""Population-based training inside one batch: exploit copies a member's rows (weights,
+target networks, optimiser state), explore perturbs its hyperparameters within the space,
+and a row's new values act as if it had started with them."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_algorithms import _trainer
+
+from marlctl.spec.search import Choices, Range
+from marlctl.train.population import copy_rows, explore, quantile_count
+
+PBT = SimpleNamespace(perturb=(0.8, 1.2), resample_probability=0.0)
+
+
+def test_explore_perturbs_within_the_range_and_steps_to_adjacent_choices():
+    rng = random.Random(0)
+    lr = Range(low=1e-4, high=1e-2, log=True)
+    seen = sorted({round(explore(1e-3, lr, PBT, rng), 12) for _ in range(50)})
+    assert seen == pytest.approx([0.8e-3, 1.2e-3])
+    assert sorted({round(explore(1e-2, lr, PBT, rng), 12) for _ in range(50)}) == pytest.approx(
+        [8e-3, 1e-2]
+    )  # kept inside the range
+    epochs = Range(low=2, high=20)
+    assert all(isinstance(explore(10, epochs, PBT, rng), int) for _ in range(10))
+    assert {explore(10, epochs, PBT, rng) for _ in range(50)} == {8, 12}
+    clip = Choices(choices=[0.1, 0.2, 0.3])
+    assert {explore(0.2, clip, PBT, rng) for _ in range(50)} == {0.1, 0.3}
+    assert {explore(0.1, clip, PBT, rng) for _ in range(50)} == {0.1, 0.2}
+    resampled = SimpleNamespace(perturb=(0.8, 1.2), resample_probability=1.0)
+    drawn = [explore(1e-3, lr, resampled, rng) for _ in range(200)]
+    assert all(1e-4 <= v <= 1e-2 for v in drawn) and min(drawn) < 3e-4 < 3e-3 < max(drawn)
+
+
+@pytest.mark.parametrize(("members", "count"), [(1, 0), (2, 1), (4, 1), (8, 2), (16, 4), (3, 1)])
+def test_the_quantiles_hold_a_fifth_of_the_members_at_least_one_at_most_half(members, count):
+    assert quantile_count(members, 0.2) == count
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_copying_rows_gives_the_target_rows_every_weight_and_moment_of_the_sources(algo):
+    torch.set_num_threads(1)
+    rows = [{"lr": 1e-3}, {"lr": 2e-3}, {"lr": 3e-3}]
+    trainer, env, ob = _trainer(algo, (0, 1, 2), rows=rows)
+    for _ in range(6):
+        ob, _ = trainer.train_iteration(env, ob)
+    before = {k: v.clone() for k, v in trainer.seed_state(1)["policies"].items()}
+    kept = {k: v.clone() for k, v in trainer.seed_state(0)["policies"].items()}
+    copy_rows(trainer, [1], [2])
+    after, untouched = trainer.seed_state(2), trainer.seed_state(0)
+    for key, value in before.items():
+        assert torch.equal(after["policies"][key], value), key
+        assert torch.equal(untouched["policies"][key], kept[key]), key
+    source = trainer.seed_state(1)["optimizers"]
+    for name, saved in after["optimizers"].items():
+        for index, entry in saved["state"].items():
+            for key, value in entry.items():
+                if torch.is_tensor(value) and value.dim():
+                    assert torch.equal(value, source[name]["state"][index][key]), (index, key)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix"])
+def test_a_row_value_set_before_training_acts_as_if_the_row_began_with_it(algo):
+    torch.set_num_threads(1)
+    names = ("lr", "gamma") if algo == "mappo" else ("lr", "tau", "epsilon_end")
+    start = {name: value for name, value in zip(names, (1e-3, 0.9, 0.1), strict=False)}
+    changed = {name: value * 1.2 for name, value in start.items()}
+    extra = {} if algo == "mappo" else {"target_update_every": 0}
+    set_later, env, ob = _trainer(algo, (0, 1), rows=[start, start], **extra)
+    for name, value in changed.items():
+        set_later.set_row_value(name, 1, value)
+    made, env2, ob2 = _trainer(algo, (0, 1), rows=[start, changed], **extra)
+    for _ in range(6):
+        ob, one = set_later.train_iteration(env, ob)
+        ob2, two = made.train_iteration(env2, ob2)
+        for key in one:
+            assert torch.equal(one[key], two[key]), key
+    for key, value in set_later.policies.state_dict().items():
+        assert torch.equal(value, made.policies.state_dict()[key]), key
+
+
+def test_a_population_sweep_exploits_explores_and_writes_the_best_member_s_schedule(tmp_path):
+    from test_sweep import TINY, journal_study, mlflow_client, runs_by_role, sweep_json, write_spec
+
+    space = {
+        "algo.lr": {"low": 1.0e-4, "high": 3.0e-3, "log": True},
+        "algo.entropy_coef": {"low": 0.0, "high": 0.05},
+    }
+    body = {
+        **TINY,
+        "name": "population",
+        "train": {**TINY["train"], "total_env_steps": 2000, "eval_every": 500},
+        "sweep": {"trials": 4, "sampler": "pbt", "seed": 1, "space": space},
+    }
+    code, summary = sweep_json(str(write_spec(tmp_path, body)))
+    assert code == 0, summary
+    assert summary["counts"] == {"COMPLETE": 4}
+    trials = journal_study(tmp_path, "population").get_trials()
+    schedules = [t.user_attrs["marlctl.pbt_schedule"] for t in trials]
+    # The start, and the first evaluation at or past each 500 steps (iterations of 400).
+    for schedule in schedules:
+        assert [step for step, _ in schedule["algo.lr"]] == [0, 800, 1200, 1600]
+    client = mlflow_client(tmp_path)
+    seeds = runs_by_role(client, "population")["seed"]
+    assert {r.data.tags["marlctl.batch_rows"] for r in seeds} == {"8"}  # 4 members x 2 seeds
+    by_run = {t.user_attrs["marlctl.mlflow_run_id"]: n for n, t in enumerate(trials)}
+    exploited = 0
+    for run in seeds:
+        member = by_run[run.data.tags["mlflow.parentRunId"]]
+        for point in client.get_metric_history(run.info.run_id, "pbt/exploited"):
+            exploited += 1
+            winner = int(point.value)
+            assert winner != member
+            step = dict(schedules[member]["algo.lr"])[point.step]
+            source = dict(schedules[winner]["algo.lr"])[point.step]
+            assert step == pytest.approx(source * 0.8) or step == pytest.approx(
+                min(source * 1.2, 3.0e-3)
+            ), (step, source)
+    assert exploited >= 2 * 3  # a worst member at each of the 3 intervals, both seeds
+    best = (tmp_path / "sweep-population" / "best.yaml").read_text()
+    assert "# Population-based training" in best
+    top = max(trials, key=lambda t: t.value)
+    import yaml
+
+    assert yaml.safe_load(best)["algo"]["lr"] == pytest.approx(
+        top.user_attrs["marlctl.pbt_schedule"]["algo.lr"][-1][1]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "message"),
+    [
+        ({"space": {"model.hidden": {"choices": [[16], [32]]}}}, "sweep.space.model.hidden",
+         "changes only what a row may have of its own"),
+        ({"pbt": {"interval": 700}}, "sweep.pbt.interval", "not a multiple of train.eval_every"),
+        ({"trials": 1}, "sweep.trials", "at least 2 members"),
+    ],
+)  # fmt: skip
+def test_a_population_that_cannot_train_is_exit_2_at_its_line(tmp_path, change, where, message):
+    from test_sweep import TINY, runner, write_spec
+
+    from marlctl.cli import app
+
+    sweep = {"trials": 4, "sampler": "pbt", "space": {"algo.lr": {"low": 1e-4, "high": 1e-3}}}
+    body = {**TINY, "train": {**TINY["train"], "eval_every": 500}, "sweep": {**sweep, **change}}
+    result = runner.invoke(app, ["sweep", str(write_spec(tmp_path, body))])
+    assert result.exit_code == 2, result.output
+    assert f": {where}: " in result.output and message in result.output
+    assert not (tmp_path / "optuna.journal").exists()
