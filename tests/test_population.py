@@ -5,6 +5,7 @@ and a row's new values act as if it had started with them."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -151,3 +152,30 @@ def test_a_population_that_cannot_train_is_exit_2_at_its_line(tmp_path, change, 
     assert result.exit_code == 2, result.output
     assert f": {where}: " in result.output and message in result.output
     assert not (tmp_path / "optuna.journal").exists()
+
+
+def test_the_report_draws_each_member_s_schedule(tmp_path):
+    from PIL import Image
+    from test_report import report_json, run_cli
+    from test_sweep import TINY, sweep_json, write_spec
+
+    body = {
+        **TINY,
+        "name": "drawn",
+        "train": {**TINY["train"], "total_env_steps": 1200, "eval_every": 400},
+        "sweep": {
+            "trials": 3,
+            "sampler": "pbt",
+            "seed": 0,
+            "space": {"algo.lr": {"low": 1.0e-4, "high": 3.0e-3, "log": True}},
+        },
+    }
+    code, summary = sweep_json(str(write_spec(tmp_path, body)))
+    assert code == 0, summary
+    (sweep,) = report_json()["sweeps"]
+    assert all(len(t["schedule"]["algo.lr"]) == 3 for t in sweep["trials"])
+    for out in ("pbt.md", "pbt.html"):
+        result = run_cli("report", "--out", out)
+        assert result.exit_code == 0, result.output
+    assert Image.open("pbt_files/sweep0_schedules.png").size[0] >= 800
+    assert "hyperparameter schedules" in Path("pbt.html").read_text()

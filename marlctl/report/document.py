@@ -69,10 +69,10 @@ class Table:
 @dataclass(frozen=True)
 class Figure:
     """A figure of the report: `key` names its file (`curves`, `sweep{i}_history`,
-    `sweep{i}_importances`); `plot` says what it draws from `source`."""
+    `sweep{i}_importances`, `sweep{i}_schedules`); `plot` says what it draws from `source`."""
 
     key: str  # also `cell{i}` (a suite cell's curves) and `profile`
-    plot: Literal["curves", "history", "importances", "profile"]
+    plot: Literal["curves", "history", "importances", "profile", "schedules"]
     source: Report | Sweep
     alt: str
     title: str | None = None  # a heading where the format shows the plot itself
@@ -175,6 +175,9 @@ def _sweep_blocks(i: int, sweep: Sweep) -> list[Block]:
         out.append(Figure(f"sweep{i}_history", "history", sweep, "optimisation history"))
     if sweep.importances:
         out.append(Figure(f"sweep{i}_importances", "importances", sweep, "parameter importances"))
+    if any(t.schedule for t in sweep.trials):
+        alt = "each population member's hyperparameters over training"
+        out.append(Figure(f"sweep{i}_schedules", "schedules", sweep, alt))
     if sweep.note:
         out.append(Paragraph((sweep.note,), "aside"))
     return out

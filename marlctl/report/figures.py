@@ -211,6 +211,57 @@ def importances_file(sweep: Sweep, path: Path) -> Path:
     return _save(fig, path)
 
 
+def schedules(sweep: Sweep) -> dict[str, list[tuple[int, list, list]]]:
+    """Per searched key, each population member's schedule: (trial, env steps, values)."""
+    found: dict[str, list[tuple[int, list, list]]] = {}
+    for trial in sorted(sweep.trials, key=lambda t: t.number):
+        for key, points in (trial.schedule or {}).items():
+            steps = [int(step) for step, _ in points]
+            found.setdefault(key, []).append((trial.number, steps, [v for _, v in points]))
+    return found
+
+
+def schedules_file(sweep: Sweep, path: Path) -> Path:
+    """A panel per searched key: each member's value from each exploit/explore step on."""
+    plt = _pyplot()
+    found = schedules(sweep)
+    fig, axes = plt.subplots(len(found), 1, figsize=(8, 2.8 * len(found)), dpi=120, squeeze=False)
+    for ax, (key, members) in zip(axes[:, 0], found.items(), strict=True):
+        for i, (number, steps, values) in enumerate(members):
+            ax.step(steps, values, where="post", color=_colour(i), lw=1.2, label=f"trial {number}")
+        _steps_axis(ax)
+        ax.grid(alpha=0.3)
+        _finish(fig, ax, "Env steps", key, f"sweep {sweep.name}: {key}", legend=False)
+    axes[0, 0].legend(loc="best", fontsize=7, ncol=2)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def schedules_div(sweep: Sweep, first: bool) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    found = schedules(sweep)
+    fig = make_subplots(rows=len(found), cols=1, subplot_titles=list(found))
+    for row, members in enumerate(found.values(), 1):
+        for i, (number, steps, values) in enumerate(members):
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=values,
+                    mode="lines",
+                    line={"shape": "hv", "color": _colour(i)},
+                    name=f"trial {number}",
+                    legendgroup=str(number),
+                    showlegend=row == 1,
+                ),
+                row=row,
+                col=1,
+            )
+    title = f"sweep {sweep.name}: hyperparameter schedules"
+    return _div(fig, first, title, 260 * len(found), "Env steps")
+
+
 def _steps_axis(ax) -> None:
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 

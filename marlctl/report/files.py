@@ -18,6 +18,7 @@ _DRAW = {
     "history": figures.history_file,
     "importances": figures.importances_file,
     "profile": figures.profile_file,
+    "schedules": figures.schedules_file,
 }
 
 

@@ -100,6 +100,8 @@ class Trial:
     params: dict[str, Any]
     env_steps: int | None
     run_id: str | None
+    # A population member's hyperparameters over training: {key: [[env step, value], ...]}.
+    schedule: dict[str, list] | None = None
 
 
 @dataclass

@@ -10,6 +10,8 @@ from marlctl.report import labels
 from marlctl.report.model import Sweep, Trial, differing_params
 from marlctl.report.runs import RunRecord, Selection
 
+SCHEDULE_ATTR = "marlctl.pbt_schedule"  # where `marlctl sweep` keeps a member's schedule
+
 
 def sweep_of(selection: Selection, study_run: RunRecord, storage: str | None) -> Sweep:
     name = study_run.tags.get("marlctl.study", study_run.name)
@@ -32,6 +34,7 @@ def sweep_of(selection: Selection, study_run: RunRecord, storage: str | None) ->
                 {k: _shown(v) for k, v in t.params.items()},
                 t.user_attrs.get("marlctl.env_steps"),
                 t.user_attrs.get("marlctl.mlflow_run_id"),
+                t.user_attrs.get(SCHEDULE_ATTR),
             )
             for t in study.trials
         ]

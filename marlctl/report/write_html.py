@@ -30,6 +30,7 @@ _DIVS = {
     "history": figures.history_div,
     "importances": figures.importances_div,
     "profile": figures.profile_div,
+    "schedules": figures.schedules_div,
 }
 
 
