@@ -4,9 +4,13 @@ Each case runs the same study twice through `marlctl sweep`, one worker, the sam
 seed and budget, no pruner (every trial trains its whole budget, so completed trials per hour
 compare like with like): once with `sweep.batch: 1`, once with `sweep.batch: K`. Reports the
 wall-clock, completed trials per hour and their ratio, and the best trial's objective with
-its seeds' final returns. Writes `bench/results/sweep_batch.md`.
+its seeds' final returns. The `pbt` case trains MAPPO's space as one population
+(`sweep.sampler: pbt`) of 8 members x 2 seeds for 4x a trial's steps: the env steps of the
+32-trial mappo study, in `--repeats` studies of their own sampler seeds. Writes
+`bench/results/sweep_batch.md`.
 
-    .venv/bin/python bench/sweep_batch.py                          # both cases
+    .venv/bin/python bench/sweep_batch.py --cases mappo,qmix      # batched against not
+    .venv/bin/python bench/sweep_batch.py --cases pbt --repeats 3
     .venv/bin/python bench/sweep_batch.py --cases mappo --trials 8 --steps 20000
 """
 
@@ -80,24 +84,38 @@ QMIX = {
         },
     },
 }
-CASES = {"mappo": MAPPO, "qmix": QMIX}
+PBT = {
+    **MAPPO,
+    "what": "MAPPO's case trained as one population: 8 members x 2 seeds, each for 4x a "
+    "trial's env steps (the 32 trials' total), exploit/explore every 100k env steps",
+    "trials": 8,
+    "steps": 800_000,
+    "batch": 1,
+}
+CASES = {"mappo": MAPPO, "qmix": QMIX, "pbt": PBT}
 
 
-def spec_for(case: dict, name: str, trials: int, steps: int, batch: int) -> dict:
+def spec_for(
+    case: dict, name: str, trials: int, steps: int, batch: int, seed: int = 0, device: str = "cpu"
+) -> dict:
     body = {k: v for k, v in case["body"].items() if k != "space"}
     body = json.loads(json.dumps(body))  # a copy
     body["name"] = name
     body["train"]["total_env_steps"] = steps
     body["train"]["eval_every"] = min(body["train"]["eval_every"], steps)
+    body["hardware"]["device"] = device
     body["sweep"] = {
         "trials": trials,
         "sampler": "tpe",
         "pruner": "none",
-        "seed": 0,
+        "seed": seed,
         "startup_trials": 5,
         "batch": batch,
         "space": case["body"]["space"],
     }
+    if case is PBT:
+        body["sweep"] |= {"sampler": "pbt", "pbt": {"interval": 100_000}}
+        del body["sweep"]["startup_trials"], body["sweep"]["batch"]
     return body
 
 
@@ -117,19 +135,23 @@ def seed_returns(folder: Path, trial: int, study: str) -> list[float]:
     return sorted(r.data.metrics["eval/return_mean"] for r in seeds)
 
 
-def run(case_name: str, trials: int, steps: int, batch: int) -> dict:
+def run(
+    case_name: str, trials: int, steps: int, batch: int, seed: int = 0, device: str = "cpu"
+) -> dict:
     case = CASES[case_name]
-    name = f"sweep-batch-{case_name}-{batch}"
+    name = f"sweep-batch-{case_name}-{batch}-{seed}"
     folder = WORKDIR / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     path = folder / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec_for(case, name, trials, steps, batch), sort_keys=False))
+    body = spec_for(case, name, trials, steps, batch, seed, device)
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
     summary, wall = marlctl_json(["sweep", str(path)], folder, f"{name}")
     best = summary["best"]
     return {
         "case": case_name,
         "batch": batch,
+        "seed": seed,
         "trials": trials,
         "steps": steps,
         "complete": summary["counts"].get("COMPLETE", 0),
@@ -150,13 +172,15 @@ def table(rows: list[dict]) -> list[str]:
     base: dict[str, float] = {}
     for r in rows:
         per_hour = r["complete"] / (r["wall_s"] / 3600)
-        if r["batch"] == 1:
+        if r["batch"] == 1 and r["case"] != "pbt":
             base[r["case"]] = per_hour
         ratio = per_hour / base[r["case"]] if r["case"] in base else float("nan")
         seeds = ", ".join(f"{v:.2f}" for v in r["best_seeds"])
         best = "-" if r["best"] is None else f"{r['best']:.2f}"
+        batch = "population" if r["case"] == "pbt" else r["batch"]
         lines.append(
-            f"| {r['case']} | {r['batch']} | {r['complete']} of {r['trials']} | "
+            f"| {r['case']} (seed {r.get('seed', 0)}) | {batch} | "
+            f"{r['complete']} of {r['trials']} | "
             f"{r['wall_s'] / 60:.1f} min | {per_hour:.0f} | {ratio:.1f}x | {best} | {seeds} |"
         )
     return lines
@@ -169,14 +193,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="env steps per trial and seed")
     parser.add_argument("--batch", type=int, help="sweep.batch of the batched study")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--repeats", type=int, default=1, help="studies per case (pbt)")
+    parser.add_argument("--device", default="cpu", help="hardware.device of every study")
     parser.add_argument("--jsonl", type=Path, help="append each study's row here")
     args = parser.parse_args()
     rows = []
     for case_name in args.cases.split(","):
         case = CASES[case_name]
         trials, steps = args.trials or case["trials"], args.steps or case["steps"]
-        for batch in (1, args.batch or case["batch"]):
-            row = run(case_name, trials, steps, batch)
+        batches = [1] if case is PBT else [1, args.batch or case["batch"]]
+        studies = [(batch, seed) for seed in range(args.repeats) for batch in batches]
+        for batch, seed in studies:
+            row = run(case_name, trials, steps, batch, seed, args.device)
             print(json.dumps(row), flush=True)
             rows.append(row)
             if args.jsonl:
@@ -186,7 +214,7 @@ def main() -> None:
     lines = [
         "# Sweep: trials one at a time against trials trained as one batch",
         "",
-        f"Measured {date.today()} with `{command}` on {machine()}.",
+        f"Measured {date.today()} with `{command}` on {machine(args.device)}.",
         "",
         "Each study runs through `marlctl sweep`, one worker, TPE (seed 0, 5 startup trials, "
         "constant liar), no pruner, so that every trial trains its whole budget; the two "
