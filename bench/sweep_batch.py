@@ -12,6 +12,10 @@ its seeds' final returns. The `pbt` case trains MAPPO's space as one population
     .venv/bin/python bench/sweep_batch.py --cases mappo,qmix      # batched against not
     .venv/bin/python bench/sweep_batch.py --cases pbt --repeats 3
     .venv/bin/python bench/sweep_batch.py --cases mappo --trials 8 --steps 20000
+
+`--scaling` first measures what a batch's size does to each row's throughput: one trainer
+of each case's algorithm, hyperparameters of its own per row, 2 to 16 rows, env steps per
+second per row on the machine's threads (no sweep, no evaluation, no store).
 """
 
 from __future__ import annotations
@@ -93,6 +97,48 @@ PBT = {
     "batch": 1,
 }
 CASES = {"mappo": MAPPO, "qmix": QMIX, "pbt": PBT}
+
+
+def scaling(rows_list=(2, 4, 8, 16)) -> list[dict]:
+    """Env steps per second per row of one trainer with `rows` rows, for MAPPO and QMIX at
+    the cases' settings (their `num_envs` per row)."""
+    import tempfile
+    import time
+
+    import torch
+
+    from marlctl.envs.native import native_class
+    from marlctl.spec import load_spec
+    from marlctl.train.build import build_trainer
+
+    found = []
+    for name, case in (("mappo", MAPPO), ("qmix", QMIX)):
+        body = spec_for(case, "scaling", 2, 200_000, 1)
+        del body["sweep"]
+        if name == "qmix":
+            body["algo"]["learning_starts"] = 0  # gradient steps from the start
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "spec.yaml"
+            path.write_text(yaml.safe_dump(body, sort_keys=False))
+            spec = load_spec(str(path), []).spec
+        envs, params = spec.hardware.num_envs, dict(spec.env.params)
+        for rows in rows_list:
+            env = native_class(spec.env.id)(params, envs * rows, "cpu", seeds=rows)
+            own = [{"lr": 1e-4 * (i + 1)} for i in range(rows)]
+            device = torch.device("cpu")
+            trainer = build_trainer(spec, env.info, envs, device, 100, tuple(range(rows)), own)
+            ob = env.reset(list(range(rows)))
+            trainer.restart_episodes()
+            for _ in range(3 if name == "mappo" else 50):
+                ob, _ = trainer.train_iteration(env, ob)
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < 10.0:
+                ob, _ = trainer.train_iteration(env, ob)
+                count += 1
+            rate = count * trainer.steps_per_iteration / (time.perf_counter() - start)
+            found.append({"algo": name, "rows": rows, "row_steps_per_s": rate})
+            print(json.dumps(found[-1]), flush=True)
+    return found
 
 
 def spec_for(
@@ -196,7 +242,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="studies per case (pbt)")
     parser.add_argument("--device", default="cpu", help="hardware.device of every study")
     parser.add_argument("--jsonl", type=Path, help="append each study's row here")
+    parser.add_argument("--scaling", action="store_true", help="measure rows' throughput first")
+    parser.add_argument(
+        "--reuse", type=Path, help="a --jsonl of earlier studies: the same studies are not rerun"
+    )
     args = parser.parse_args()
+    scaled = scaling() if args.scaling else []
+    earlier = []
+    if args.reuse and args.reuse.exists():
+        earlier = [json.loads(line) for line in args.reuse.read_text().splitlines() if line]
     rows = []
     for case_name in args.cases.split(","):
         case = CASES[case_name]
@@ -204,6 +258,14 @@ def main() -> None:
         batches = [1] if case is PBT else [1, args.batch or case["batch"]]
         studies = [(batch, seed) for seed in range(args.repeats) for batch in batches]
         for batch, seed in studies:
+            same = [
+                r for r in earlier
+                if (r["case"], r["batch"], r.get("seed", 0), r["trials"], r["steps"])
+                == (case_name, batch, seed, trials, steps) and r["failed"] == 0
+            ]  # fmt: skip
+            if same:
+                rows.append(same[-1])
+                continue
             row = run(case_name, trials, steps, batch, seed, args.device)
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -231,7 +293,22 @@ def main() -> None:
             f"{mine[0]['steps']:,} env steps per seed; space "
             f"{', '.join(f'`{k}`' for k in case['body']['space'])}."
         )
-    lines += ["", *table(rows), "", "Best parameters found:", ""]
+    lines += ["", *table(rows), ""]
+    if scaled:
+        lines += [
+            "Throughput per row against the batch's size (`--scaling`): one trainer, each row "
+            "with its own learning rate, 10 s of training after a warm-up, env steps per "
+            "second per row:",
+            "",
+            "| algorithm | " + " | ".join(f"{r} rows" for r in dict.fromkeys(
+                s["rows"] for s in scaled)) + " |",
+            "|---|" + "---|" * len(dict.fromkeys(s["rows"] for s in scaled)),
+        ]  # fmt: skip
+        for algo in dict.fromkeys(s["algo"] for s in scaled):
+            rates = [f"{s['row_steps_per_s']:,.0f}" for s in scaled if s["algo"] == algo]
+            lines.append(f"| {algo} | " + " | ".join(rates) + " |")
+        lines.append("")
+    lines += ["Best parameters found:", ""]
     for r in rows:
         lines.append(f"- {r['case']}, batch {r['batch']}: `{json.dumps(r['best_params'])}`")
     args.out.write_text("\n".join(lines) + "\n")

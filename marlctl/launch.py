@@ -85,13 +85,15 @@ def run_plan(
 @dataclass
 class Planned:
     """A validated plan to train, its seeds' runs under `parent_id` (or a new parent run),
-    ended early when `stop` (an Event) is set; `progress` is told its seeds' events."""
+    ended early when `stop` (an Event) is set; `progress` is told its seeds' events; a
+    `population` member of a population-based training."""
 
     loaded: LoadedSpec
     plan: Plan
     parent_id: str | None = None
     stop: Any = None
     progress: Progress | None = None
+    population: bool = False
 
 
 def run_together(
@@ -172,8 +174,9 @@ def _create_runs(item: Planned, tags: dict[str, str] | None) -> tuple[str, list[
         tracking.log_params(client, child.info.run_id, {**params, "seed": str(run.seed)})
         log_spec(client, child.info.run_id, {**named, "seeds": [run.seed]})
         request = RunRequest(
-            spec, plan.env, run, uri, child.info.run_id, stop=item.stop, trial=parent_id
-        )
+            spec, plan.env, run, uri, child.info.run_id, stop=item.stop, trial=parent_id,
+            population=item.population,
+        )  # fmt: skip
         requests.append(request)
     return parent_id, requests
 

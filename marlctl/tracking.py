@@ -307,6 +307,12 @@ def last_logged_step(client: MlflowClient, run_id: str) -> int:
     return max(steps, default=-1)
 
 
+# Metric sinks sending at once in this process. A batch of many rows (a sweep's trials x
+# seeds) has a sink each; the SQL store's connection pool holds 15 connections, which as
+# many sinks sending together would use up (and time out waiting for).
+_SENDING = threading.BoundedSemaphore(4)
+
+
 class MetricSink:
     """Queues metrics and sends them to one run in batches from a daemon thread.
 
@@ -360,9 +366,10 @@ class MetricSink:
     def _send(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), 1000):
             try:
-                self.client.log_batch(
-                    self.run_id, metrics=metrics[start : start + 1000], synchronous=True
-                )
+                with _SENDING:
+                    self.client.log_batch(
+                        self.run_id, metrics=metrics[start : start + 1000], synchronous=True
+                    )
             except Exception as err:  # keep training; report at close
                 self._error = err
 

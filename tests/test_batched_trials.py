@@ -115,31 +115,88 @@ def test_a_row_whose_loss_turns_non_finite_fails_alone():
         def close(self):
             self.closed = True
 
-    class Stats:
-        def take(self):
-            return [None, None]
-
     class Request:
-        def __init__(self, seed):
+        def __init__(self, seed, trial):
             self.run = type("Plan", (), {"seed": seed, "index": seed})
             self.env_info = type("Info", (), {"n_agents": 2})
-            self.resume, self.stop, self.run_id = False, None, f"run{seed}"
+            self.resume, self.stop, self.run_id, self.trial = False, None, f"run{seed}", trial
+
+    class Stats:
+        def take(self):
+            return [None, None, None]
 
     trainer = type("Trainer", (), {"graph": None, "stats": Stats()})()
-    sinks = [Sink(), Sink()]
+    sinks = [Sink(), Sink(), Sink()]
     spec = type("Spec", (), {"train": type("Train", (), {"log_interval": 1})})
-    run = RunState(spec, [Request(0), Request(1)], [None, None], None, sinks, trainer, None,
-                   None, None)  # fmt: skip
-    run.last_return = [None, None]
+    # Rows 0 and 1: the two seeds of trial a; row 2: trial b's.
+    requests = [Request(0, "a"), Request(1, "a"), Request(2, "b")]
+    run = RunState(spec, requests, [None] * 3, None, list(sinks), trainer, None, None, None)
+    run.last_return = [None] * 3
     logger = MetricLogger(run)
     run.env_steps = 10
-    logger.on_iteration(run, {"loss/value": torch.tensor([0.5, float("nan")])})
-    assert run.live == [0]
+    logger.on_iteration(run, {"loss/value": torch.tensor([0.5, float("nan"), 0.75])})
+    assert run.live == [2]  # seed 1 failed, and its trial with it; trial b trains on
     end = run.ended[1]
     assert end == RowEnd("FAILED", 10, end.error)
     assert "non-finite loss by env step 10 (seed 1): loss/value" in end.error
-    assert sinks[1].closed and not sinks[0].closed
-    assert sinks[0].logged[-1][1]["loss/value"] == pytest.approx(0.5)
-    run.env_steps = 20  # the failed row is not logged any more
-    logger.on_iteration(run, {"loss/value": torch.tensor([0.25, float("nan")])})
-    assert [step for step, _ in sinks[0].logged] == [10, 20] and len(sinks[1].logged) == 0
+    assert run.ended[0].status == "FAILED" and "seed 1: non-finite loss" in run.ended[0].error
+    assert sinks[0].closed and sinks[1].closed and not sinks[2].closed
+    assert run.sinks[:2] == [None, None]  # an ended row's sink is not closed twice
+    assert sinks[2].logged[-1][1]["loss/value"] == pytest.approx(0.75)
+    run.env_steps = 20  # the failed rows are not logged any more
+    logger.on_iteration(run, {"loss/value": torch.tensor([float("nan"), float("nan"), 0.25])})
+    assert [step for step, _ in sinks[2].logged] == [10, 20]
+    assert sinks[0].logged == [] and sinks[1].logged == []
+
+
+def test_an_interrupted_batch_keeps_its_pruned_trials_pruned(tmp_path):
+    stop = threading.Event()
+
+    def prune_at_first_evaluation(event: dict) -> None:
+        if event.get("kind") == "eval":
+            stop.set()
+
+    def interrupt_at_second_evaluation(event: dict) -> None:
+        if event.get("kind") == "eval" and event["step"] >= 800:
+            raise KeyboardInterrupt
+
+    pruned, interrupted = run_together(
+        [
+            planned(tmp_path, TRIALS[0], "pruned", stop=stop, progress=prune_at_first_evaluation),
+            planned(tmp_path, TRIALS[1], "cut", progress=interrupt_at_second_evaluation),
+        ]
+    )
+    assert [r.status for r in pruned.runs] == ["PRUNED", "PRUNED"]
+    assert [r.status for r in interrupted.runs] == ["KILLED", "KILLED"]
+    assert pruned.runs[0].tags["marlctl.pruned_at_step"] == str(pruned.runs[0].env_steps)
+
+
+def test_many_rows_send_their_metrics_a_few_at_a_time():
+    # A batch of 8 trials x 4 seeds has 32 sinks; the SQL store's connection pool holds 15.
+    import time as clock
+
+    from marlctl.tracking import MetricSink
+
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Client:
+        def log_batch(self, run_id, metrics, synchronous):
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            clock.sleep(0.05)
+            with lock:
+                state["now"] -= 1
+
+    sinks = [MetricSink(Client(), f"run{i}", flush_every_s=60.0) for i in range(32)]
+    for sink in sinks:
+        sink.log({"loss": 1.0}, 1)
+    threads = [threading.Thread(target=sink.flush) for sink in sinks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for sink in sinks:
+        sink.close()
+    assert 1 <= state["most"] <= 4

@@ -18,7 +18,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 NATIVE_IDS = sorted(NATIVE)
 
 
-def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **sections):
+def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], rows=None, **sections):
     from marlctl.algos import registered_algos
     from marlctl.envs.native import native_class
     from marlctl.train.runner import build_trainer
@@ -37,7 +37,7 @@ def _trainer(name: str, env_id: str, num_envs: int, seeds: tuple[int, ...], **se
     device = torch.device("cuda")
     params = dict(spec.env.params)
     env = native_class(env_id)(params, num_envs * len(seeds), device, seeds=len(seeds))
-    trainer = build_trainer(spec, env.info, num_envs, device, 100, seeds)
+    trainer = build_trainer(spec, env.info, num_envs, device, 100, seeds, rows)
     return trainer, env
 
 
@@ -107,6 +107,50 @@ def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
         runs.append((params, losses, trainer.updates, trainer.stats.take()))
     (eager, eager_losses, eager_updates, _), (graph, graph_losses, graph_updates, _) = runs
     assert graph_updates == eager_updates
+    assert torch.allclose(graph, eager, rtol=1e-4, atol=1e-5), (graph - eager).abs().max()
+    for a, b in zip(eager_losses, graph_losses, strict=True):
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), (key, a[key], b[key])
+
+
+ROWS = {
+    "mappo": [{"lr": 1e-3, "gamma": 0.99, "clip": 0.2}, {"lr": 3e-3, "gamma": 0.9, "clip": 0.1},
+              {"lr": 5e-4, "gamma": 0.95, "clip": 0.3}],
+    "qmix": [{"lr": 1e-3, "tau": 0.01, "epsilon_end": 0.05},
+             {"lr": 3e-3, "tau": 0.05, "epsilon_end": 0.2},
+             {"lr": 5e-4, "tau": 0.005, "epsilon_end": 0.1}],
+}  # fmt: skip
+
+
+@cuda
+@pytest.mark.parametrize("algo", sorted(ROWS))
+def test_a_captured_batch_of_rows_computes_what_the_eager_one_computes(algo):
+    """Rows with hyperparameters of their own (a batched sweep), and population-based
+    training's changes between iterations (a row's values set, a row copied): a replay reads
+    them as the eager code does."""
+    from marlctl.train.population import copy_rows
+
+    extra = {"algo": {"target_update_every": 0}} if algo == "qmix" else {}
+    runs = []
+    for graph in (False, True):
+        trainer, env = _trainer(algo, "mpe/simple_spread", 32, (0, 1, 2), ROWS[algo], **extra)
+        if graph:
+            assert trainer.capture(env) is None
+        else:
+            env.make_graph_safe()
+        ob = env.reset([0, 1, 2])
+        losses = []
+        for iteration in range(10):
+            if iteration == 5:
+                copy_rows(trainer, [1], [2])
+                for name, value in ROWS[algo][1].items():
+                    trainer.set_row_value(name, 2, value * 1.2)
+            ob, loss = trainer.train_iteration(env, ob)
+            losses.append({k: v.clone() for k, v in loss.items()})
+        torch.cuda.synchronize()
+        params = torch.cat([p.detach().flatten() for p in trainer.policies.parameters()])
+        runs.append((params, losses))
+    (eager, eager_losses), (graph, graph_losses) = runs
     assert torch.allclose(graph, eager, rtol=1e-4, atol=1e-5), (graph - eager).abs().max()
     for a, b in zip(eager_losses, graph_losses, strict=True):
         for key in a:

@@ -40,6 +40,17 @@ def test_explore_perturbs_within_the_range_and_steps_to_adjacent_choices():
 @pytest.mark.parametrize(("members", "count"), [(1, 0), (2, 1), (4, 1), (8, 2), (16, 4), (3, 1)])
 def test_the_quantiles_hold_a_fifth_of_the_members_at_least_one_at_most_half(members, count):
     assert quantile_count(members, 0.2) == count
+    assert quantile_count(100, 0.07) == 7  # not 8 for the product's rounding
+
+
+def test_explore_moves_small_integers_and_stays_on_the_grid():
+    rng = random.Random(1)
+    small = Range(low=1, high=8)
+    assert {explore(1, small, PBT, rng) for _ in range(50)} == {1, 2}  # 0.8 stops at low
+    assert {explore(2, small, PBT, rng) for _ in range(50)} == {1, 3}
+    grid = Range(low=0.1, high=0.35, step=0.1)  # points 0.1, 0.2, 0.3
+    assert {round(explore(0.3, grid, PBT, rng), 9) for _ in range(50)} <= {0.2, 0.3}
+    assert all(explore(0.3, grid, PBT, rng) <= 0.35 for _ in range(50))
 
 
 @pytest.mark.parametrize("algo", ["mappo", "qmix"])
@@ -179,3 +190,34 @@ def test_the_report_draws_each_member_s_schedule(tmp_path):
         assert result.exit_code == 0, result.output
     assert Image.open("pbt_files/sweep0_schedules.png").size[0] >= 800
     assert "hyperparameter schedules" in Path("pbt.html").read_text()
+
+
+def test_a_plain_run_of_a_population_spec_trains_no_population(tmp_path):
+    # The spec's sweep section is the sweep's, not the run's: `marlctl run` of it trains its
+    # seeds as any run does, with the spec's own values and no exploit or explore.
+    from test_sweep import TINY, mlflow_client, runs_by_role, write_spec
+    from test_training import run_json
+
+    sweep = {"trials": 4, "sampler": "pbt", "space": {"algo.lr": {"low": 1e-4, "high": 1e-3}}}
+    body = {**TINY, "name": "plain", "train": {**TINY["train"], "eval_every": 500},
+            "sweep": sweep}  # fmt: skip
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    client = mlflow_client(tmp_path)
+    for run in runs_by_role(client, "plain")["seed"]:
+        assert not [k for k in run.data.metrics if k.startswith("pbt/")]
+
+
+def test_n_step_returns_keep_the_discount_out_of_the_rows():
+    from marlctl.spec.models import Spec
+    from marlctl.train.build import row_fields, structure
+
+    def spec(**algo):
+        return Spec.model_validate(
+            {"env": {"id": "mpe/simple_spread", "backend": "native"},
+             "algo": {"name": "qmix", **algo}}
+        )  # fmt: skip
+
+    assert "gamma" in row_fields(spec())
+    assert "gamma" not in row_fields(spec(n_step=3))
+    assert structure(spec(n_step=3, gamma=0.9)) != structure(spec(n_step=3, gamma=0.99))

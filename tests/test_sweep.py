@@ -585,8 +585,9 @@ def test_an_automatic_batch_fits_the_memory_and_a_quarter_of_the_budget() -> Non
 
     auto = SimpleNamespace(batch="auto", sampler="tpe")
     assert batch_size(SimpleNamespace(batch=6, sampler="tpe"), plan(10.0), 32, 1) == 6
-    assert batch_size(auto, plan(1.0), 32, 1) == 8
-    assert batch_size(auto, plan(1.0), 32, 2) == 4  # each worker's share of the budget
+    assert batch_size(auto, plan(1.0), 32, 1) == 4  # 8 rows on a CPU: 4 trials of 2 seeds
+    assert batch_size(auto, plan(1.0, seeds=1), 32, 1) == 8  # a quarter of the budget
+    assert batch_size(auto, plan(1.0, seeds=1), 32, 2) == 4  # each worker's share
     assert batch_size(auto, plan(1.0), 2, 1) == 1
     assert batch_size(auto, plan(1e12), 32, 1) == 1  # never none
     population = SimpleNamespace(batch=1, sampler="pbt")

@@ -141,6 +141,9 @@ def population_problems(loaded, sweep, from_cli: list[str]) -> list[Problem]:
     if not sweep.metric.startswith("eval"):
         message = "population-based training ranks members by an evaluation: an eval/ metric"
         problems.append(prov.problem("sweep.metric", message))
+    if len(spec.hardware.devices or []) > 1:
+        message = "a population trains as one batch on one device: list one device at most"
+        problems.append(prov.problem("hardware.devices", message))
     if sweep.trials < 2:
         message = "a population needs at least 2 members (trials)"
         problems.append(prov.problem("sweep.trials", message))

@@ -106,15 +106,24 @@ def take(study, budget: int, size: int) -> list:
 def batch_size(sweep, plan, budget: int, workers: int) -> int:
     """The trials a worker trains at once (`sweep.batch`). auto: as many as fit in half of the
     memory of the worker's first device by the plan's estimate, at most a quarter of the
-    budget's share of each worker (the sampler learns from the batches before), at least 1."""
+    budget's share of each worker (the sampler learns from the batches before), on a CPU at
+    most `CPU_ROWS` rows, at least 1."""
     if sweep.sampler == "pbt":  # the whole population, as one batch
         return budget
     if sweep.batch != "auto":
         return sweep.batch
     share = max(1, math.ceil(budget / max(workers, 1) / 4))
     per_trial = sum(run.est_memory_mb for run in plan.runs)
-    free = _device_memory_mb(plan.runs[0].device) / 2
-    return max(1, min(share, int(free // max(per_trial, 1.0))))
+    device = plan.runs[0].device
+    fits = int(_device_memory_mb(device) / 2 // max(per_trial, 1.0))
+    if not device.startswith("cuda"):
+        fits = min(fits, CPU_ROWS // len(plan.runs))
+    return max(1, min(share, fits))
+
+
+# On a CPU a row's throughput holds up to about 8 rows of a batch and falls beyond
+# (bench/results/sweep_batch.md): more trials at once would only slow each down.
+CPU_ROWS = 8
 
 
 def _device_memory_mb(device: str) -> float:
@@ -336,7 +345,6 @@ class _Trial:
         from marlctl import tracking
 
         self.heartbeat.stop()
-        self.state = state
         run_id, client, trial = self.run_id, self.client, self.trial
         if run_id is not None:
             if value is not None:
@@ -354,6 +362,7 @@ class _Trial:
         except Exception as err:  # failed as lost by another worker meanwhile
             if run_id is not None:
                 client.set_tag(run_id, "marlctl.tell_error", str(err)[:500])
+        self.state = state  # only now: an interrupt before this fails it as interrupted
         return state
 
     def interrupted(self) -> None:
@@ -442,7 +451,11 @@ def _groups(ready: list[_Trial]) -> list[list[_Trial]]:
 def _train_together(group: list[_Trial]) -> None:
     from marlctl.launch import Planned, run_together
 
-    planned = [Planned(one.loaded, one.plan, one.run_id, one.stop, one.reporter) for one in group]
+    population = group[0].sweep.sampler == "pbt"
+    planned = [
+        Planned(one.loaded, one.plan, one.run_id, one.stop, one.reporter, population)
+        for one in group
+    ]
     try:
         summaries = run_together(planned)
     except KeyboardInterrupt:
@@ -451,10 +464,13 @@ def _train_together(group: list[_Trial]) -> None:
         for one in group:
             one.finish("FAIL", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         return
+    for one, summary in zip(group, summaries, strict=True):
+        # Interrupted: the trials that had ended (pruned, failed) are told so; the others
+        # are failed and re-queued by the caller.
+        if not summary.interrupted:
+            one.conclude(summary)
     if any(summary.interrupted for summary in summaries):
         raise KeyboardInterrupt
-    for one, summary in zip(group, summaries, strict=True):
-        one.conclude(summary)
 
 
 def _as_field(loaded, key: str, value: float):

@@ -76,8 +76,13 @@ _NOT_TRAINED = frozenset({"name", "label", "seeds", "sweep"})
 
 def row_fields(spec: Spec) -> tuple[str, ...]:
     """The algorithm hyperparameters a row of `spec`'s batch may have of its own (none with
-    learning teams)."""
-    return () if spec.teams else trainer_class(spec.algo.name).row_fields
+    learning teams; no discount with n-step returns, which fold it in on the host)."""
+    if spec.teams:
+        return ()
+    fields = trainer_class(spec.algo.name).row_fields
+    if getattr(spec.algo, "n_step", 1) > 1:
+        fields = tuple(name for name in fields if name != "gamma")
+    return fields
 
 
 def structure(spec: Spec) -> dict:

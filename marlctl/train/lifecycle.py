@@ -99,10 +99,21 @@ class RunState:
     def end_row(self, index: int, end: RowEnd) -> None:
         """Row `index` stops here: what it logged so far goes to its run, nothing more."""
         self.ended[index] = end
+        sink, self.sinks[index] = self.sinks[index], None
         try:
-            self.sinks[index].close()
+            sink.close()
         except RuntimeError:  # its metrics could not be logged; the row has ended anyway
             pass
+
+    def fail_trial(self, index: int, error: str) -> None:
+        """Row `index` failed: it ends, and so do the live rows of its trial (a trial with a
+        failed seed has failed), each with the reason."""
+        self.end_row(index, RowEnd("FAILED", self.env_steps, error))
+        trial = self.requests[index].trial
+        for other in self.live:
+            if self.requests[other].trial == trial:
+                seed = self.seeds[index]
+                self.end_row(other, RowEnd("FAILED", self.env_steps, f"seed {seed}: {error}"))
 
     @property
     def seeds(self) -> list[int]:
@@ -197,12 +208,12 @@ class MetricLogger(Part):
     def _log(self, run: RunState, keys: list[str]) -> None:
         values = (self.loss_sum / self.loss_iterations).tolist()  # [loss][seed]
         self.loss_sum, self.loss_iterations = None, 0
-        for index in run.live:  # a row whose loss is not finite fails alone
+        for index in run.live:  # a row whose loss is not finite fails, with its trial's
             bad = [k for k, v in zip(keys, values, strict=True) if not math.isfinite(v[index])]
-            if bad:
+            if bad and index in run.live:  # not ended with a seed of its trial already
                 seed, steps = run.seeds[index], run.env_steps
                 error = f"non-finite loss by env step {steps} (seed {seed}): {', '.join(bad)}"
-                run.end_row(index, RowEnd("FAILED", steps, error))
+                run.fail_trial(index, error)
         now = time.perf_counter()
         rate = (run.env_steps - self.log_steps) / max(now - run.clock.tick, 1e-9)
         run.clock.tick, self.log_steps = now, run.env_steps

@@ -73,19 +73,20 @@ class Population(Part):
         self._log_schedule(run)
 
     def _scores(self, run: RunState) -> dict[int, float]:
-        """Each member's mean over its live seeds of the metric just evaluated; members whose
-        rows all ended take no part."""
+        """Each member's mean over its seeds of the metric just evaluated; a member whose
+        rows ended (a seed failed, which fails them all) or whose score is not finite takes
+        no part: it is neither copied nor replaced."""
         scores = {}
         for member, rows in enumerate(self.members):
-            found = [run.scores[row].get(self.metric) for row in rows if row in run.live]
-            found = [v for v in found if v is not None and math.isfinite(v)]
-            if found:
+            if any(row in run.ended for row in rows):
+                continue
+            found = [run.scores[row].get(self.metric) for row in rows]
+            if all(v is not None and math.isfinite(v) for v in found):
                 scores[member] = sum(found) / len(found)
         return scores
 
     def _exploit(self, run: RunState, winner: int, loser: int) -> None:
-        alive = [(s, d) for s, d in zip(self.members[winner], self.members[loser], strict=True)]
-        copy_rows(run.trainer, [s for s, _ in alive], [d for _, d in alive])
+        copy_rows(run.trainer, self.members[winner], self.members[loser])
 
     def _log_schedule(self, run: RunState) -> None:
         for member, rows in enumerate(self.members):
@@ -115,7 +116,8 @@ def quantile_count(members: int, quantile: float) -> int:
     two members or more, at most half of them."""
     if members < 2:
         return 0
-    return min(members // 2, max(1, math.ceil(members * quantile)))
+    # ceil, less a rounding error of the product (100 x 0.07 is 7.000000000000001)
+    return min(members // 2, max(1, math.ceil(members * quantile - 1e-9)))
 
 
 def explore(value: Any, param, config, rng: random.Random) -> Any:
@@ -135,15 +137,15 @@ def explore(value: Any, param, config, rng: random.Random) -> Any:
             else rng.uniform(low, high)
         )
     else:
-        found = min(max(float(value) * rng.choice(config.perturb), low), high)
-    if param.step is not None:
-        found = low + round((found - low) / param.step) * param.step
-        found = min(found, high)
-    is_int = param.type == "int" or (
-        param.type is None
-        and all(isinstance(v, int) for v in (param.low, param.high, param.step or 1))
-    )
-    return int(round(found)) if is_int else found
+        factor = rng.choice(config.perturb)
+        found = min(max(float(value) * factor, low), high)
+        if param.is_int and round(found) == value and factor != 1:
+            # A small integer that a factor leaves where it was moves by one its way.
+            found = min(max(value + (1 if factor > 1 else -1), low), high)
+    if param.step is not None:  # the nearest point of the grid, inside the range
+        top = math.floor((high - low) / param.step + 1e-9)
+        found = low + min(max(round((found - low) / param.step), 0), top) * param.step
+    return int(round(found)) if param.is_int else found
 
 
 def copy_rows(trainer, sources: list[int], targets: list[int]) -> None:

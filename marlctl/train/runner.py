@@ -69,9 +69,12 @@ class RunRequest:
     resume: bool = False
     # Resumed: the last env step whose metrics the run holds (none are logged twice).
     logged_until: int = -1
-    # The run this one's seeds share (its experiment's, or its sweep trial's): the rows of a
-    # population-based training's member.
+    # The run this one's seeds share (its experiment's, or its sweep trial's): a seed that
+    # fails ends the others of its trial; the rows of a population-based training's member.
     trial: str | None = None
+    # A member of a population (`sweep.sampler: pbt`), trained by its sweep's worker: its
+    # batch exploits and explores (`marlctl.train.population`).
+    population: bool = False
     # Set by a sweep's pruner: the run stops after its current iteration, without a final
     # evaluation, and is recorded FINISHED with `marlctl.pruned_at_step`; the batch's other
     # rows train on.
@@ -111,13 +114,17 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         # A scheduler's SIGTERM (SLURM, `kill`) stops a run the way Ctrl-C does.
         signal.signal(signal.SIGTERM, _raise_interrupt)
     results = [RunResult(r.run.index, r.run.seed, r.run_id, "RUNNING") for r in requests]
-    sinks: list = []
+    sinks: list = []  # a row's is None once it has ended
+    ended: dict[int, RowEnd] = {}  # the rows that ended before the budget, as they did
 
     def finish(status: str, error: str, trace: str | None) -> None:
         for sink in sinks:
             _close_quietly(sink)
-        for result in results:
-            result.status, result.error, result.trace = status, error, trace
+        for index, result in enumerate(results):
+            if index in ended:  # pruned or failed before: it stays so
+                _ended_as(result, ended[index])
+            else:
+                result.status, result.error, result.trace = status, error, trace
 
     try:
         spec = requests[0].spec
@@ -131,9 +138,10 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         every = spec.tracking.flush_every_s
         for request in requests:
             sinks.append(tracking.MetricSink(client, request.run_id, every, request.logged_until))
-        ended = _train(spec, requests, client, sinks, device, results, progress)
+        _train(spec, requests, client, sinks, device, results, progress, ended)
         for sink in sinks:
-            sink.close()
+            if sink is not None:
+                sink.close()
         sinks = []
         for index, result in enumerate(results):
             _ended_as(result, ended.get(index))
@@ -190,11 +198,12 @@ def _train(
     device: torch.device,
     results: list[RunResult],
     progress: Progress | None,
-) -> dict[int, RowEnd]:
-    """Train to the budget; the rows that ended before it, by index."""
+    ended: dict[int, RowEnd],
+) -> None:
+    """Train to the budget; the rows that end before it go into `ended`, by index."""
     plan, info = requests[0].run, requests[0].env_info
     seeds = [r.run.seed for r in requests]
-    pbt = _population(spec)
+    pbt = _population(spec) if requests[0].population else ()
     rows = batch_rows([r.spec for r in requests], always=pbt)
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
@@ -207,6 +216,7 @@ def _train(
         pool = _load_pools(env, start.pool_states)
         _tag_iterations(spec, requests, client, trainer, env, device)
         run = RunState(spec, requests, results, client, sinks, trainer, env, eval_env, pool)
+        run.ended = ended
         run.progress, run.last_return = progress, [None] * len(seeds)
         run.env_steps = start.env_steps
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
@@ -215,7 +225,7 @@ def _train(
             from marlctl.train.population import Population
 
             parts.append(Population(run))
-        return _loop(run, parts)
+        _loop(run, parts)
     finally:
         env.close()
         eval_env.close()
@@ -229,8 +239,8 @@ def _population(spec: Spec) -> tuple[str, ...]:
     return tuple(key.split(".", 1)[1] for key in spec.sweep.space)
 
 
-def _loop(run: RunState, parts: list[Part]) -> dict[int, RowEnd]:
-    """The training iterations, and the parts' hooks around them; the rows that ended early."""
+def _loop(run: RunState, parts: list[Part]) -> None:
+    """The training iterations, and the parts' hooks around them."""
     for part in parts:
         part.on_start(run)
     entropy = [derive_seed(seed, 0, run.env_steps) for seed in run.seeds]
@@ -247,14 +257,13 @@ def _loop(run: RunState, parts: list[Part]) -> dict[int, RowEnd]:
             for part in parts:
                 part.on_iteration(run, losses)
             if not run.live:
-                return run.ended
+                return
     except KeyboardInterrupt:
         for part in parts:
             part.on_interrupt(run)
         raise
     for part in parts:
         part.on_end(run)
-    return run.ended
 
 
 def _resume(spec: Spec, requests, client, trainer, device) -> _Resumed | None:
