@@ -800,3 +800,25 @@ def test_the_display_follows_running_trials_and_status_counts_the_asked_budget(
     code, status = sweep_json(str(spec), "--status")
     finished = status["counts"].get("COMPLETE", 0) + status["counts"].get("PRUNED", 0)
     assert code == 0 and status["budget"] == 2 and finished == 2
+
+
+def test_a_worker_s_threads_follow_the_rows_of_its_batch(tmp_path: Path, monkeypatch) -> None:
+    # QMIX's gradient step of 256 samples x 3 agents is 768 rows: one thread pays for it
+    # alone; two trials of one seed in a batch make 1,536, where a second thread pays.
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+    from marlctl.sweep.worker import placement
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # as a test worker may have it
+    body = {
+        "seeds": [0],
+        "env": {"id": "mpe/simple_spread", "backend": "native", "params": {"N": 3}},
+        "algo": {"name": "qmix", "batch_size": 256},
+        "hardware": {"device": "cpu", "batch_seeds": True, "threads_per_run": "auto"},
+    }
+    loaded = load_spec(str(write_spec(tmp_path, body)), [])
+    plan = compile_plan(loaded)
+    alone = placement(loaded, plan, 0, 1, free=2, trials=1)
+    batched = placement(loaded, plan, 0, 1, free=2, trials=2)
+    assert "++hardware.threads_per_run=1" in alone
+    assert "++hardware.threads_per_run=2" in batched

@@ -55,10 +55,10 @@ def work(ctx: SweepContext, after_trial: Callable[[], None] | None = None) -> Wo
     loaded = load_spec(ctx.spec_path, ctx.overrides)
     plan = compile_plan(loaded)
     index, here = (0, 1) if ctx.alone else (ctx.worker, ctx.workers)
-    ctx.placement = ctx.placement or placement(loaded, plan, index, here, ctx.free_cores)
     base = loaded.spec
     sweep = base.sweep or _default_sweep()
     size = batch_size(sweep, plan, ctx.trials, here)
+    ctx.placement = ctx.placement or placement(loaded, plan, index, here, ctx.free_cores, size)
     study = load_study(
         ctx, make_sampler(sweep, ctx.params, ctx.worker), make_pruner(sweep, base.train)
     )
@@ -138,10 +138,13 @@ def _device_memory_mb(device: str) -> float:
     return physical_memory_mb() or 4096.0
 
 
-def placement(loaded, plan, index: int, workers: int, free: int | None = None) -> list[str]:
+def placement(
+    loaded, plan, index: int, workers: int, free: int | None = None, trials: int = 1
+) -> list[str]:
     """Hardware overrides giving worker `index` its share of this machine: CPU threads
     split between the workers (with `threads_per_run: auto`, of the `free` cores, those
-    other processes leave free, measured where not given); GPUs dedicated when there are
+    other processes leave free, measured where not given, and as many as the rows of a
+    run process's batch, `trials` at once, make worth it); GPUs dedicated when there are
     enough, else shared."""
     from marlctl.cores import free_cores
     from marlctl.plan import auto_threads, available_cores
@@ -158,7 +161,8 @@ def placement(loaded, plan, index: int, workers: int, free: int | None = None) -
     concurrent = max(1, min(hw.parallel_runs, processes, share))
     wanted = hw.threads_per_run
     if wanted == "auto":
-        wanted = auto_threads(loaded.spec, plan.env, share)
+        rows = max(1, seeds // processes) * trials if hw.batch_seeds else 1
+        wanted = auto_threads(loaded.spec, plan.env, share, rows)
     threads = max(1, min(wanted, share // concurrent))
     out = [f"++hardware.parallel_runs={concurrent}", f"++hardware.threads_per_run={threads}"]
     if any(d.startswith("cuda") for d in pool):
