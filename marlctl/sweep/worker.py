@@ -398,15 +398,18 @@ class _Trial:
         """A population member's hyperparameters over training (`pbt/KEY`, as its first seed
         logged them) on its trial: as metrics of its run, as `SCHEDULE_ATTR`, and its final
         values in the spec `best.yaml` is written from."""
-        from marlctl.train.population import SCHEDULE_PREFIX
+        from mlflow.entities import Metric
 
-        schedule = {}
+        from marlctl.train.population import SCHEDULE_PREFIX, field_value
+
+        schedule, copied = {}, []
         for key in self.sweep.space:
             history = self.client.get_metric_history(seed_run, SCHEDULE_PREFIX + key)
+            copied += [Metric(m.key, m.value, m.timestamp, m.step) for m in history]
             points = sorted((m.step, m.value) for m in history)
-            for step, value in points:
-                self.client.log_metric(self.run_id, SCHEDULE_PREFIX + key, value, step=step)
-            schedule[key] = [[step, _as_field(self.loaded, key, value)] for step, value in points]
+            whole = isinstance(field_value(self.loaded.spec, key), int)  # an int stays an int
+            schedule[key] = [[step, int(round(v)) if whole else v] for step, v in points]
+        self.client.log_batch(self.run_id, metrics=copied)  # one write, not one per point
         self.trial.set_user_attr(SCHEDULE_ATTR, schedule)
         spec = dict(self.trial.user_attrs.get(SPEC_ATTR, {}))
         algo = dict(spec.get("algo", {}))
@@ -475,13 +478,6 @@ def _train_together(group: list[_Trial]) -> None:
             one.conclude(summary)
     if any(summary.interrupted for summary in summaries):
         raise KeyboardInterrupt
-
-
-def _as_field(loaded, key: str, value: float):
-    """A logged float as the type of the spec field `key` (an int stays an int)."""
-    section, _, name = key.partition(".")
-    return int(round(value)) if isinstance(getattr(getattr(loaded.spec, section), name), int) \
-        else value  # fmt: skip
 
 
 def _final_values(client, summary, metric: str) -> list[float] | str:

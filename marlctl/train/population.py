@@ -37,7 +37,7 @@ class Population(Part):
         self.members = members_of(run.requests)
         # The searched values each member trains with now, by space key.
         self.values = [
-            {key: _field_value(run.requests[rows[0]].spec, key) for key in self.space}
+            {key: field_value(run.requests[rows[0]].spec, key) for key in self.space}
             for rows in self.members
         ]
         seed = sweep.seed if sweep.seed is not None else run.seeds[0]
@@ -189,6 +189,7 @@ def _modules(trainer) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _field_value(spec, key: str) -> Any:
+def field_value(spec, key: str) -> Any:
+    """The value of the spec field a space key names (`algo.lr`)."""
     section, _, name = key.partition(".")
     return getattr(getattr(spec, section), name)
