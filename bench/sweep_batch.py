@@ -232,6 +232,30 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def population_summary(rows: list[dict]) -> list[str]:
+    """PBT's best final returns against the unbatched MAPPO sweep's best, where both ran."""
+    import statistics
+
+    pbt = [r for r in rows if r["case"] == "pbt" and r["best"] is not None]
+    sweep = [r for r in rows if r["case"] == "mappo" and r["batch"] == 1]
+    if not pbt or not sweep:
+        return []
+    bests = [r["best"] for r in pbt]
+    base = sweep[0]
+    spread = ", ".join(f"{v:.2f}" for v in base["best_seeds"])
+    better = sum(value >= base["best"] for value in bests)
+    return [
+        f"PBT against the sweep: the best member's final objective in {len(bests)} "
+        f"populations of their own sampler seeds, median {statistics.median(bests):.2f} "
+        f"({', '.join(f'{v:.2f}' for v in bests)}), against {base['best']:.2f} for the best "
+        f"trial of the unbatched {base['trials']}-trial MAPPO sweep (its seeds {spread}); "
+        f"{better} of {len(bests)} populations at least as good. Each population trained "
+        f"{pbt[0]['trials']} members x 2 seeds for {pbt[0]['steps']:,} env steps per seed, "
+        f"the sweep's {base['trials']} trials x 2 seeds x {base['steps']:,} in all.",
+        "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="mappo,qmix")
@@ -247,16 +271,24 @@ def main() -> None:
         "--reuse", type=Path, help="a --jsonl of earlier studies: the same studies are not rerun"
     )
     args = parser.parse_args()
-    scaled = scaling() if args.scaling else []
     earlier = []
     if args.reuse and args.reuse.exists():
         earlier = [json.loads(line) for line in args.reuse.read_text().splitlines() if line]
+    # Measured now, or read back: the --jsonl keeps a scaling measurement's rows too.
+    scaled = [r for r in earlier if r.get("scaling")]
+    earlier = [r for r in earlier if not r.get("scaling")]
+    if args.scaling:
+        scaled = [{**r, "scaling": True} for r in scaling()]
+        if args.jsonl:
+            with args.jsonl.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in scaled)
     rows = []
     for case_name in args.cases.split(","):
         case = CASES[case_name]
         trials, steps = args.trials or case["trials"], args.steps or case["steps"]
         batches = [1] if case is PBT else [1, args.batch or case["batch"]]
-        studies = [(batch, seed) for seed in range(args.repeats) for batch in batches]
+        repeats = args.repeats if case is PBT else 1
+        studies = [(batch, seed) for seed in range(repeats) for batch in batches]
         for batch, seed in studies:
             same = [
                 r for r in earlier
@@ -293,7 +325,7 @@ def main() -> None:
             f"{mine[0]['steps']:,} env steps per seed; space "
             f"{', '.join(f'`{k}`' for k in case['body']['space'])}."
         )
-    lines += ["", *table(rows), ""]
+    lines += ["", *table(rows), "", *population_summary(rows)]
     if scaled:
         lines += [
             "Throughput against the batch's size (`--scaling`): one trainer, each row with its "

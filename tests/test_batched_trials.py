@@ -97,6 +97,15 @@ def test_a_pruned_trial_leaves_the_batch_and_the_others_train_on(tmp_path):
     for run in kept.runs:
         assert run.status == "FINISHED" and run.env_steps == total
         assert max(step for step, _ in history(run.run_id, "eval/return_mean")) == total
+    # The pruned trial's rows left the batch: the kept trial's two trained on alone, and
+    # computed what they compute in a batch of their own.
+    rows = [int(value) for _, value in history(kept.runs[0].run_id, "perf/batch_rows")]
+    assert rows[0] == 4 and rows[-1] == 2
+    alone = run_plan(*_loaded(planned(tmp_path, TRIALS[1], "alone")))
+    for ours, theirs in zip(kept.runs, alone.runs, strict=True):
+        assert ours.final_return == theirs.final_return
+        for key in KEYS:
+            assert history(ours.run_id, key) == history(theirs.run_id, key), key
 
 
 def test_a_row_whose_loss_turns_non_finite_fails_alone():

@@ -122,14 +122,10 @@ ROWS = {
 }  # fmt: skip
 
 
-@cuda
-@pytest.mark.parametrize("algo", sorted(ROWS))
-def test_a_captured_batch_of_rows_computes_what_the_eager_one_computes(algo):
-    """Rows with hyperparameters of their own (a batched sweep), and population-based
-    training's changes between iterations (a row's values set, a row copied): a replay reads
-    them as the eager code does."""
-    from marlctl.train.population import copy_rows
-
+def _captured_against_eager(algo: str, iterations: int, change) -> None:
+    """A batch of rows with `ROWS[algo]`'s hyperparameters, trained eagerly and captured:
+    `change(iteration, trainer, env, ob, graph)` acts between iterations and returns the
+    observation to go on from; the two compute alike."""
     extra = {"algo": {"target_update_every": 0}} if algo == "qmix" else {}
     runs = []
     for graph in (False, True):
@@ -140,14 +136,12 @@ def test_a_captured_batch_of_rows_computes_what_the_eager_one_computes(algo):
             env.make_graph_safe()
         ob = env.reset([0, 1, 2])
         losses = []
-        for iteration in range(10):
-            if iteration == 5:
-                copy_rows(trainer, [1], [2])
-                for name, value in ROWS[algo][1].items():
-                    trainer.set_row_value(name, 2, value * 1.2)
+        for iteration in range(iterations):
+            ob = change(iteration, trainer, env, ob, graph)
             ob, loss = trainer.train_iteration(env, ob)
             losses.append({k: v.clone() for k, v in loss.items()})
         torch.cuda.synchronize()
+        assert not graph or trainer.graph.calls >= 2  # replayed
         params = torch.cat([p.detach().flatten() for p in trainer.policies.parameters()])
         runs.append((params, losses))
     (eager, eager_losses), (graph, graph_losses) = runs
@@ -155,6 +149,45 @@ def test_a_captured_batch_of_rows_computes_what_the_eager_one_computes(algo):
     for a, b in zip(eager_losses, graph_losses, strict=True):
         for key in a:
             assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), (key, a[key], b[key])
+
+
+@cuda
+@pytest.mark.parametrize("algo", sorted(ROWS))
+def test_a_captured_batch_of_rows_computes_what_the_eager_one_computes(algo):
+    """Rows with hyperparameters of their own (a batched sweep), and population-based
+    training's changes between iterations (a row's values set, a row copied): a replay reads
+    them as the eager code does."""
+    from marlctl.train.population import copy_rows
+
+    def exploit(iteration, trainer, env, ob, graph):
+        if iteration == 5:
+            copy_rows(trainer, [1], [2])
+            for name, value in ROWS[algo][1].items():
+                trainer.set_row_value(name, 2, value * 1.2)
+        return ob
+
+    _captured_against_eager(algo, 10, exploit)
+
+
+@cuda
+@pytest.mark.parametrize("algo", sorted(ROWS))
+def test_a_captured_batch_whose_rows_leave_it_is_captured_anew_and_computes_alike(algo):
+    """Rows cut out of a captured batch (a pruned trial's): the graph is captured again at
+    the new shapes, and the rows that remain compute what the eager ones do."""
+    from marlctl.train.compact import keep_observation, keep_rows
+
+    def prune(iteration, trainer, env, ob, graph):
+        if iteration != 6:
+            return ob
+        ob = keep_observation(ob, [0, 2], 3)
+        keep_rows(trainer, [0, 2])
+        env.keep_blocks([0, 2])
+        if graph:
+            trainer.graph = None
+            assert trainer.capture(env) is None
+        return ob
+
+    _captured_against_eager(algo, 12, prune)
 
 
 @cuda

@@ -221,3 +221,36 @@ def test_n_step_returns_keep_the_discount_out_of_the_rows():
     assert "gamma" in row_fields(spec())
     assert "gamma" not in row_fields(spec(n_step=3))
     assert structure(spec(n_step=3, gamma=0.9)) != structure(spec(n_step=3, gamma=0.99))
+
+
+def test_a_member_whose_rows_leave_the_batch_leaves_the_population(tmp_path):
+    from test_sweep import TINY, write_spec
+
+    from marlctl.spec import load_spec
+    from marlctl.train.lifecycle import RowEnd, RunState
+    from marlctl.train.population import Population
+
+    space = {"algo.lr": {"low": 1.0e-4, "high": 3.0e-3, "log": True}}
+    body = {**TINY, "sweep": {"trials": 3, "sampler": "pbt", "seed": 1, "space": space}}
+    spec = load_spec(str(write_spec(tmp_path, body)), []).spec
+    rates = [1e-4, 1e-3, 2e-3]
+    requests = [
+        SimpleNamespace(
+            spec=spec.model_copy(update={"algo": spec.algo.model_copy(update={"lr": rate})}),
+            trial=f"trial{member}",
+            run=SimpleNamespace(seed=seed),
+        )
+        for member, rate in enumerate(rates)
+        for seed in (0, 1)
+    ]
+    run = RunState(spec, requests, [None] * 6, None, [None] * 6, None, None, None, None)
+    population = Population(run)
+    assert population.members == [[0, 1], [2, 3], [4, 5]]
+    for row in (2, 3):  # member 1 failed
+        run.ended[row] = RowEnd("FAILED", 0, "non-finite loss")
+    keep = run.live
+    run.keep(keep)
+    population.on_compact(run, keep)
+    assert population.members == [[0, 1], [2, 3]]
+    assert [values["algo.lr"] for values in population.values] == [1e-4, 2e-3]
+    assert run.origin == [0, 1, 4, 5] and run.has_ended(2) is False

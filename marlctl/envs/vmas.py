@@ -365,6 +365,14 @@ class VmasSeeds:
             else _joined([tr.final for tr in parts]),
         )
 
+    def keep_blocks(self, keep: list[int]) -> None:
+        """Only seeds `keep` (in that order) go on; the others' envs close."""
+        for index, env in enumerate(self.envs):
+            if index not in keep:
+                env.close()
+        self.envs = [self.envs[i] for i in keep]
+        self.num_envs = self.envs[0].num_envs * len(keep)
+
     def close(self) -> None:
         for env in self.envs:
             env.close()

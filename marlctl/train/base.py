@@ -22,6 +22,7 @@ from marlctl.spec.models import ModelSpec
 from marlctl.train.actions import action_bounds, one_hot, uniform_probs
 from marlctl.train.core import EpisodeStats, inclusive_cumsum, per_seed
 from marlctl.train.networks import AgentNet, reset_where, sharing_of
+from marlctl.train.regions import Region
 
 # Argument validation costs a host sync and a pass over every tensor on each call.
 torch.distributions.Distribution.set_default_validate_args(False)
@@ -52,6 +53,7 @@ class Trainer:
     optimizers: dict[str, torch.optim.Optimizer]
     captured_by_default = True  # under `hardware.compile: auto` on a GPU
     row_fields: tuple[str, ...] = ()  # the hyperparameters a row may have of its own
+    compacts = False  # `keep_rows` takes all its per-row state: ended rows leave the batch
 
     def __init__(
         self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]
@@ -256,6 +258,22 @@ class Trainer:
     def copy_extra_rows(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Rows `targets` of per-row state kept outside the trainer's networks and optimisers
         take rows `sources`' values (`marlctl.train.population.copy_rows`)."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Only rows `index` go on: the trainer's per-row state beyond its networks and
+        optimisers (`marlctl.train.compact.keep_rows` takes those); a subclass adds its own."""
+        keep = index.tolist()
+        self.seeds = tuple(self.seeds[i] for i in keep)
+        self.generators = [self.generators[i] for i in keep]
+        self.init_generators = [self.init_generators[i] for i in keep]
+        self._rows = torch.arange(len(keep), device=self.device).unsqueeze(1)
+        self._first = self._first.index_select(0, index)
+        self._acting = {k: h.index_select(0, index) for k, h in self._acting.items()}
+        self.stats.keep(index)
+        self.values.keep(keep)
+        for value in vars(self).values():
+            if isinstance(value, Region):  # its draws' shapes were the old rows'
+                value.draws = None
 
     def state_dict(self) -> dict:
         return {

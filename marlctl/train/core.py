@@ -449,6 +449,18 @@ class EpisodeStats:
         self.counts[:, -1] += counted.sum(-1)
         self.count += finished.sum(-1)
 
+    def keep(self, index: torch.Tensor) -> None:
+        """Only seed rows `index` go on (`marlctl.train.compact`)."""
+        self.running = {g: r.index_select(0, index) for g, r in self.running.items()}
+        self.sums = self.sums.index_select(0, index)
+        self.counts = self.counts.index_select(0, index)
+        self.count = self.count.index_select(0, index)
+        if self.wins is not None:
+            self.wins = self.wins.index_select(0, index)
+        if self.objectives is not None:
+            self.objectives = tuple(t.index_select(0, index) for t in self.objectives)
+        self.seeds = len(index)
+
     def reset_running(self) -> None:
         for running in self.running.values():
             running.zero_()

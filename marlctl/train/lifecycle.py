@@ -68,8 +68,10 @@ class RunState:
     """What the parts of a run share: its spec, runs, env, trainer and where training is.
 
     Each request is a row of the batch: a seed, or a seed of one of several sweep trials
-    whose hyperparameters differ. A row that ends early (`ended`) goes on computing with the
-    others, but nothing of it is logged, evaluated, checkpointed or reported any more."""
+    whose hyperparameters differ. A row that ends early (`ended`) logs, evaluates,
+    checkpoints and reports nothing more; it leaves the batch after the iteration
+    (`marlctl.train.compact`) where the trainer and envs allow it (`compacts`), and goes on
+    computing with the others where they do not."""
 
     spec: Spec
     requests: list  # the `RunRequest`s of the batch, one per seed
@@ -87,18 +89,27 @@ class RunState:
     clock: Clock = field(default_factory=Clock)
     threads: int | None = None  # as `threads_per_run: auto` last set them
     last_return: list[float | None] = field(default_factory=list)
-    ended: dict[int, RowEnd] = field(default_factory=dict)  # by row
+    # The rows that ended, by their index in the batch as it started (`origin`).
+    ended: dict[int, RowEnd] = field(default_factory=dict)
     scores: list[dict] = field(default_factory=list)  # each row's last evaluation
     scored_at: int = -1  # the env step of that evaluation
+    compacts: bool = False  # ended rows leave the batch
+    origin: list[int] = field(default_factory=list)  # each row's index as the batch started
+
+    def __post_init__(self) -> None:
+        self.origin = self.origin or list(range(len(self.requests)))
 
     @property
     def live(self) -> list[int]:
         """The rows still training, in order."""
-        return [i for i in range(len(self.requests)) if i not in self.ended]
+        return [i for i, first in enumerate(self.origin) if first not in self.ended]
+
+    def has_ended(self, index: int) -> bool:
+        return self.origin[index] in self.ended
 
     def end_row(self, index: int, end: RowEnd) -> None:
         """Row `index` stops here: what it logged so far goes to its run, nothing more."""
-        self.ended[index] = end
+        self.ended[self.origin[index]] = end
         sink, self.sinks[index] = self.sinks[index], None
         try:
             sink.close()
@@ -114,6 +125,18 @@ class RunState:
             if self.requests[other].trial == trial:
                 seed = self.seeds[index]
                 self.end_row(other, RowEnd("FAILED", self.env_steps, f"seed {seed}: {error}"))
+
+    def keep(self, keep: list[int]) -> None:
+        """Only rows `keep` stay in the batch (`marlctl.train.compact`); the others' results
+        stay with the batch's owner, as they ended."""
+        self.requests = [self.requests[i] for i in keep]
+        self.results = [self.results[i] for i in keep]
+        self.sinks[:] = [self.sinks[i] for i in keep]  # in place: its owner closes them
+        self.origin = [self.origin[i] for i in keep]
+        if self.last_return:
+            self.last_return = [self.last_return[i] for i in keep]
+        if self.scores:
+            self.scores = [self.scores[i] for i in keep]
 
     @property
     def seeds(self) -> list[int]:
@@ -146,6 +169,9 @@ class Part:
     def on_interrupt(self, run: RunState) -> None: ...
 
     def on_end(self, run: RunState) -> None: ...
+
+    def on_compact(self, run: RunState, keep: list[int]) -> None:
+        """Only rows `keep` of the batch go on (`marlctl.train.compact`)."""
 
 
 class ThreadWatch(Part):
@@ -205,6 +231,10 @@ class MetricLogger(Part):
             self._log(run, list(losses))
             self.next_log = run.env_steps + run.spec.train.log_interval
 
+    def on_compact(self, run: RunState, keep: list[int]) -> None:
+        if self.loss_sum is not None:  # [loss][row]
+            self.loss_sum = self.loss_sum[:, keep]
+
     def _log(self, run: RunState, keys: list[str]) -> None:
         values = (self.loss_sum / self.loss_iterations).tolist()  # [loss][seed]
         self.loss_sum, self.loss_iterations = None, 0
@@ -226,6 +256,7 @@ class MetricLogger(Part):
                 run.last_return[index] = episodes[index]["return_mean"]
             metrics = {k: v[index] for k, v in zip(keys, values, strict=True)}
             metrics["perf/env_steps_per_s"] = rate
+            metrics["perf/batch_rows"] = len(run.requests)  # the rows trained together now
             metrics["perf/agent_steps_per_s"] = rate * agents
             if run.threads is not None:
                 metrics["perf/threads"] = run.threads

@@ -80,6 +80,11 @@ class OffPolicyTrainer(Trainer):
             )
         return self.buffer
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        if self.buffer is not None:
+            self.buffer.keep(index, self.generators)
+
     # ------------------------------------------------------------ collecting
 
     def explore(

@@ -84,6 +84,13 @@ class OnPolicyTrainer(Trainer):
             for name, pol in self.policies.items()
         }
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        self._hidden = {
+            name: tuple(h.index_select(0, index) for h in pair)
+            for name, pair in self._hidden.items()
+        }
+
     def make_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """One Adam: the actors' parameters in its first group, the critics' in its second;
         with a rate per row where the rows' rates differ (`RowAdam`)."""

@@ -19,8 +19,8 @@ import random
 from typing import Any
 
 import torch
-from torch import nn
 
+from marlctl.train.compact import networks_of
 from marlctl.train.lifecycle import Part, RunState
 
 SCHEDULE_PREFIX = "pbt/"
@@ -72,13 +72,20 @@ class Population(Part):
                     run.sinks[row].log({EXPLOITED: winner}, run.env_steps)
         self._log_schedule(run)
 
+    def on_compact(self, run: RunState, keep: list[int]) -> None:
+        """The members whose rows left the batch (a failed seed ends its member's) leave
+        the population."""
+        self.values = [v for v, rows in zip(self.values, self.members, strict=True)
+                       if rows[0] in keep]  # fmt: skip
+        self.members = members_of(run.requests)
+
     def _scores(self, run: RunState) -> dict[int, float]:
         """Each member's mean over its seeds of the metric just evaluated; a member whose
         rows ended (a seed failed, which fails them all) or whose score is not finite takes
         no part: it is neither copied nor replaced."""
         scores = {}
         for member, rows in enumerate(self.members):
-            if any(row in run.ended for row in rows):
+            if any(run.has_ended(row) for row in rows):
                 continue
             found = [run.scores[row].get(self.metric) for row in rows]
             if all(v is not None and math.isfinite(v) for v in found):
@@ -167,7 +174,7 @@ def copy_rows(trainer, sources: list[int], targets: list[int]) -> None:
         tensor.data.index_copy_(0, dst.to(tensor.device), tensor.data.index_select(0, src))
 
     with torch.no_grad():
-        for name, module in _modules(trainer):
+        for name, module in networks_of(trainer):
             for key, tensor in module.state_dict(keep_vars=True).items():
                 copy(tensor, f"{name}.{key}")
         for name, optimizer in trainer.optimizers.items():
@@ -176,17 +183,6 @@ def copy_rows(trainer, sources: list[int], targets: list[int]) -> None:
                     if torch.is_tensor(value):
                         copy(value, f"optimizer {name}: {key}")
         trainer.copy_extra_rows(src, dst)
-
-
-def _modules(trainer) -> list[tuple[str, nn.Module]]:
-    """The trainer's networks: every module it holds as an attribute, each once."""
-    seen: set[int] = set()
-    found = []
-    for name, value in vars(trainer).items():
-        if isinstance(value, nn.Module) and id(value) not in seen:
-            seen.add(id(value))
-            found.append((name, value))
-    return found
 
 
 def field_value(spec, key: str) -> Any:

@@ -23,6 +23,7 @@ class PPOTrainer(OnPolicyTrainer):
 
     cfg: PPOConfig
     row_fields = ON_POLICY
+    compacts = True
 
     def update(self, data: dict[str, dict]) -> dict[str, torch.Tensor]:
         """Each loss term per seed, `[S]`, averaged over the minibatches."""

@@ -90,6 +90,7 @@ class QLearningTrainer(OffPolicyTrainer):
 
     loss_keys = ("td", "q_taken", "grad_norm")
     row_fields = Q_LEARNING
+    compacts = True
 
     def __init__(self, setup: TrainerSetup):
         config: QLearningConfig = setup.config
@@ -125,6 +126,10 @@ class QLearningTrainer(OffPolicyTrainer):
             name: net.initial_state(S, self.num_envs, device=self.device)
             for name, net in self.q.items()
         }
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        self._hidden = {name: h.index_select(0, index) for name, h in self._hidden.items()}
 
     def hidden_sizes(self) -> dict[str, int]:
         return {name: net.hidden_size for name, net in self.q.items()} if self.recurrent else {}

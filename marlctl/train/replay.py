@@ -149,6 +149,18 @@ class ReplayBuffer:
             out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
         return out
 
+    def keep(self, index: torch.Tensor, generators: list[torch.Generator]) -> None:
+        """Only seed rows `index` go on, each with its contents, drawing from `generators`."""
+
+        def cut(value: torch.Tensor) -> torch.Tensor:
+            kept = value.index_select(0, index.to(value.device))
+            return kept.pin_memory() if value.is_pinned() else kept
+
+        self.data = {name: cut(value) for name, value in self.data.items()}
+        self.nbytes = self.nbytes // self.seeds * len(generators)
+        self.seeds, self.generators = len(generators), generators
+        self._rows = torch.arange(self.seeds, device=self.storage).view(self.seeds, 1, 1)
+
     def _uniform(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         draws = [
             torch.rand(shape[1:], generator=g, device=g.device, dtype=dtype)

@@ -80,6 +80,13 @@ class RowValues:
                 if key == field:
                     tensor[row] = float(value)
 
+    def keep(self, keep: list[int]) -> None:
+        """Only rows `keep` go on (`marlctl.train.compact`): each keeps its values."""
+        self.seeds = len(keep)
+        self._given = {name: [own[i] for i in keep] for name, own in self._given.items()}
+        index = torch.tensor(keep, device=self._device)
+        self._tensors = {key: t.index_select(0, index) for key, t in self._tensors.items()}
+
     def differ(self, *names: str) -> bool:
         """Whether any row names any of `names` (then each row has its own value)."""
         return any(name in self._given for name in names)
@@ -160,6 +167,11 @@ class RowAdam(torch.optim.Optimizer):
             index = self.names.index(name)
             self.base[index][row] = rate
             self.rates[index][row] = rate * self.fractions[index]
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Only rows `index` go on: the others' rates leave every group."""
+        self.rates = [rate.index_select(0, index.to(rate.device)) for rate in self.rates]
+        self.base = [rate.index_select(0, index.to(rate.device)) for rate in self.base]
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]

@@ -26,6 +26,7 @@ from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, PRUNED_TAG
 from marlctl.train.build import batch_rows, build_trainer
+from marlctl.train.compact import compact, compact_blocker
 from marlctl.train.lifecycle import (
     COMPILE_TAG,
     Part,
@@ -220,6 +221,7 @@ def _train(
         run.progress, run.last_return = progress, [None] * len(seeds)
         run.env_steps = start.env_steps
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
+        run.compacts = compact_blocker(run) is None
         parts = parts_for(run)
         if pbt:
             from marlctl.train.population import Population
@@ -258,6 +260,8 @@ def _loop(run: RunState, parts: list[Part]) -> None:
                 part.on_iteration(run, losses)
             if not run.live:
                 return
+            if run.compacts and len(run.live) < len(run.requests):
+                ob = compact(run, parts, ob)  # the rows that ended leave the batch
     except KeyboardInterrupt:
         for part in parts:
             part.on_interrupt(run)

@@ -37,6 +37,12 @@ class SeededBatch:
     generators: list[torch.Generator]
     # The methods of a step that draw no random numbers, compiled by `compile`.
     pure_steps: tuple[str, ...] = ()
+    # Tensors made with the env that hold one row per env; any other made then is one of
+    # the env's constants (sizes, tables), which `keep_blocks` leaves whole.
+    per_env_at_start: tuple[str, ...] = ("steps", "_active")
+    # State kept per seed block rather than per env, which `_keep_block_state` cuts.
+    block_state: tuple[str, ...] = ()
+    _constants: frozenset[str] = frozenset()
 
     def compile(self) -> None:
         """torch.compile the step's methods that draw no random numbers (`pure_steps`), so
@@ -44,6 +50,39 @@ class SeededBatch:
         stay eager, each seed block drawing from its own generator."""
         for name in self.pure_steps:
             setattr(self, name, torch.compile(getattr(self, name), dynamic=False))
+
+    def _note_constants(self) -> None:
+        """The end of construction: what the env holds now, but `per_env_at_start`, is
+        constant."""
+        self._constants = frozenset(vars(self)) - set(self.per_env_at_start)
+
+    def keep_blocks(self, keep: list[int]) -> None:
+        """Only seed blocks `keep` (in that order) go on, each with its envs' states, step
+        counts and random stream (the ended rows of a batch leave it,
+        `marlctl.train.compact`); a block steps on exactly as it would have."""
+        blocks = len(self.generators)
+        rows = self.num_envs // blocks
+        index = (torch.tensor(keep).unsqueeze(1) * rows + torch.arange(rows)).flatten()
+        index = index.to(self.device)
+
+        def per_env(value: Any) -> bool:
+            return torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == self.num_envs
+
+        skip = self._constants | set(self.block_state)
+        for name, value in list(vars(self).items()):
+            if name in skip:
+                continue
+            if per_env(value):
+                setattr(self, name, value.index_select(0, index.to(value.device)))
+            elif isinstance(value, dict) and any(per_env(v) for v in value.values()):
+                cut = {k: v.index_select(0, index) if per_env(v) else v for k, v in value.items()}
+                setattr(self, name, cut)
+        self._keep_block_state(keep, rows)
+        self.generators = [self.generators[b] for b in keep]
+        self.num_envs = rows * len(keep)
+
+    def _keep_block_state(self, keep: list[int], rows: int) -> None:
+        """Cut the `block_state` of blocks `keep` (`rows` envs each)."""
 
     def _seed_blocks(self, seeds: int) -> None:
         if self.num_envs % seeds:
@@ -120,6 +159,7 @@ class NativeEnv(SeededBatch):
     pure_steps: tuple[str, ...] = ()
     # Start states drawn ahead, per env row, on the CPU (see `_restart`).
     ahead = 4
+    block_state = ("_ahead", "_taken")
 
     def __init__(
         self,
@@ -146,6 +186,7 @@ class NativeEnv(SeededBatch):
             g.name: torch.ones(num_envs, g.n_agents, dtype=torch.bool, device=self.device)
             for g in groups
         }
+        self._note_constants()
 
     @classmethod
     def parameters(cls) -> FactoryParams:
@@ -250,6 +291,16 @@ class NativeEnv(SeededBatch):
         self._assign({k: v[pick] for k, v in self._ahead.items()}, done)
         self._taken += counts
         return True
+
+    def _keep_block_state(self, keep: list[int], rows: int) -> None:
+        if not hasattr(self, "_taken"):
+            return  # not reset yet
+        size = self.ahead * rows
+        if self._ahead:
+            index = (torch.tensor(keep).unsqueeze(1) * size + torch.arange(size)).flatten()
+            index = index.to(self.device)
+            self._ahead = {k: v.index_select(0, index) for k, v in self._ahead.items()}
+        self._taken = self._taken[keep]
 
     def _draw_block(self, block: int, n: int) -> dict[str, torch.Tensor]:
         """`start(n)` drawn from seed block `block`'s generator alone."""

@@ -69,6 +69,7 @@ class MPEWorld(SeededBatch):
     env_id = ""
     can_terminate = False  # whether `terminal()` may end an episode before max_cycles
     pure_steps = ("_physics", "observations", "rewards", "global_reward", "terminal")
+    per_env_at_start = ("steps", "_active", "_no", "_all")
     dt, damping, contact_force, contact_margin = 0.1, 0.25, 1e2, 1e-3
 
     def __init__(
@@ -99,6 +100,7 @@ class MPEWorld(SeededBatch):
         self.graph_safe = False
         self._no = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
         self._all = torch.ones(num_envs, dtype=torch.bool, device=self.device)
+        self._note_constants()
 
     # ------------------------------------------------------------ scenario interface
 
