@@ -13,7 +13,7 @@ import torch
 from test_algorithms import _trainer
 
 from marlctl.spec.search import Choices, Range
-from marlctl.train.population import copy_rows, explore, quantile_count
+from marlctl.train.population import copy_rows, explore, field_value, quantile_count
 
 PBT = SimpleNamespace(perturb=(0.8, 1.2), resample_probability=0.0)
 
@@ -133,14 +133,20 @@ def test_a_population_sweep_exploits_explores_and_writes_the_best_member_s_sched
                 min(source * 1.2, 3.0e-3)
             ), (step, source)
     assert exploited >= 2 * 3  # a worst member at each of the 3 intervals, both seeds
-    best = (tmp_path / "sweep-population" / "best.yaml").read_text()
-    assert "# Population-based training" in best
-    top = max(trials, key=lambda t: t.value)
-    import yaml
+    # best.yaml replays the best member's lineage: it starts with the values the lineage
+    # started with and takes each one it explored at the step it did; it ends with the
+    # member's own final values.
+    from marlctl.spec import load_spec
 
-    assert yaml.safe_load(best)["algo"]["lr"] == pytest.approx(
-        top.user_attrs["marlctl.pbt_schedule"]["algo.lr"][-1][1]
-    )
+    path = tmp_path / "sweep-population" / "best.yaml"
+    assert "# Population-based training" in path.read_text()
+    best = load_spec(str(path), []).spec
+    top = max(trials, key=lambda t: t.value)
+    for key in space:
+        replayed = [[0, field_value(best, key)], *best.train.schedule.get(key, [])]
+        assert {step for step, _ in replayed} <= {0, 800, 1200, 1600}
+        final = top.user_attrs["marlctl.pbt_schedule"][key][-1][1]
+        assert replayed[-1][1] == pytest.approx(final)
 
 
 @pytest.mark.parametrize(
@@ -150,6 +156,7 @@ def test_a_population_sweep_exploits_explores_and_writes_the_best_member_s_sched
          "changes only what a row may have of its own"),
         ({"pbt": {"interval": 700}}, "sweep.pbt.interval", "not a multiple of train.eval_every"),
         ({"trials": 1}, "sweep.trials", "at least 2 members"),
+        ({}, "train.schedule", "sets the schedule itself"),
     ],
 )  # fmt: skip
 def test_a_population_that_cannot_train_is_exit_2_at_its_line(tmp_path, change, where, message):
@@ -158,11 +165,79 @@ def test_a_population_that_cannot_train_is_exit_2_at_its_line(tmp_path, change, 
     from marlctl.cli import app
 
     sweep = {"trials": 4, "sampler": "pbt", "space": {"algo.lr": {"low": 1e-4, "high": 1e-3}}}
-    body = {**TINY, "train": {**TINY["train"], "eval_every": 500}, "sweep": {**sweep, **change}}
+    train = {**TINY["train"], "eval_every": 500}
+    if where == "train.schedule":
+        train["schedule"] = {"algo.lr": [[0, 1e-3]]}
+    body = {**TINY, "train": train, "sweep": {**sweep, **change}}
     result = runner.invoke(app, ["sweep", str(write_spec(tmp_path, body))])
     assert result.exit_code == 2, result.output
     assert f": {where}: " in result.output and message in result.output
     assert not (tmp_path / "optuna.journal").exists()
+
+
+def _scheduled(folder: Path, name: str, lr: float, schedule: dict | None = None):
+    """A run of test_batched_trials' body at `lr`, with `train.schedule` if given."""
+    import yaml
+    from test_batched_trials import BODY
+
+    from marlctl.plan import compile_plan
+    from marlctl.spec import load_spec
+
+    body = {**BODY, "algo": {**BODY["algo"], "lr": lr}}
+    if schedule is not None:
+        body["train"] = {**BODY["train"], "schedule": schedule}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    loaded = load_spec(str(path), [])
+    return loaded, compile_plan(loaded)
+
+
+def test_a_scheduled_run_takes_each_value_from_its_step_on(tmp_path):
+    from test_batched_trials import KEYS
+    from test_training import history
+
+    from marlctl.launch import run_plan
+
+    fixed = run_plan(*_scheduled(tmp_path, "fixed", 3e-3))
+    # A point at step 0 replaces the algo value: the run is the fixed one, exactly.
+    start = run_plan(*_scheduled(tmp_path, "start", 1e-3, {"algo.lr": [[0, 3e-3]]}))
+    # Iterations of 160 env steps: the change takes effect after the iteration ending at 800.
+    late = {"algo.lr": [[0, 3e-3], [800, 5e-4]]}
+    changed = run_plan(*_scheduled(tmp_path, "changed", 1e-3, late))
+    for ours, theirs, later in zip(start.runs, fixed.runs, changed.runs, strict=True):
+        assert history(later.run_id, "schedule/lr") == [(0, 3e-3), (800, 5e-4)]
+        for key in KEYS:
+            assert history(ours.run_id, key) == history(theirs.run_id, key), key
+        points, fixed_points = (
+            history(later.run_id, "loss/value"),
+            history(theirs.run_id, "loss/value"),
+        )
+        before = [point for point in points if point[0] <= 960]  # trained at 3e-3 until 800
+        assert before == [point for point in fixed_points if point[0] <= 960]
+        assert points != fixed_points
+
+
+@pytest.mark.parametrize(
+    ("algo", "schedule", "message"),
+    [
+        ({}, {"algo.epochs": [[0, 2]]}, "changes only what a row may have of its own"),
+        ({}, {"model.hidden": [[0, 2]]}, "changes only what a row may have of its own"),
+        ({}, {"algo.lr": [[0, 1e-3], [500, -1.0]]}, "-1 from env step 500"),
+        ({"name": "maddpg"}, {"algo.lr": [[0, 1e-3]]}, "nothing of maddpg"),
+    ],
+)  # fmt: skip
+def test_a_schedule_of_what_cannot_change_is_exit_2_at_its_line(tmp_path, algo, schedule, message):
+    from test_sweep import TINY, runner, write_spec
+
+    from marlctl.cli import app
+
+    body = {**TINY, "train": {**TINY["train"], "schedule": schedule}}
+    if algo:
+        body["algo"] = algo
+    result = runner.invoke(app, ["validate", str(write_spec(tmp_path, body))])
+    assert result.exit_code == 2, result.output
+    assert f": train.schedule.{next(iter(schedule))}: " in result.output, result.output
+    assert message in result.output
 
 
 def test_the_report_draws_each_member_s_schedule(tmp_path):
@@ -210,7 +285,7 @@ def test_a_plain_run_of_a_population_spec_trains_no_population(tmp_path):
 
 def test_n_step_returns_keep_the_discount_out_of_the_rows():
     from marlctl.spec.models import Spec
-    from marlctl.train.build import row_fields, structure
+    from marlctl.train.build import structure
 
     def spec(**algo):
         return Spec.model_validate(
@@ -218,8 +293,8 @@ def test_n_step_returns_keep_the_discount_out_of_the_rows():
              "algo": {"name": "qmix", **algo}}
         )  # fmt: skip
 
-    assert "gamma" in row_fields(spec())
-    assert "gamma" not in row_fields(spec(n_step=3))
+    assert "gamma" in spec().row_fields
+    assert "gamma" not in spec(n_step=3).row_fields
     assert structure(spec(n_step=3, gamma=0.9)) != structure(spec(n_step=3, gamma=0.99))
 
 

@@ -24,6 +24,10 @@ class AlgoConfig(Strict):
         "layer_norm": True,
         "sharing": "shared",
     }
+    # The hyperparameters a row of a batch may have of its own (`marlctl.train.rows`): a
+    # batched sweep's trials differ in them, population-based training and
+    # `train.schedule` change them during training.
+    row_fields: ClassVar[tuple[str, ...]] = ()
     name: str
 
 

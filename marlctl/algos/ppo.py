@@ -8,7 +8,7 @@ observation). Defaults are the MAPPO paper's MPE settings (its Table 13/14).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -19,6 +19,10 @@ from marlctl.algos.onpolicy import OnPolicyConfig
 class PPOConfig(OnPolicyConfig):
     """The clipped surrogate objective (Schulman et al. 2017) and MAPPO's value clipping."""
 
+    row_fields: ClassVar[tuple[str, ...]] = (
+        "lr", "critic_lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "clip",
+        "max_grad_norm",
+    )  # fmt: skip
     clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clipping epsilon.")
     value_clip: bool = Field(True, description="Clip the value update around the old value.")
 

@@ -9,7 +9,7 @@ apply to transition batches.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -22,6 +22,10 @@ class QLearningConfig(OffPolicyConfig):
     over 50k env steps, targets copied every 200 updates, standardised rewards; the discount
     of JaxMARL's MPE Q-learning configs (`baselines/QLearning/config/alg/*_mpe.yaml`)."""
 
+    row_fields: ClassVar[tuple[str, ...]] = (
+        "lr", "gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_anneal_steps",
+        "max_grad_norm",
+    )  # fmt: skip
     gamma: float = Field(
         0.9,
         ge=0,

@@ -31,6 +31,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
         *_sharing_problems(spec, prov, info),
         *_rollout_problems(spec, prov, info),
         *_hardware_problems(spec, prov, gpus),
+        *_schedule_problems(spec, prov),
     ]
     if problems:
         raise SpecError(sort_problems(problems))
@@ -146,6 +147,33 @@ def _rollout_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
         for key, steps in rounds
         if longest % steps
     ]
+
+
+def _schedule_problems(spec, prov: Provenance) -> list[Problem]:
+    """`train.schedule` changes only what a row of a batch may have of its own, to values
+    its field takes."""
+    from pydantic import ValidationError
+
+    fields, config = spec.row_fields, type(spec.algo)
+    problems = []
+    for key, points in spec.train.schedule.items():
+        where = f"train.schedule.{key}"
+        section, _, name = key.partition(".")
+        if section != "algo" or name not in fields:
+            able = ", ".join(f"algo.{f}" for f in fields) or f"nothing of {spec.algo.name}"
+            message = f"a schedule changes only what a row may have of its own: {able}"
+            problems.append(prov.problem(where, message))
+            continue
+        whole = isinstance(getattr(spec.algo, name), int)
+        for step, value in points:
+            taken = int(value) if whole and float(value).is_integer() else value
+            try:
+                config.model_validate({**spec.algo.model_dump(), name: taken})
+            except ValidationError as err:
+                message = f"{value:g} from env step {step}: {err.errors()[0]['msg']}"
+                problems.append(prov.problem(where, message))
+                break
+    return problems
 
 
 def _hardware_problems(spec, prov: Provenance, gpus: int) -> list[Problem]:

@@ -72,6 +72,17 @@ class Spec(Strict):
         """The groups that learn with an algorithm or model of their own, by name."""
         return {name: g for name, g in self.groups.items() if g.own_team}
 
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The algorithm hyperparameters a row of this spec's batch may have of its own (none
+        with learning teams; no discount with n-step returns, which fold it in on the host)."""
+        if self.teams:
+            return ()
+        fields = type(self.algo).row_fields
+        if getattr(self.algo, "n_step", 1) > 1:
+            fields = tuple(name for name in fields if name != "gamma")
+        return fields
+
     @model_validator(mode="after")
     def _algorithm_model_defaults(self) -> Spec:
         """Model fields left null take the algorithm's reference values: a group with its

@@ -117,6 +117,10 @@ class ModelSpec(Strict):
 LOG_POINTS = 200
 
 
+# An env step (from 0) and the value a hyperparameter takes from it on.
+SchedulePoint = tuple[Annotated[int, Field(ge=0, le=10**13)], float]
+
+
 class TrainSpec(Strict):
     total_env_steps: int = Field(
         1_000_000,
@@ -142,6 +146,24 @@ class TrainSpec(Strict):
         description="Env steps between training metric points (losses, training returns, "
         f"speed); null = the budget over {LOG_POINTS} (at least one point per iteration).",
     )
+    schedule: dict[str, list[SchedulePoint]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Hyperparameters that change during training, by `algo.FIELD`: the value "
+        "from each env step on, `[[0, 3.0e-4], [400000, 2.4e-4]]`, taken at the first "
+        "iteration that reaches the step (a point at 0 replaces the `algo` value). Only what "
+        "a row of a batch may have of its own (`algo.lr`, ...); the schedule a "
+        "population-based training's best member followed is written in this form.",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _ordered_steps(cls, value: dict[str, list]) -> dict[str, list]:
+        for key, points in value.items():
+            steps = [step for step, _ in points]
+            if not points or steps != sorted(set(steps)):
+                raise ValueError(f"{key}: give [step, value] points at increasing env steps")
+        return value
 
     @property
     def log_interval(self) -> int:

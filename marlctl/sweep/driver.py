@@ -87,16 +87,15 @@ def prepare(
 def batch_problem(loaded) -> Problem | None:
     """Why the trials of this spec cannot train as rows of one batch (`sweep.batch`), or None."""
     from marlctl.algos import registered_algos
-    from marlctl.train.build import row_fields, trainer_class
 
     spec = loaded.spec
     key = "sweep.sampler" if spec.sweep and spec.sweep.sampler == "pbt" else "sweep.batch"
     if not spec.hardware.batch_seeds:
         message = "trials train as one batch with hardware.batch_seeds: true only"
         return loaded.provenance.problem(key, message)
-    if not row_fields(spec):
+    if not spec.row_fields:
         what = "learning teams" if spec.teams else f"algorithm {spec.algo.name}"
-        able = [name for name in registered_algos() if trainer_class(name).row_fields]
+        able = [name for name, algo in registered_algos().items() if algo.config.row_fields]
         message = (
             f"{what} takes no hyperparameters per row; trials train as one batch with "
             f"{', '.join(able)}"
@@ -111,10 +110,8 @@ def population_problems(loaded, sweep, from_cli: list[str]) -> list[Problem]:
     """What keeps this spec's population-based training from running: a searched value that
     is not a hyperparameter a row may change (`algo.` and the algorithm's per-row fields),
     a condition, an interval that is not a multiple of the evaluations', too few members."""
-    from marlctl.train.build import row_fields
-
     spec, prov = loaded.spec, loaded.provenance
-    fields = row_fields(spec)
+    fields = spec.row_fields
     problems = []
     if from_cli:
         message = "population-based training takes its space from the spec's sweep.space only"
@@ -147,6 +144,9 @@ def population_problems(loaded, sweep, from_cli: list[str]) -> list[Problem]:
     if sweep.trials < 2:
         message = "a population needs at least 2 members (trials)"
         problems.append(prov.problem("sweep.trials", message))
+    if spec.train.schedule:
+        message = "population-based training sets the schedule itself: remove train.schedule"
+        problems.append(prov.problem("train.schedule", message))
     return problems
 
 

@@ -45,7 +45,7 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
             f"# Best trial ({complete[0].number}) of study '{ctx.study}' in "
             f"{shown_url(storage_url(ctx.storage, ctx.cwd))}: "
             f"{sweep.metric} = {complete[0].value:.6g}\n"
-        ) + _schedule_comment(complete[0].user_attrs.get(SCHEDULE_ATTR))
+        ) + _schedule_comment(complete[0].user_attrs)
         with replacing(path) as tmp:  # never a half-written spec
             spec = yaml.safe_dump(redact_all(complete[0].user_attrs[SPEC_ATTR]), sort_keys=False)
             tmp.write_text(header + spec)
@@ -68,17 +68,67 @@ def summarize(study, ctx: SweepContext, sweep, out_dir: Path | None) -> SweepSum
     )
 
 
-def _schedule_comment(schedule: dict | None) -> str:
-    """A population member's hyperparameter schedule as comment lines of its `best.yaml`
-    (which holds its final values)."""
-    if not schedule:
+def _schedule_comment(attrs: dict) -> str:
+    """What the `best.yaml` of a population-based training holds (`attrs`: the best trial's
+    user attributes)."""
+    if not attrs.get(SCHEDULE_ATTR):
         return ""
-    lines = ["# Population-based training: its values from each env step on (the spec holds "
-             "the last):"]  # fmt: skip
-    for key, points in schedule.items():
-        shown = ", ".join(f"{int(step)}: {value:.6g}" for step, value in points)
-        lines.append(f"#   {key}: {{{shown}}}")
-    return "\n".join(lines) + "\n"
+    if not attrs.get(SPEC_ATTR, {}).get("train", {}).get("schedule"):
+        return (
+            "# Population-based training's best member: its lineage never changed its values\n"
+            "# (it exploited no other member); `algo` holds them.\n"
+        )
+    return (
+        "# Population-based training's best member: `algo` holds the values its lineage (the\n"
+        "# members whose weights it descends from) started with, `train.schedule` those it\n"
+        "# took from each exploit on. Training this spec replays that schedule from scratch,\n"
+        "# without the weights the member copied.\n"
+    )
+
+
+def record_schedule(client, trial, run_id: str, seed_run: str, spec, space) -> None:
+    """A population member's hyperparameters over training (`pbt/KEY`, as its first seed
+    `seed_run` logged them) on its trial: as metrics of its run `run_id` and as
+    `SCHEDULE_ATTR`; and the spec `best.yaml` is written from, which replays its lineage's
+    schedule: `algo` the values the lineage started with, `train.schedule` those it took from
+    each exploit on (`spec`: the member's, whose fields' types the values keep; `space`: the
+    sweep's)."""
+    from mlflow.entities import Metric
+
+    from marlctl.train.population import SCHEDULE_PREFIX, field_value
+
+    def kept(key: str, value: float) -> float | int:  # an int field's values stay ints
+        return int(round(value)) if isinstance(field_value(spec, key), int) else value
+
+    schedule, copied = {}, []
+    for key in space:
+        history = client.get_metric_history(seed_run, SCHEDULE_PREFIX + key)
+        copied += [Metric(m.key, m.value, m.timestamp, m.step) for m in history]
+        points = sorted((m.step, m.value) for m in history)
+        schedule[key] = [[step, kept(key, value)] for step, value in points]
+    client.log_batch(run_id, metrics=copied)  # one write, not one per point
+    trial.set_user_attr(SCHEDULE_ATTR, schedule)
+    body = dict(trial.user_attrs.get(SPEC_ATTR, {}))
+    algo, train, replayed = dict(body.get("algo", {})), dict(body.get("train", {})), {}
+    for key, points in _lineage(client, seed_run).items():
+        algo[key.split(".", 1)[1]] = kept(key, points[0][1])
+        if len(points) > 1:
+            replayed[key] = [[step, kept(key, value)] for step, value in points[1:]]
+    if replayed:
+        train["schedule"] = replayed
+    trial.set_user_attr(SPEC_ATTR, {**body, "algo": algo, "train": train})
+
+
+def _lineage(client, run_id: str) -> dict[str, list]:
+    """The lineage a population member's run keeps (`population.LINEAGE`)."""
+    import json
+
+    from marlctl.atomic import staging
+    from marlctl.train.population import LINEAGE
+
+    with staging() as tmp:
+        path = client.download_artifacts(run_id, LINEAGE, str(tmp))
+        return json.loads(Path(path).read_text())
 
 
 def _trial_row(trial) -> dict[str, Any]:

@@ -23,11 +23,11 @@ from marlctl.sweep.context import (
     PROGRESS_ATTR,
     PROGRESS_EVERY_S,
     RUN_ATTR,
-    SCHEDULE_ATTR,
     SPEC_ATTR,
     SURPLUS_ATTR,
     SweepContext,
 )
+from marlctl.sweep.records import record_schedule
 from marlctl.sweep.search import frozen, make_pruner, make_sampler, param_text, sample
 from marlctl.sweep.space import (
     listed_groups,
@@ -391,32 +391,9 @@ class _Trial:
             if value is not None:
                 self.client.log_metric(self.run_id, key, value)
         if sweep.sampler == "pbt":
-            self._record_schedule(summary.runs[0].run_id)
+            first = summary.runs[0].run_id
+            record_schedule(self.client, trial, self.run_id, first, self.loaded.spec, sweep.space)
         return self.finish("COMPLETE", value=aggregate(finals, sweep.objective))
-
-    def _record_schedule(self, seed_run: str) -> None:
-        """A population member's hyperparameters over training (`pbt/KEY`, as its first seed
-        logged them) on its trial: as metrics of its run, as `SCHEDULE_ATTR`, and its final
-        values in the spec `best.yaml` is written from."""
-        from mlflow.entities import Metric
-
-        from marlctl.train.population import SCHEDULE_PREFIX, field_value
-
-        schedule, copied = {}, []
-        for key in self.sweep.space:
-            history = self.client.get_metric_history(seed_run, SCHEDULE_PREFIX + key)
-            copied += [Metric(m.key, m.value, m.timestamp, m.step) for m in history]
-            points = sorted((m.step, m.value) for m in history)
-            whole = isinstance(field_value(self.loaded.spec, key), int)  # an int stays an int
-            schedule[key] = [[step, int(round(v)) if whole else v] for step, v in points]
-        self.client.log_batch(self.run_id, metrics=copied)  # one write, not one per point
-        self.trial.set_user_attr(SCHEDULE_ATTR, schedule)
-        spec = dict(self.trial.user_attrs.get(SPEC_ATTR, {}))
-        algo = dict(spec.get("algo", {}))
-        for key, points in schedule.items():
-            if points:
-                algo[key.split(".", 1)[1]] = points[-1][1]
-        self.trial.set_user_attr(SPEC_ATTR, {**spec, "algo": algo})
 
 
 def run_trials(ctx: SweepContext, sweep, study, trials: list) -> list[str]:

@@ -74,22 +74,11 @@ def build_trainer(
 _NOT_TRAINED = frozenset({"name", "label", "seeds", "sweep"})
 
 
-def row_fields(spec: Spec) -> tuple[str, ...]:
-    """The algorithm hyperparameters a row of `spec`'s batch may have of its own (none with
-    learning teams; no discount with n-step returns, which fold it in on the host)."""
-    if spec.teams:
-        return ()
-    fields = trainer_class(spec.algo.name).row_fields
-    if getattr(spec.algo, "n_step", 1) > 1:
-        fields = tuple(name for name in fields if name != "gamma")
-    return fields
-
-
 def structure(spec: Spec) -> dict:
     """What must be the same in specs whose runs train as one batch: everything training
     reads, but the hyperparameters a row may have of its own."""
     dumped = spec.model_dump(mode="json", exclude=set(_NOT_TRAINED))
-    for name in row_fields(spec):
+    for name in spec.row_fields:
         dumped["algo"].pop(name, None)
     return dumped
 
@@ -113,11 +102,11 @@ def batch_rows(specs: list[Spec], always: tuple[str, ...] = ()) -> list[dict] | 
                     if base["algo"].get(k) != other["algo"].get(k)
                 )  # fmt: skip
             raise ValueError(
-                f"runs of one batch may differ only in {', '.join(row_fields(first))}; "
+                f"runs of one batch may differ only in {', '.join(first.row_fields)}; "
                 f"these differ in {', '.join(differ)}"
             )
     differ = [
-        name for name in row_fields(first)
+        name for name in first.row_fields
         if name in always
         or any(getattr(s.algo, name) != getattr(first.algo, name) for s in specs[1:])
     ]  # fmt: skip

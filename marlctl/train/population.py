@@ -25,6 +25,10 @@ from marlctl.train.lifecycle import Part, RunState
 
 SCHEDULE_PREFIX = "pbt/"
 EXPLOITED = "pbt/exploited"  # the index of the member whose weights a member took
+# A member's lineage, as its rows' runs keep it: by space key, the values from each env step
+# on of the members whose weights it descends from (`train.schedule`'s form).
+LINEAGE = "pbt/lineage.json"
+REPLAYED_PREFIX = "schedule/"  # a `train.schedule` value, logged where it takes effect
 
 
 class Population(Part):
@@ -39,6 +43,12 @@ class Population(Part):
         self.values = [
             {key: field_value(run.requests[rows[0]].spec, key) for key in self.space}
             for rows in self.members
+        ]
+        # Each member's lineage: what it trained with, then at each exploit, what the member
+        # it copied had trained with, and the values it explored from there.
+        self.lineage = [
+            {key: [[run.env_steps, value]] for key, value in values.items()}
+            for values in self.values
         ]
         seed = sweep.seed if sweep.seed is not None else run.seeds[0]
         self.rng = random.Random(seed)
@@ -65,6 +75,10 @@ class Population(Part):
                 key: explore(self.values[winner][key], param, self.config, self.rng)
                 for key, param in self.space.items()
             }
+            self.lineage[loser] = {
+                key: _then(points, run.env_steps, self.values[loser][key])
+                for key, points in self.lineage[winner].items()
+            }
             for row in self.members[loser]:
                 for key, value in self.values[loser].items():
                     run.trainer.set_row_value(key.split(".", 1)[1], row, value)
@@ -75,9 +89,17 @@ class Population(Part):
     def on_compact(self, run: RunState, keep: list[int]) -> None:
         """The members whose rows left the batch (a failed seed ends its member's) leave
         the population."""
-        self.values = [v for v, rows in zip(self.values, self.members, strict=True)
-                       if rows[0] in keep]  # fmt: skip
+        kept = [rows[0] in keep for rows in self.members]
+        self.values = [v for v, stays in zip(self.values, kept, strict=True) if stays]
+        self.lineage = [v for v, stays in zip(self.lineage, kept, strict=True) if stays]
         self.members = members_of(run.requests)
+
+    def on_end(self, run: RunState) -> None:
+        """Each member's lineage, kept by its rows' runs (`LINEAGE`)."""
+        for member, rows in enumerate(self.members):
+            for row in rows:
+                if row in run.live:
+                    run.client.log_dict(run.requests[row].run_id, self.lineage[member], LINEAGE)
 
     def _scores(self, run: RunState) -> dict[int, float]:
         """Each member's mean over its seeds of the metric just evaluated; a member whose
@@ -105,6 +127,42 @@ class Population(Part):
             for row in rows:
                 if row in run.live:
                     run.sinks[row].log(logged, run.env_steps)
+
+
+def _then(points: list, step: int, value: Any) -> list:
+    """`points` ([step, value] from each step on), and `value` from `step` on."""
+    return points if points[-1][1] == value else [*points, [step, value]]
+
+
+class Schedule(Part):
+    """`train.schedule`: every row takes each scheduled value at the first iteration that
+    reaches its env step (a resumed run, every value up to its step, before training), and
+    logs it as `schedule/FIELD`."""
+
+    def __init__(self, run: RunState):
+        self.points = sorted(
+            (step, key.split(".", 1)[1], value)
+            for key, points in run.spec.train.schedule.items()
+            for step, value in points
+        )
+        self.taken = 0
+
+    def on_start(self, run: RunState) -> None:
+        self._take(run)
+
+    def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
+        self._take(run)
+
+    def _take(self, run: RunState) -> None:
+        changed = {}
+        while self.taken < len(self.points) and self.points[self.taken][0] <= run.env_steps:
+            _, name, value = self.points[self.taken]
+            for row in range(len(run.requests)):
+                run.trainer.set_row_value(name, row, value)
+            changed[REPLAYED_PREFIX + name] = float(value)
+            self.taken += 1
+        for row in run.live if changed else ():
+            run.sinks[row].log(changed, run.env_steps)
 
 
 def members_of(requests: list) -> list[list[int]]:

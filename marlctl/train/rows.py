@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from marlctl.algos.ppo import PPOConfig
+from marlctl.algos.qmix import QLearningConfig
 from marlctl.train.core import per_seed
 
-# What each trainer family reads per row, by the config field's name.
-ON_POLICY = (
-    "lr", "critic_lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "clip",
-    "max_grad_norm",
-)  # fmt: skip
-Q_LEARNING = (
-    "lr", "gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_anneal_steps",
-    "max_grad_norm",
-)  # fmt: skip
+# What each trainer family reads per row, by the config field's name (its configs say).
+ON_POLICY = PPOConfig.row_fields
+Q_LEARNING = QLearningConfig.row_fields
 
 
 class RowValues:

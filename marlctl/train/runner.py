@@ -39,6 +39,7 @@ from marlctl.train.lifecycle import (
 )
 from marlctl.train.opponents import with_opponents
 from marlctl.train.pool import WithPool, with_pool
+from marlctl.train.population import Population, Schedule
 from marlctl.train.scores import EVAL_ENVS, derive_seed, eval_seed, evaluate, reset_seed
 
 # Their paths before the trainer's parts and scores had modules of their own.
@@ -205,7 +206,8 @@ def _train(
     plan, info = requests[0].run, requests[0].env_info
     seeds = [r.run.seed for r in requests]
     pbt = _population(spec) if requests[0].population else ()
-    rows = batch_rows([r.spec for r in requests], always=pbt)
+    scheduled = tuple(key.split(".", 1)[1] for key in spec.train.schedule)
+    rows = batch_rows([r.spec for r in requests], always=pbt + scheduled)
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
     trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
@@ -223,9 +225,9 @@ def _train(
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
         run.compacts = compact_blocker(run) is None
         parts = parts_for(run)
+        if scheduled:
+            parts.append(Schedule(run))
         if pbt:
-            from marlctl.train.population import Population
-
             parts.append(Population(run))
         _loop(run, parts)
     finally:
