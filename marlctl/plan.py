@@ -308,11 +308,16 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         copies = 1 if mode == "shared" else g.n_agents
         extra = g.n_agents if mode == "shared" and g.n_agents > 1 else 0
         centralised = registered_algos()[spec.algo.name].centralised_critic
-        critic_in = env.state_dim if centralised else g.obs_dim
-        params += copies * (mlp(g.obs_dim + extra, g.n_actions) + mlp(critic_in + extra, 1))
-        # A rollout stores each agent's observation and the global state once per env (a
-        # decentralised critic reads the observation).
-        per_env = g.n_agents * (g.obs_dim + g.n_actions + 8) + (env.state_dim if centralised else 0)
+        conv, obs_in = 0, g.obs_dim
+        if spec.model.encoder_for(g.name) == "cnn" and g.frame_shape is not None:
+            conv, obs_in = spec.model.cnn.parameters(g.frame_shape)
+        actor = conv + mlp(obs_in + extra, g.n_actions)
+        critic = mlp(env.state_dim + extra, 1) if centralised else conv + mlp(obs_in + extra, 1)
+        params += copies * (actor + critic)
+        # A rollout stores each agent's observation (uint8 frames: a quarter of a float each)
+        # and the global state once per env (a decentralised critic reads the observation).
+        obs = g.obs_dim / 4 if g.obs_storage == "uint8" else g.obs_dim
+        per_env = g.n_agents * (obs + g.n_actions + 8) + (env.state_dim if centralised else 0)
         floats += rollout * spec.hardware.num_envs * per_env
     return round((params * 4 + floats) * 4 / 2**20 + _buffer_mb(spec, env), 2)
 
@@ -322,7 +327,8 @@ def _buffer_mb(spec: Spec, env: EnvInfo) -> float:
     the observations, next observations, state and next state."""
     buffer = getattr(spec.algo, "buffer_size", 0)
     per_step = 2 * env.state_dim + sum(
-        g.n_agents * (2 * g.obs_dim + g.n_actions + 4) for g in env.groups
+        g.n_agents * (2 * g.obs_dim / (4 if g.obs_storage == "uint8" else 1) + g.n_actions + 4)
+        for g in env.groups
     )
     return buffer * per_step * 4 / 2**20
 

@@ -248,15 +248,18 @@ class ConstantReward(ParallelEnv):
 
     def step(self, actions):
         self._t += 1
-        done = self._t >= self.max_cycles
         obs = {a: self.state() for a in self.agents}
-        rewards = {a: self.bonus for a in self.agents}
-        terminated = {a: False for a in self.agents}
-        truncated = {a: done for a in self.agents}
-        infos = {a: {} for a in self.agents}
-        if done:
-            self.agents = []
-        return obs, rewards, terminated, truncated, infos
+        return _timed(self, obs, {a: self.bonus for a in self.agents})
+
+
+def _timed(env, obs: dict, rewards: dict):
+    """A step's result for a game that only ends at its time limit (`env.max_cycles`)."""
+    done = env._t >= env.max_cycles
+    truncated = {a: done for a in env.agents}
+    result = obs, rewards, {a: False for a in env.agents}, truncated, {a: {} for a in env.agents}
+    if done:
+        env.agents = []
+    return result
 
 
 def constant_reward(**params):
@@ -458,3 +461,55 @@ class Meetup(ParityGame):
 
 def meetup(**params):
     return Meetup(**params)
+
+
+class SpotTheSquare(ParallelEnv):
+    """Agents that see RGB frames (uint8 `[size, size, 3]`): each frame shows a bright square
+    in one of its four quadrants, in a random colour channel, on a dim noisy background, and
+    an agent is paid 1 for naming the square's quadrant (Discrete(4)). Each agent has its own
+    frame; `max_cycles` steps an episode. Random play earns a quarter of the steps; a policy
+    that reads the frames, every step."""
+
+    metadata = {"name": "spot_the_square", "is_parallelizable": True}
+
+    def __init__(self, size: int = 12, agents: int = 2, max_cycles: int = 8):
+        self.size, self.max_cycles = size, max_cycles
+        self.possible_agents = [f"looker_{i}" for i in range(agents)]
+        self.agents = list(self.possible_agents)
+        self._rng = np.random.default_rng(0)
+        self._t, self._where = 0, {}
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
+
+    def action_space(self, agent):
+        return spaces.Discrete(4)
+
+    def _frames(self) -> dict:
+        frames = {}
+        half = self.size // 2
+        for agent in self.agents:
+            frame = self._rng.integers(0, 40, (self.size, self.size, 3), dtype=np.uint8)
+            quadrant = int(self._rng.integers(4))
+            top, left = (quadrant // 2) * half, (quadrant % 2) * half
+            side = half // 2 + 1
+            row = top + int(self._rng.integers(half - side + 1))
+            col = left + int(self._rng.integers(half - side + 1))
+            frame[row : row + side, col : col + side, int(self._rng.integers(3))] = 255
+            frames[agent], self._where[agent] = frame, quadrant
+        return frames
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.agents, self._t = list(self.possible_agents), 0
+        return self._frames(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self._t += 1
+        rewards = {a: float(int(actions[a]) == self._where[a]) for a in self.agents}
+        return _timed(self, self._frames(), rewards)
+
+
+def spot_the_square(**params):
+    return SpotTheSquare(**params)

@@ -37,6 +37,21 @@ class GroupInfo:
     def obs_dim(self) -> int:
         return int(np.prod(self.obs_shape))
 
+    @property
+    def frame_shape(self) -> tuple[int, int, int] | None:
+        """The observations as frames `(H, W, C)` (PettingZoo's image layout; `[H, W]` is one
+        channel), which a convolutional encoder reads; None where they are not frames."""
+        shape = self.obs_shape
+        if self.obs_flattened or len(shape) not in (2, 3):
+            return None
+        return (shape[0], shape[1], shape[2] if len(shape) == 3 else 1)
+
+    @property
+    def obs_storage(self) -> str:
+        """The dtype observations travel and are stored in: uint8 frames stay uint8 (a
+        quarter of float32; the networks scale them to [0, 1] on the device), others float32."""
+        return "uint8" if self.obs_dtype == "uint8" and not self.obs_flattened else "float32"
+
 
 @dataclass(frozen=True)
 class EnvInfo:

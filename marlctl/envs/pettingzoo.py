@@ -50,7 +50,8 @@ class EnvSlice:
     def _blank(self) -> Arrays:
         out: Arrays = {"state": np.zeros((self.k, self.info.state_dim), np.float32)}
         for g in self.info.groups:
-            out[f"obs/{g.name}"] = np.zeros((self.k, g.n_agents, *g.obs_shape), np.float32)
+            shape, dtype = (self.k, g.n_agents, *g.obs_shape), np.dtype(g.obs_storage)
+            out[f"obs/{g.name}"] = np.zeros(shape, dtype)
             out[f"active/{g.name}"] = np.zeros((self.k, g.n_agents), bool)
             if g.mask_source:
                 out[f"mask/{g.name}"] = np.ones((self.k, g.n_agents, g.n_actions), bool)
@@ -79,8 +80,11 @@ class EnvSlice:
                     "that of state() after a reset)"
                 )
             out["state"][i] = state
-        else:
-            out["state"][i] = np.concatenate([out[f"obs/{g.name}"][i].ravel() for g in groups])
+        else:  # the observations side by side, frames scaled to [0, 1] as networks see them
+            out["state"][i] = np.concatenate(
+                [out[f"obs/{g.name}"][i].ravel() / (255 if g.obs_storage == "uint8" else 1)
+                 for g in groups]
+            )  # fmt: skip
 
     def reset(self, seed: int) -> Arrays:
         out = self._blank()

@@ -29,6 +29,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
         *_group_problems(spec, prov, info),
         *_reward_problems(spec, prov, info),
         *_sharing_problems(spec, prov, info),
+        *_encoder_problems(spec, prov, info),
         *_rollout_problems(spec, prov, info),
         *_hardware_problems(spec, prov, gpus),
         *_schedule_problems(spec, prov),
@@ -132,6 +133,33 @@ def _sharing_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
         for key in sharing
         if key not in names
     ]
+
+
+def _encoder_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
+    """`model.encoder: cnn` for groups with frames, whose size the convolutions fit."""
+    model, problems = spec.model, []
+    groups = {g.name: g for g in info.groups}
+    named = model.encoder if isinstance(model.encoder, dict) else {}
+    for key in named:
+        if key not in groups:
+            message = f"no agent group '{key}' in env '{spec.env.id}'; groups: "
+            problems.append(prov.problem(f"model.encoder.{key}", message + ", ".join(groups)))
+    for name, group in groups.items():
+        if model.encoder_for(name) != "cnn":
+            continue
+        where = f"model.encoder.{name}" if name in named else "model.encoder"
+        frames = group.frame_shape
+        if frames is None:
+            message = (
+                f"group {name}'s observations {list(group.obs_shape)} are not frames "
+                "([H, W, C] or [H, W]); the cnn encoder reads frames"
+            )
+            problems.append(prov.problem(where, message))
+        elif min(min(h, w) for _, h, w in model.cnn.sizes(frames)) < 1:
+            sizes = " -> ".join(f"{h}x{w}" for _, h, w in model.cnn.sizes(frames))
+            message = f"the convolutions leave nothing of group {name}'s frames: {sizes}"
+            problems.append(prov.problem("model.cnn", message))
+    return problems
 
 
 def _rollout_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:

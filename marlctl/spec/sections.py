@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from marlctl.algos import AlgoConfig
 from marlctl.callables import standard_library_refusal
@@ -48,6 +48,60 @@ class EnvSpec(Strict):
 
 
 Sharing = Literal["shared", "independent", "federated"]
+Encoder = Literal["mlp", "cnn"]
+
+
+class CnnSpec(Strict):
+    """The convolutions `model.encoder: cnn` runs on a group's frames before the hidden
+    layers; the defaults are the Nature DQN's (Mnih et al. 2015)."""
+
+    channels: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [32, 64, 64],
+        min_length=1,
+        max_length=16,
+        description="Output channels of each convolution (a ReLU after each).",
+    )
+    kernels: list[Annotated[int, Field(ge=1, le=64)]] = Field(
+        default_factory=lambda: [8, 4, 3], description="Square kernel size of each convolution."
+    )
+    strides: list[Annotated[int, Field(ge=1, le=64)]] = Field(
+        default_factory=lambda: [4, 2, 1], description="Stride of each convolution."
+    )
+    downsample: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Average-pool the frames by this factor on the device before the first "
+        "convolution (a 457x120 pistonball frame by 4: 114x30).",
+    )
+
+    def sizes(self, frames: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+        """`(channels, height, width)` after the pooling and after each convolution, on
+        frames `(H, W, C)`."""
+        height, width, channels = frames
+        found = [(channels, height // self.downsample, width // self.downsample)]
+        for out, kernel, stride in zip(self.channels, self.kernels, self.strides, strict=True):
+            _, height, width = found[-1]
+            found.append((out, (height - kernel) // stride + 1, (width - kernel) // stride + 1))
+        return found
+
+    def parameters(self, frames: tuple[int, int, int]) -> tuple[int, int]:
+        """The convolutions' weights and biases, and the features they give, on `frames`."""
+        sizes = self.sizes(frames)
+        weights = sum(
+            out * (c_in * kernel * kernel + 1)
+            for (c_in, _, _), (out, _, _), kernel in zip(
+                sizes, sizes[1:], self.kernels, strict=False
+            )
+        )
+        channels, height, width = sizes[-1]
+        return weights, channels * height * width
+
+    @model_validator(mode="after")
+    def _one_per_layer(self) -> CnnSpec:
+        if not len(self.channels) == len(self.kernels) == len(self.strides):
+            raise ValueError("channels, kernels and strides need one entry per convolution")
+        return self
 
 
 class ModelSpec(Strict):
@@ -104,6 +158,21 @@ class ModelSpec(Strict):
         "state reset at episode starts (algorithms whose `list algos` says recurrent); "
         "null = feed-forward.",
     )
+    encoder: Encoder | dict[str, Encoder] = Field(
+        "mlp",
+        description="What reads a group's observations before the hidden layers: mlp (the "
+        "observation flattened) or cnn (`model.cnn`'s convolutions over its frames: "
+        "observations of shape [H, W, C] or [H, W]); a mapping sets it per group name, "
+        "others stay mlp. Frames of uint8 stay uint8 in rollouts and replay and are scaled "
+        "to [0, 1] on the device, with either encoder.",
+    )
+    cnn: CnnSpec = Field(default_factory=CnnSpec, description="The convolutions of `cnn`.")
+
+    def encoder_for(self, group: str) -> str:
+        """`encoder` for agent group `group`."""
+        if isinstance(self.encoder, dict):
+            return self.encoder.get(group, "mlp")
+        return self.encoder
 
     def for_algo(self, algo: AlgoConfig) -> ModelSpec:
         """This model with the fields left null set to the algorithm's reference values."""

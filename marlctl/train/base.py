@@ -137,13 +137,26 @@ class Trainer:
         return self.bounds[group.name].from_env(action)
 
     def agent_net(
-        self, group, n_in: int, n_out: int, sharing: str | None = None, **kwargs
+        self,
+        group,
+        n_in: int,
+        n_out: int,
+        sharing: str | None = None,
+        observes: bool = False,
+        **kwargs,
     ) -> AgentNet:
         """A network for the agents of `group`, shared among them as `model.sharing` says
-        unless `sharing` is given."""
+        unless `sharing` is given; one that `observes` reads the group's observations, with
+        the encoder `model.encoder` gives it."""
+        frames = None
+        if observes and self.model.encoder_for(group.name) == "cnn":
+            frames = group.frame_shape
+            if frames is None:
+                raise ValueError(f"model.encoder cnn: group {group.name} has no frames")
         return AgentNet(
             len(self.seeds), group.n_agents, n_in, n_out, self.model,
-            sharing or sharing_of(self.model, group.name), self.init_generators, **kwargs,
+            sharing or sharing_of(self.model, group.name), self.init_generators,
+            frames=frames, **kwargs,
         )  # fmt: skip
 
     def after_update(self) -> None:

@@ -81,7 +81,9 @@ class MADDPGTrainer(OffPolicyTrainer):
         K = config.ensemble
         self.actors = nn.ModuleDict(
             {
-                g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=0.01, ensemble=K)
+                g.name: self.agent_net(
+                    g, g.obs_dim, g.n_actions, out_gain=0.01, ensemble=K, observes=True
+                )
                 for g in info.groups
             }
         )

@@ -77,7 +77,7 @@ class MASACTrainer(OffPolicyTrainer):
         for g in info.groups:
             out = g.n_actions if g.discrete else 2 * g.n_actions
             # Small initial outputs: near-uniform logits, or mean 0 and std 1 before tanh.
-            self.actors[g.name] = self.agent_net(g, g.obs_dim, out, out_gain=0.01)
+            self.actors[g.name] = self.agent_net(g, g.obs_dim, out, out_gain=0.01, observes=True)
             q_out = g.n_actions if g.discrete else 1
             # The twin critics are one ensemble of two: one batched call evaluates both.
             self.critics[g.name] = self.agent_net(

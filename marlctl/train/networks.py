@@ -21,6 +21,7 @@ from torch import nn
 
 from marlctl.spec.models import ModelSpec
 from marlctl.train.core import ACTIVATIONS, BatchedMLP, batched_linear, one_hot_ids, select_copy
+from marlctl.train.frames import BatchedCNN, scaled
 
 
 def sharing_of(model: ModelSpec, group: str) -> str:
@@ -122,7 +123,10 @@ class AgentNet(nn.Module):
         out_gain: float = 1.0,
         ensemble: int = 1,
         recurrent: bool | None = None,
+        frames: tuple[int, int, int] | None = None,
     ):
+        """frames: `(H, W, C)` of the input, which `model.cnn`'s convolutions read first
+        (`model.encoder: cnn`); None: the input goes to the hidden layers as it is."""
         super().__init__()
         self.sharing, self.n, self.ensemble = sharing, n_agents, ensemble
         shared = sharing == "shared"
@@ -131,6 +135,12 @@ class AgentNet(nn.Module):
         self.recurrent = model.recurrent is not None if recurrent is None else recurrent
         hidden, act = list(model.hidden), model.activation
         common = {"activation": act, "generators": generators, "init": model.init}
+        self.cnn = None
+        if frames is not None:
+            if ensemble > 1:
+                raise ValueError("model.encoder cnn: not with policy ensembles")
+            self.cnn = BatchedCNN(seeds, self.copies, frames, model.cnn, generators, model.init)
+            n_in = self.cnn.features
         n_in += self.id_dim
         if self.recurrent:
             size = hidden[-1]
@@ -173,7 +183,7 @@ class AgentNet(nn.Module):
         that agent's input `[S, ..., 1, in]`, as where agents update one at a time.
         """
         copy = self._own_copy(copy)
-        x = self._with_ids(x)
+        x = self._inputs(x, copy)
         if self.ensemble > 1:
             return self._ensemble(x, member), None
         if not self.recurrent:
@@ -193,7 +203,7 @@ class AgentNet(nn.Module):
         `[S, B, T, n, out]`, as `forward` step by step. The encoder, the GRU's input gates
         and the head run on every step at once; only the state's product is per step."""
         copy = self._own_copy(copy)
-        gi = self.gru.input_gates(self.activation(self.encoder(self._with_ids(x), copy)), copy)
+        gi = self.gru.input_gates(self.activation(self.encoder(self._inputs(x, copy), copy)), copy)
         states = []
         # unbind: one gradient for all the steps' slices (indexing step by step would give
         # each slice's backward a zeroed tensor the size of the whole sequence)
@@ -206,6 +216,26 @@ class AgentNet(nn.Module):
         """`copy` where the agents have networks of their own; None where one serves all."""
         return None if self.copies == 1 else copy
 
+    def _inputs(self, x: torch.Tensor, copy: torch.Tensor | None = None) -> torch.Tensor:
+        """What the hidden layers take: frames scaled and through the convolutions, then
+        the agent ids."""
+        x = scaled(x)
+        if self.cnn is not None:
+            x = self._convolved(x, copy)
+        return self._with_ids(x)
+
+    def _convolved(self, x: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:
+        """Flattened frames `[S, ..., n, H * W * C]` -> features `[S, ..., n, F]`: each agent's
+        through its own network, or every agent's through the one they share."""
+        S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
+        frames = x.reshape(S, -1, n, *self.cnn.shape)  # [S, B, n, H, W, C]
+        if self.copies == 1 or copy is not None:
+            pick = None if copy is None else (lambda p: select_copy(p, copy))
+            out = self.cnn(frames.reshape(S, 1, -1, *self.cnn.shape), pick)
+            return out.reshape(S, *lead, n, -1)
+        out = self.cnn(frames.transpose(1, 2))  # [S, n, B, F]
+        return out.transpose(1, 2).reshape(S, *lead, n, -1)
+
     def _with_ids(self, x: torch.Tensor) -> torch.Tensor:
         if not self.id_dim:
             return x
@@ -215,7 +245,7 @@ class AgentNet(nn.Module):
     def every_member(self, x: torch.Tensor) -> torch.Tensor:
         """Feed-forward ensembles: every member's output `[S, ..., n, K, out]` in one call
         (e.g. twin critics)."""
-        return self._members(self._with_ids(x))
+        return self._members(self._inputs(x))
 
     def every_member_once(self, x: torch.Tensor) -> torch.Tensor:
         """`every_member` for an input `[S, ..., in]` that every agent shares, on a network

@@ -36,10 +36,11 @@ class GroupPolicy(nn.Module):
         self.tanh = not group.discrete and trainer.model.action_dist == "tanh_normal"
         self.bounds = None if group.discrete else ActionBounds(group, trainer.device)
         n_out = group.n_actions * (2 if self.tanh else 1)
-        self.actor = trainer.agent_net(group, group.obs_dim, n_out, out_gain=0.01)
+        self.actor = trainer.agent_net(group, group.obs_dim, n_out, out_gain=0.01, observes=True)
         self.critic = trainer.agent_net(
-            group, critic_dim, 1, sharing=trainer.critic_sharing, out_gain=1.0
-        )
+            group, critic_dim, 1, sharing=trainer.critic_sharing, out_gain=1.0,
+            observes=not centralised,
+        )  # fmt: skip
         # A centralised critic with one network, no agent ids and no memory gives every agent
         # the same value (BenchMARL's MAPPO critic): it runs once per state, not per agent.
         self.state_critic = centralised and self.critic.same_for_every_agent

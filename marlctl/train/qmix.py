@@ -101,7 +101,10 @@ class QLearningTrainer(OffPolicyTrainer):
         S = len(self.seeds)
         self.groups = {g.name: g for g in info.groups}
         self.q = nn.ModuleDict(
-            {g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=1.0) for g in info.groups}
+            {
+                g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=1.0, observes=True)
+                for g in info.groups
+            }  # fmt: skip
         )
         networks = {"q": self.q}
         self.mixer = None

@@ -209,8 +209,9 @@ def transition_fields(info, hidden: dict[str, int] | None = None) -> dict[str, F
     }
     for g in info.groups:
         n = g.n_agents
-        fields[f"obs/{g.name}"] = Field((n, *g.obs_shape))
-        fields[f"next_obs/{g.name}"] = Field((n, *g.obs_shape))
+        stored = getattr(torch, g.obs_storage)  # uint8 frames stay uint8
+        fields[f"obs/{g.name}"] = Field((n, *g.obs_shape), stored)
+        fields[f"next_obs/{g.name}"] = Field((n, *g.obs_shape), stored)
         fields[f"action/{g.name}"] = (
             Field((n,), torch.long) if g.discrete else Field((n, g.n_actions))
         )

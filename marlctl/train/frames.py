@@ -1,0 +1,79 @@
+"""Frames: observations that are images or grids, read by convolutions (`model.encoder: cnn`).
+
+A group's observations are frames when they have the shape `[H, W, C]` (PettingZoo's image
+layout; `[H, W]` is one channel: `GroupInfo.frame_shape`). They travel flattened, as every
+observation does, and stay uint8 where the env gives uint8 (an RGB frame): a rollout or
+replay buffer holds a quarter of what float32 would take, and `scaled` turns them into [0, 1]
+floats on the device as a network reads them. `BatchedCNN` runs one stack of convolutions per
+seed and per copy (an agent's own network) as grouped convolutions, so that, like
+`BatchedMLP`, a seed's features do not depend on the seeds batched with it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    """uint8 frames as floats in [0, 1]; any other input as it is."""
+    return x.float() / 255.0 if x.dtype == torch.uint8 else x
+
+
+class BatchedCNN(nn.Module):
+    """`seeds` x `copies` stacks of convolutions (a ReLU after each), flattened:
+    frames `[S, c, N, H, W, C]` -> features `[S, c, N, F]`."""
+
+    def __init__(
+        self,
+        seeds: int,
+        copies: int,
+        shape: tuple[int, int, int],
+        cnn,
+        generators: list[torch.Generator],
+        init: str = "orthogonal",
+    ):
+        super().__init__()
+        self.seeds, self.copies, self.shape = seeds, copies, shape
+        self.downsample, self.strides = cnn.downsample, list(cnn.strides)
+        sizes = cnn.sizes(shape)
+        if min(min(h, w) for _, h, w in sizes) < 1:
+            raise ValueError(f"model.cnn leaves nothing of frames {shape[0]}x{shape[1]}: {sizes}")
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for (c_in, _, _), (out, _, _), kernel in zip(sizes, sizes[1:], cnn.kernels, strict=False):
+            weight = torch.empty(seeds, copies, out, c_in, kernel, kernel)
+            bias = torch.zeros(seeds, copies, out)
+            fan_in = c_in * kernel * kernel
+            for s in range(seeds):
+                for k in range(copies):
+                    if init == "torch":  # nn.Conv2d's default
+                        bound = 1 / math.sqrt(fan_in)
+                        nn.init.uniform_(weight[s, k], -bound, bound, generator=generators[s])
+                        nn.init.uniform_(bias[s, k], -bound, bound, generator=generators[s])
+                    else:
+                        flat = weight[s, k].view(out, fan_in)
+                        nn.init.orthogonal_(flat, math.sqrt(2), generator=generators[s])
+            self.weights.append(nn.Parameter(weight))
+            self.biases.append(nn.Parameter(bias))
+        channels, height, width = sizes[-1]
+        self.features = channels * height * width
+
+    def forward(self, x: torch.Tensor, pick=None) -> torch.Tensor:
+        """x `[S, c, N, H, W, C]` float; `pick` selects one copy of each seed's weights
+        (`select_copy`), with c = 1."""
+        S, c, N = x.shape[:3]
+        H, W, C = self.shape
+        groups = S * c
+        # [N, S * c * C, H, W]: each seed's (and copy's) channels side by side, one group each
+        h = x.reshape(groups, N, H, W, C).permute(1, 0, 4, 2, 3).reshape(N, groups * C, H, W)
+        if self.downsample > 1:
+            h = F.avg_pool2d(h, self.downsample)
+        for weight, bias, stride in zip(self.weights, self.biases, self.strides, strict=True):
+            w, b = (weight, bias) if pick is None else (pick(weight), pick(bias))
+            h = F.conv2d(h, w.reshape(-1, *w.shape[3:]), b.reshape(-1), stride, groups=groups)
+            h = F.relu(h)
+        return h.reshape(N, groups, -1).transpose(0, 1).reshape(S, c, N, -1)

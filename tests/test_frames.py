@@ -1,0 +1,162 @@
+"""Frames (image and grid observations) and the convolutional encoder (`model.encoder: cnn`):
+each seed's and each agent's convolutions are its own, uint8 frames stay uint8 from the env to
+the rollout and the replay buffer, every algorithm family trains on them, and a policy that
+reads the frames learns what an agent must see to act."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_training import run_json, write_spec
+
+from marlctl.spec.sections import CnnSpec, ModelSpec
+from marlctl.train.frames import BatchedCNN
+from marlctl.train.networks import AgentNet
+
+SMALL = {"channels": [4, 8], "kernels": [3, 3], "strides": [2, 1]}
+SPOT = {"id": "toy_envs:spot_the_square", "params": {"size": 12, "agents": 2, "max_cycles": 8}}
+
+
+def test_each_seed_and_copy_convolves_with_its_own_weights():
+    torch.manual_seed(0)
+    cnn = CnnSpec(**SMALL, downsample=2)
+    generators = [torch.Generator().manual_seed(s) for s in range(3)]
+    net = BatchedCNN(3, 2, (20, 16, 3), cnn, generators)
+    x = torch.rand(3, 2, 5, 20, 16, 3)
+    out = net(x)
+    assert out.shape == (3, 2, 5, net.features)
+    for s in range(3):
+        for k in range(2):
+            h = F.avg_pool2d(x[s, k].permute(0, 3, 1, 2), 2)
+            for weight, bias, stride in zip(net.weights, net.biases, net.strides, strict=True):
+                h = F.relu(F.conv2d(h, weight[s, k], bias[s, k], stride))
+            assert torch.allclose(out[s, k], h.flatten(1), atol=1e-6), (s, k)
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+@pytest.mark.parametrize("recurrent", [None, "gru"])
+def test_a_seed_s_network_reads_its_frames_as_it_does_alone(sharing, recurrent):
+    model = ModelSpec(hidden=[16], encoder="cnn", cnn=CnnSpec(**SMALL), sharing=sharing,
+                      recurrent=recurrent, activation="relu", layer_norm=False)  # fmt: skip
+
+    def net(seeds):
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        return AgentNet(len(seeds), 3, 12 * 12 * 3, 4, model, sharing, generators,
+                        frames=(12, 12, 3))  # fmt: skip
+
+    frames = torch.randint(0, 256, (3, 5, 3, 12 * 12 * 3), dtype=torch.uint8)
+    batched, alone = net((0, 1, 2)), net((1,))
+    h = None if recurrent is None else torch.zeros(3, 5, 3, batched.hidden_size)
+    out, _ = batched(frames, h)
+    mine, _ = alone(frames[1:2], None if h is None else h[1:2])
+    assert torch.allclose(out[1:2], mine, atol=1e-6)
+    # uint8 frames read as the same frames scaled to [0, 1]
+    assert torch.equal(out, batched(frames.float() / 255.0, h)[0])
+    assert not torch.allclose(out[0], out[1])  # seeds differ
+
+
+@pytest.mark.parametrize(
+    "algo, model",
+    [
+        ("mappo", {}),
+        ("ippo", {"sharing": "independent"}),
+        ("ippo", {"recurrent": "gru"}),
+        ("qmix", {}),
+        ("iql", {"recurrent": "gru"}),
+    ],
+)
+def test_every_family_trains_on_uint8_frames_kept_uint8(tmp_path, algo, model):
+    from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.envs.probe import probe
+    from marlctl.train.replay import transition_fields
+
+    info = probe(SPOT["id"], SPOT["params"])
+    env = PettingZooEnv(SPOT["id"], SPOT["params"], info, 2, torch.device("cpu"))
+    assert env.reset(0).obs["looker"].dtype == torch.uint8
+    assert transition_fields(info)["obs/looker"].dtype == torch.uint8
+    env.close()
+    quick = {"rollout_steps": 8, "epochs": 1, "minibatches": 2}
+    if algo in ("qmix", "iql"):
+        quick = {"batch_size": 16, "learning_starts": 64, "sequence_length": 4}
+    body = {
+        "seeds": [0, 1],
+        "env": SPOT,
+        "algo": {"name": algo, **quick},
+        "model": {"hidden": [16], "encoder": "cnn", "cnn": SMALL, **model},
+        "train": {"total_env_steps": 512, "eval_every": 0, "eval_episodes": 2},
+        "hardware": {"device": "cpu", "num_envs": 4},
+    }
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    assert all(r["status"] == "FINISHED" for r in out["runs"])
+
+
+@pytest.mark.slow
+def test_a_policy_that_reads_the_frames_learns_to_spot_the_square(tmp_path):
+    # Random play names the right quadrant on a quarter of the 8 steps: a return of 2.
+    finals = []
+    for seed in (0, 1, 2):
+        body = {
+            "seeds": [seed],
+            "env": SPOT,
+            "algo": {"name": "ippo", "rollout_steps": 16, "epochs": 4, "minibatches": 2,
+                     "lr": 1.0e-3},  # fmt: skip
+            "model": {"hidden": [64], "encoder": "cnn",
+                      "cnn": {"channels": [16, 32], "kernels": [3, 3], "strides": [2, 1]}},
+            "train": {"total_env_steps": 6000, "eval_every": 0, "eval_episodes": 32},
+            "hardware": {"device": "cpu", "num_envs": 16},
+        }  # fmt: skip
+        out = run_json("run", str(write_spec(tmp_path, body, f"spot{seed}.yaml")))
+        finals.append(out["runs"][0]["final_return"])
+    assert statistics.median(finals) >= 6.0, finals
+
+
+@pytest.mark.parametrize(
+    "model, where, message",
+    [
+        ({"encoder": "cnn"}, "model.encoder", "are not frames"),
+        ({"encoder": {"agent": "cnn", "pilot": "cnn"}}, "model.encoder.pilot",
+         "no agent group 'pilot'"),
+    ],
+)  # fmt: skip
+def test_a_cnn_for_what_is_not_frames_is_exit_2_at_its_line(tmp_path, model, where, message):
+    body = {
+        "env": {"id": "mpe/simple_spread", "backend": "native"},
+        "algo": {"name": "mappo"},
+        "model": model,
+    }
+    out = run_json("validate", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 2, out
+    text = str(out)
+    assert where in text and message in text, text
+
+
+def test_convolutions_larger_than_the_frames_are_exit_2_at_model_cnn(tmp_path):
+    body = {
+        "env": SPOT,
+        "algo": {"name": "ippo"},
+        "model": {"encoder": "cnn"},  # the Nature DQN's 8x8 kernels, stride 4: 12 -> 2 -> 0
+    }
+    out = run_json("validate", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 2, out
+    assert "model.cnn" in str(out) and "leave nothing" in str(out), out
+
+
+def test_the_memory_estimate_counts_uint8_frames_as_a_quarter():
+    from types import SimpleNamespace
+
+    from marlctl.envs.info import EnvInfo, GroupInfo
+    from marlctl.plan import _estimate_memory_mb
+    from marlctl.spec.models import Spec
+
+    spec = Spec.model_validate({"env": {"id": "x:y"}, "algo": {"name": "ippo"}})
+
+    def estimate(dtype: str) -> float:
+        group = GroupInfo("looker", ("a", "b"), (64, 64, 3), dtype, True, 4)
+        info = EnvInfo("x", "x:y", (group,), 16, True)
+        return _estimate_memory_mb(SimpleNamespace(spec=spec), info, 128)
+
+    assert estimate("uint8") < 0.4 * estimate("float32")
