@@ -94,6 +94,27 @@ def test_every_family_trains_on_uint8_frames_kept_uint8(tmp_path, algo, model):
     assert all(r["status"] == "FINISHED" for r in out["runs"])
 
 
+def test_native_foraging_grids_train_channels_first_with_batched_seeds(tmp_path):
+    body = {
+        "seeds": [0, 1],
+        "env": {
+            "id": "lbf/Foraging-2s-8x8-2p-2f-coop-v3",
+            "backend": "native",
+            "params": {"grid_observation": True},
+        },  # fmt: skip
+        "algo": {"name": "mappo", "rollout_steps": 10, "epochs": 1, "minibatches": 2},
+        "model": {
+            "hidden": [16],
+            "encoder": "cnn",
+            "cnn": {"channels": [8], "kernels": [3], "strides": [1]},
+        },  # fmt: skip
+        "train": {"total_env_steps": 640, "eval_every": 0, "eval_episodes": 2},
+        "hardware": {"device": "cpu", "num_envs": 16, "batch_seeds": True},
+    }
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+
+
 @pytest.mark.slow
 def test_a_policy_that_reads_the_frames_learns_to_spot_the_square(tmp_path):
     # Random play names the right quadrant on a quarter of the 8 steps: a return of 2.

@@ -22,6 +22,10 @@ TASKS = [
     ("Foraging-5x5-4p-1f-v3", {}),
     ("Foraging-7x7-3p-2f-v3", {"penalty": 0.1, "sight": 1, "max_player_level": [1, 2, 3]}),
     ("Foraging-6x6-2p-2f-v3", {"max_food_level": 1, "normalize_reward": False}),
+    # The package's grid observations: a player's view of three layers.
+    ("Foraging-2s-8x8-2p-2f-coop-v3", {"grid_observation": True}),
+    ("Foraging-7x7-3p-2f-v3", {"grid_observation": True, "sight": 1, "max_player_level": 3}),
+    ("Foraging-5x5-4p-1f-v3", {"grid_observation": True}),
 ]
 ENVS = 6
 
@@ -44,9 +48,23 @@ def _copy_into(native, row: int, env) -> None:
     native.steps[row] = env.current_step
 
 
+def grid_space(env):
+    """The space of the package's grid observations as `_make_gym_obs` makes them: three
+    `(2 * sight + 1)`-square layers. lbforaging 2.0.0 declares it with shape (3,), which
+    gymnasium refuses, so the package cannot make a grid env unpatched."""
+    from gymnasium.spaces import Box
+
+    width = 1 + 2 * env.sight
+    return Box(0.0, np.inf, (3, width, width), np.float32)
+
+
 @pytest.mark.parametrize("common_reward", [False, True])
 @pytest.mark.parametrize(("task", "extra"), TASKS)
-def test_native_foraging_steps_exactly_as_the_package(task, extra, common_reward):
+def test_native_foraging_steps_exactly_as_the_package(task, extra, common_reward, monkeypatch):
+    from lbforaging.foraging.environment import ForagingEnv
+
+    if extra.get("grid_observation"):
+        monkeypatch.setattr(ForagingEnv, "_get_observation_space", grid_space)
     params = {"common_reward": common_reward, **extra}
     originals = [TupleSpaceEnv(LBF, task, **params) for _ in range(ENVS)]
     native = native_class(f"lbf/{task}")(params, ENVS, "cpu")
@@ -142,12 +160,13 @@ def test_native_start_states_have_the_packages_distribution(task, extra):
         assert 0.5 * np.abs(a - b).sum() < (0.06 if "cell" in key else 0.04), key
 
 
-def test_grid_observations_are_refused_natively_with_the_reason():
-    key, message = native_problem("lbf/Foraging-grid-8x8-2p-2f-v3", {})  # a grid task
-    assert key == "env.params.grid_observation" and "pettingzoo" in message
-    assert native_problem("lbf/Foraging-8x8-2p-2f-v3", {"grid_observation": True})
-    assert native_problem("lbf/Foraging-8x8-2p-2f-v3", {}) is None
+def test_grid_observations_are_frames_the_cnn_reads_channels_first():
+    assert native_problem("lbf/Foraging-grid-8x8-2p-2f-v3", {}) is None  # a grid task
+    assert native_problem("lbf/Foraging-8x8-2p-2f-v3", {"grid_observation": True}) is None
     assert native_problem("lbf/NotATask-v3", {})[0] == "env.backend"
+    (group,) = native_class("lbf/Foraging-grid-2s-8x8-2p-2f-v3")({}, 1, "cpu").info.groups
+    assert group.obs_shape == (3, 5, 5) and group.channels_first
+    assert group.frame_shape == (5, 5, 3)
 
 
 def _random_return(task: str) -> float:

@@ -39,12 +39,24 @@ class GroupInfo:
 
     @property
     def frame_shape(self) -> tuple[int, int, int] | None:
-        """The observations as frames `(H, W, C)` (PettingZoo's image layout; `[H, W]` is one
-        channel), which a convolutional encoder reads; None where they are not frames."""
+        """The observations as frames `(H, W, C)`, which a convolutional encoder reads; None
+        where they are not frames. `[H, W]` is one channel; `[H, W, C]` is PettingZoo's image
+        layout, and `[C, H, W]` is read where `channels_first` says so."""
         shape = self.obs_shape
         if self.obs_flattened or len(shape) not in (2, 3):
             return None
-        return (shape[0], shape[1], shape[2] if len(shape) == 3 else 1)
+        if len(shape) == 2:
+            return (shape[0], shape[1], 1)
+        if self.channels_first:
+            return (shape[1], shape[2], shape[0])
+        return (shape[0], shape[1], shape[2])
+
+    @property
+    def channels_first(self) -> bool:
+        """A 3-D observation whose first dimension is at most 4 and smaller than the other two
+        holds its channels first (LBF's grid: `[3, 5, 5]`; an image is `[H, W, 3]`)."""
+        shape = self.obs_shape
+        return len(shape) == 3 and shape[0] <= 4 and shape[0] < min(shape[1], shape[2])
 
     @property
     def obs_storage(self) -> str:

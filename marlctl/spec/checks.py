@@ -44,6 +44,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
 
 def probed_env(loaded: LoadedSpec) -> EnvInfo:
     """The spec's env, built, reset and stepped once; SpecError at its lines if it fails."""
+    from marlctl.envs.native import described_natively, native_class
     from marlctl.envs.probe import probe
 
     spec, prov = loaded.spec, loaded.provenance
@@ -52,6 +53,10 @@ def probed_env(loaded: LoadedSpec) -> EnvInfo:
     if problem is not None:
         raise SpecError([problem])
     try:
+        if spec.env.backend == "native" and described_natively(spec.env.id, params):
+            from marlctl.envs.native.base import describe_native
+
+            return describe_native(native_class(spec.env.id), params)
         return probe(spec.env.id, params)
     except Exception as err:
         raise SpecError([env_problem(spec.env.id, err, prov, params)]) from None

@@ -156,7 +156,7 @@ class Trainer:
         return AgentNet(
             len(self.seeds), group.n_agents, n_in, n_out, self.model,
             sharing or sharing_of(self.model, group.name), self.init_generators,
-            frames=frames, **kwargs,
+            frames=frames, channels_first=group.channels_first, **kwargs,
         )  # fmt: skip
 
     def after_update(self) -> None:

@@ -35,9 +35,13 @@ class BatchedCNN(nn.Module):
         cnn,
         generators: list[torch.Generator],
         init: str = "orthogonal",
+        channels_first: bool = False,
     ):
+        """shape: `(H, W, C)`; the frames come as `[H, W, C]`, or `[C, H, W]` where
+        `channels_first`."""
         super().__init__()
         self.seeds, self.copies, self.shape = seeds, copies, shape
+        self.channels_first = channels_first
         self.downsample, self.strides = cnn.downsample, list(cnn.strides)
         sizes = cnn.sizes(shape)
         if min(min(h, w) for _, h, w in sizes) < 1:
@@ -63,13 +67,17 @@ class BatchedCNN(nn.Module):
         self.features = channels * height * width
 
     def forward(self, x: torch.Tensor, pick=None) -> torch.Tensor:
-        """x `[S, c, N, H, W, C]` float; `pick` selects one copy of each seed's weights
+        """x `[S, c, N, *frame]` float; `pick` selects one copy of each seed's weights
         (`select_copy`), with c = 1."""
         S, c, N = x.shape[:3]
         H, W, C = self.shape
         groups = S * c
         # [N, S * c * C, H, W]: each seed's (and copy's) channels side by side, one group each
-        h = x.reshape(groups, N, H, W, C).permute(1, 0, 4, 2, 3).reshape(N, groups * C, H, W)
+        if self.channels_first:
+            h = x.reshape(groups, N, C, H, W).transpose(0, 1)
+        else:
+            h = x.reshape(groups, N, H, W, C).permute(1, 0, 4, 2, 3)
+        h = h.reshape(N, groups * C, H, W)
         if self.downsample > 1:
             h = F.avg_pool2d(h, self.downsample)
         for weight, bias, stride in zip(self.weights, self.biases, self.strides, strict=True):

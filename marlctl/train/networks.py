@@ -124,9 +124,11 @@ class AgentNet(nn.Module):
         ensemble: int = 1,
         recurrent: bool | None = None,
         frames: tuple[int, int, int] | None = None,
+        channels_first: bool = False,
     ):
-        """frames: `(H, W, C)` of the input, which `model.cnn`'s convolutions read first
-        (`model.encoder: cnn`); None: the input goes to the hidden layers as it is."""
+        """frames: `(H, W, C)` of the input (`[C, H, W]` where `channels_first`), which
+        `model.cnn`'s convolutions read first (`model.encoder: cnn`); None: the input goes
+        to the hidden layers as it is."""
         super().__init__()
         self.sharing, self.n, self.ensemble = sharing, n_agents, ensemble
         shared = sharing == "shared"
@@ -139,7 +141,9 @@ class AgentNet(nn.Module):
         if frames is not None:
             if ensemble > 1:
                 raise ValueError("model.encoder cnn: not with policy ensembles")
-            self.cnn = BatchedCNN(seeds, self.copies, frames, model.cnn, generators, model.init)
+            self.cnn = BatchedCNN(
+                seeds, self.copies, frames, model.cnn, generators, model.init, channels_first
+            )
             n_in = self.cnn.features
         n_in += self.id_dim
         if self.recurrent:
@@ -228,10 +232,10 @@ class AgentNet(nn.Module):
         """Flattened frames `[S, ..., n, H * W * C]` -> features `[S, ..., n, F]`: each agent's
         through its own network, or every agent's through the one they share."""
         S, lead, n = x.shape[0], x.shape[1:-2], x.shape[-2]
-        frames = x.reshape(S, -1, n, *self.cnn.shape)  # [S, B, n, H, W, C]
+        frames = x.reshape(S, -1, n, x.shape[-1])  # [S, B, n, frame]
         if self.copies == 1 or copy is not None:
             pick = None if copy is None else (lambda p: select_copy(p, copy))
-            out = self.cnn(frames.reshape(S, 1, -1, *self.cnn.shape), pick)
+            out = self.cnn(frames.reshape(S, 1, -1, x.shape[-1]), pick)
             return out.reshape(S, *lead, n, -1)
         out = self.cnn(frames.transpose(1, 2))  # [S, n, B, F]
         return out.transpose(1, 2).reshape(S, *lead, n, -1)

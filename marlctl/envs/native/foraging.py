@@ -15,7 +15,9 @@ test holds them to it):
   player's view clipped at the grid's edge), then the player itself and the other players it
   sees, in index order, each as (row, col, level); unseen slots are (-1, -1, 0). As in the
   package, a player near the grid's top or left edge sees other players up to `2 * sight`
-  cells below or right of its view's corner.
+  cells below or right of its view's corner. With `grid_observation` it is the package's
+  grid instead: three `(2 * sight + 1)`-square layers centred on the player (players'
+  levels, foods' levels, cells free to step on), a frame `model.encoder: cnn` reads.
 - Start states: players on distinct cells, uniform; foods one after another on inner cells
   with no food in the 3x3 around them or two cells away along a row or column; levels
   uniform in their ranges (foods at the maximum with `force_coop`; the maximum defaults to
@@ -104,9 +106,12 @@ class Foraging(NativeEnv):
         self.moves = torch.tensor(MOVES, device=dev)
         self.unseen = torch.tensor([-1, -1, 0], device=dev)  # (row, col, level) of no one
         self.player_index = torch.arange(P, device=dev)
-        self.obs_dim = 3 * F + 3 * P
+        self.grid = p.get("grid_observation", False)
+        self.obs_dim = 3 * (2 * self.sight + 1) ** 2 if self.grid else 3 * F + 3 * P
         # The original's masks come in its infos: the same group, whichever backend runs.
         agents = replace(group("agent", P, self.obs_dim, ACTIONS), mask_source="info")
+        if self.grid:  # the package's layers: players, foods, access; each a player's view
+            agents = replace(agents, obs_shape=(3, 2 * self.sight + 1, 2 * self.sight + 1))
         return [agents], P * self.obs_dim
 
     # ------------------------------------------------------------ start states
@@ -197,6 +202,9 @@ class Foraging(NativeEnv):
         return mask
 
     def observe(self):
+        if self.grid:
+            obs = self._grid_views()
+            return {"agent": obs}, obs.flatten(1), {"agent": self._masks(self._field())}
         s, P, F = self.sight, self.P, self.F
         pos, level = self.pos, self.level
         origin = (pos - s).clamp(min=0)  # [E, P, 2]: the corner of each player's view
@@ -226,6 +234,26 @@ class Foraging(NativeEnv):
         obs = torch.cat([food.flatten(2), players.flatten(2)], -1).to(self.dtype)
         masks = self._masks(self._field())
         return {"agent": obs}, obs.flatten(1), {"agent": masks}
+
+    def _grid_views(self) -> torch.Tensor:
+        """`grid_observation`: each player's view `[E, P, 3, 2s+1, 2s+1]` of three layers,
+        the players' levels, the foods' levels and the cells a player may step on (off the
+        grid, players and foods: 0), centred on the player."""
+        s, E = self.sight, self.pos.shape[0]
+        field = self._field()
+        # Where players share a cell (a move into a cell its player left for another), the
+        # package writes them in turn: the last one's level stays.
+        same = (self.pos.unsqueeze(2) == self.pos.unsqueeze(1)).all(-1)  # [E, P, P]
+        later = same & (self.player_index.unsqueeze(1) < self.player_index)  # q after p
+        players = self._grid(self.pos, self.level * ~later.any(-1))
+        free = (self._grid(self.pos, torch.ones_like(self.level)) == 0) & (field == 0)
+        layers = torch.stack([players, field, free.long()], -1).to(self.dtype)  # [E, R, C, 3]
+        layers = torch.nn.functional.pad(layers, (0, 0, s, s, s, s))  # zeros off the grid
+        span = torch.arange(2 * s + 1, device=self.device)
+        rows = (self.pos[..., 0, None] + span)[..., :, None]  # [E, P, W, 1], padded coords
+        cols = (self.pos[..., 1, None] + span)[..., None, :]  # [E, P, 1, W]
+        envs = torch.arange(E, device=self.device).view(E, 1, 1, 1)
+        return layers[envs, rows, cols].permute(0, 1, 4, 2, 3)
 
     # ------------------------------------------------------------ a step
 
