@@ -115,6 +115,26 @@ def test_native_foraging_grids_train_channels_first_with_batched_seeds(tmp_path)
     assert out["exit_code"] == 0, out
 
 
+@pytest.mark.parametrize(
+    "spec, overrides",
+    [
+        ("pistonball_ippo_cnn.yaml", ["env.params.n_pistons=3", "env.params.max_cycles=20",
+                                      "model.cnn.downsample=3", "train.total_env_steps=96"]),
+        ("pursuit_ippo_cnn.yaml", ["env.params.max_cycles=20", "train.total_env_steps=160"]),
+    ],
+)  # fmt: skip
+def test_the_pixel_and_grid_example_specs_train(tmp_path, spec, overrides):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "specs" / spec
+    quick = ["seeds=[0]", "train.eval_every=0", "train.eval_episodes=1", "hardware.num_envs=2",
+             "hardware.env_workers=0", "algo.rollout_steps=16", "algo.epochs=1",
+             "algo.minibatches=1"]  # fmt: skip
+    out = run_json("run", str(path), *quick, *overrides)
+    assert out["exit_code"] == 0, out
+    assert out["runs"][0]["status"] == "FINISHED"
+
+
 @pytest.mark.slow
 def test_a_policy_that_reads_the_frames_learns_to_spot_the_square(tmp_path):
     # Random play names the right quadrant on a quarter of the 8 steps: a return of 2.
