@@ -20,20 +20,43 @@ SMALL = {"channels": [4, 8], "kernels": [3, 3], "strides": [2, 1]}
 SPOT = {"id": "toy_envs:spot_the_square", "params": {"size": 12, "agents": 2, "max_cycles": 8}}
 
 
-def test_each_seed_and_copy_convolves_with_its_own_weights():
+def _alone(net: BatchedCNN, frames: torch.Tensor, s: int, k: int) -> torch.Tensor:
+    """Seed `s`'s copy `k` of `net` on frames `[N, H, W, C]`, one plain convolution at a
+    time: what the grouped convolutions must compute for it."""
+    h = F.avg_pool2d(frames.permute(0, 3, 1, 2), net.downsample)
+    layers = iter(zip(net.weights, net.biases, net.geometry, strict=True))
+
+    def conv(h):
+        weight, bias, (stride, padding) = next(layers)
+        return F.conv2d(h, weight[s, k], bias[s, k], stride, padding)
+
+    if not net.impala:
+        for _ in net.geometry:
+            h = F.relu(conv(h))
+        return h.flatten(1)
+    for _ in range(net.stacks):
+        h = F.max_pool2d(conv(h), 3, 2, 1)
+        for _ in range(2):
+            h = h + conv(F.relu(conv(F.relu(h))))
+    return F.relu(h).flatten(1)
+
+
+@pytest.mark.parametrize(
+    "cnn",
+    [CnnSpec(**SMALL, downsample=2), CnnSpec(style="impala", channels=[4, 8], downsample=2)],
+)
+def test_each_seed_and_copy_convolves_with_its_own_weights(cnn):
     torch.manual_seed(0)
-    cnn = CnnSpec(**SMALL, downsample=2)
     generators = [torch.Generator().manual_seed(s) for s in range(3)]
     net = BatchedCNN(3, 2, (20, 16, 3), cnn, generators)
     x = torch.rand(3, 2, 5, 20, 16, 3)
     out = net(x)
     assert out.shape == (3, 2, 5, net.features)
+    assert net.features == cnn.parameters((20, 16, 3))[1]
+    assert sum(p.numel() for p in net.parameters()) == 6 * cnn.parameters((20, 16, 3))[0]
     for s in range(3):
         for k in range(2):
-            h = F.avg_pool2d(x[s, k].permute(0, 3, 1, 2), 2)
-            for weight, bias, stride in zip(net.weights, net.biases, net.strides, strict=True):
-                h = F.relu(F.conv2d(h, weight[s, k], bias[s, k], stride))
-            assert torch.allclose(out[s, k], h.flatten(1), atol=1e-6), (s, k)
+            assert torch.allclose(out[s, k], _alone(net, x[s, k], s, k), atol=1e-5), (s, k)
 
 
 @pytest.mark.parametrize("sharing", ["shared", "independent"])
@@ -133,6 +156,21 @@ def test_the_pixel_and_grid_example_specs_train(tmp_path, spec, overrides):
     out = run_json("run", str(path), *quick, *overrides)
     assert out["exit_code"] == 0, out
     assert out["runs"][0]["status"] == "FINISHED"
+
+
+@pytest.mark.parametrize("preset", ["nature_cnn", "impala_cnn"])
+def test_the_model_presets_compose_and_train(tmp_path, preset):
+    body = {
+        "env": SPOT,
+        "algo": {"name": "ippo", "rollout_steps": 8, "epochs": 1, "minibatches": 1},
+        "train": {"total_env_steps": 64, "eval_every": 0, "eval_episodes": 1},
+        "hardware": {"device": "cpu", "num_envs": 2},
+    }
+    # 12x12 frames: the Nature stack's 8x8 kernels need 36x36 at least, pooled by 1
+    small = ["model.cnn.kernels=[3,3,3]", "model.cnn.strides=[1,1,1]"]
+    overrides = small if preset == "nature_cnn" else ["model.cnn.channels=[4,8]"]
+    out = run_json("run", str(write_spec(tmp_path, body)), f"+models={preset}", *overrides)
+    assert out["exit_code"] == 0, out
 
 
 @pytest.mark.slow

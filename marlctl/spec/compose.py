@@ -1,8 +1,9 @@
 """Spec file + Hydra overrides → validated `Spec`, with every problem located in its source.
 
 Composition uses Hydra's compose API: the spec (YAML or TOML) is the primary config, its
-`defaults:` list pulls presets from `algos/`, `envs/`, `sweeps/` (a preset file places itself
-with `# @package algo`), and overrides use Hydra's grammar. Pure: no torch, no mlflow.
+`defaults:` list pulls presets from `algos/`, `envs/`, `models/`, `sweeps/` (a preset file
+places itself with `# @package algo`), and overrides use Hydra's grammar. Pure: no torch, no
+mlflow.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from marlctl.errors import Problem
 from marlctl.spec.models import Spec
 from marlctl.spec.source import SourceFile
 
-PRESET_GROUPS = ("algos", "envs", "sweeps")
+PRESET_GROUPS = ("algos", "envs", "models", "sweeps")
 OVERRIDES = "<overrides>"
 
 
@@ -52,7 +52,8 @@ class LoadedSpec:
 
 
 def preset_roots() -> list[Path]:
-    """Folders holding `algos/`, `envs/`, `sweeps/`: the working dir and the installed presets."""
+    """Folders holding `algos/`, `envs/`, `models/`, `sweeps/`: the working dir and the installed
+    presets."""
     here = Path(__file__).resolve().parent.parent
     candidates = [Path.cwd(), here / "presets", here.parent]
     roots: list[Path] = []

@@ -55,11 +55,18 @@ class CnnSpec(Strict):
     """The convolutions `model.encoder: cnn` runs on a group's frames before the hidden
     layers; the defaults are the Nature DQN's (Mnih et al. 2015)."""
 
+    style: Literal["plain", "impala"] = Field(
+        "plain",
+        description="plain: a convolution per entry of `channels`, `kernels` and `strides`, "
+        "a ReLU after each; impala: the IMPALA network's residual stacks (Espeholt et al. "
+        "2018), one per entry of `channels` (a 3x3 convolution, a 3x3 max-pool of stride 2, "
+        "two residual blocks of two 3x3 convolutions), `kernels` and `strides` unused.",
+    )
     channels: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [32, 64, 64],
         min_length=1,
         max_length=16,
-        description="Output channels of each convolution (a ReLU after each).",
+        description="Output channels of each convolution (impala: of each stack).",
     )
     kernels: list[Annotated[int, Field(ge=1, le=64)]] = Field(
         default_factory=lambda: [8, 4, 3], description="Square kernel size of each convolution."
@@ -76,30 +83,36 @@ class CnnSpec(Strict):
     )
 
     def sizes(self, frames: tuple[int, int, int]) -> list[tuple[int, int, int]]:
-        """`(channels, height, width)` after the pooling and after each convolution, on
-        frames `(H, W, C)`."""
+        """`(channels, height, width)` after the pooling and after each convolution (impala:
+        each stack), on frames `(H, W, C)`."""
         height, width, channels = frames
         found = [(channels, height // self.downsample, width // self.downsample)]
-        for out, kernel, stride in zip(self.channels, self.kernels, self.strides, strict=True):
+        for index, out in enumerate(self.channels):
             _, height, width = found[-1]
+            if self.style == "impala":  # same-size convolutions, a pool halving (rounding up)
+                found.append((out, (height + 1) // 2, (width + 1) // 2))
+                continue
+            kernel, stride = self.kernels[index], self.strides[index]
             found.append((out, (height - kernel) // stride + 1, (width - kernel) // stride + 1))
         return found
 
     def parameters(self, frames: tuple[int, int, int]) -> tuple[int, int]:
         """The convolutions' weights and biases, and the features they give, on `frames`."""
         sizes = self.sizes(frames)
-        weights = sum(
-            out * (c_in * kernel * kernel + 1)
-            for (c_in, _, _), (out, _, _), kernel in zip(
-                sizes, sizes[1:], self.kernels, strict=False
-            )
-        )
+        weights = 0
+        for index, ((c_in, _, _), (out, _, _)) in enumerate(zip(sizes, sizes[1:], strict=False)):
+            if self.style == "impala":  # the stack's convolution and 4 in its residual blocks
+                weights += out * (c_in * 9 + 1) + 4 * out * (out * 9 + 1)
+            else:
+                weights += out * (c_in * self.kernels[index] ** 2 + 1)
         channels, height, width = sizes[-1]
         return weights, channels * height * width
 
     @model_validator(mode="after")
     def _one_per_layer(self) -> CnnSpec:
-        if not len(self.channels) == len(self.kernels) == len(self.strides):
+        if self.style == "plain" and not len(self.channels) == len(self.kernels) == len(
+            self.strides
+        ):
             raise ValueError("channels, kernels and strides need one entry per convolution")
         return self
 

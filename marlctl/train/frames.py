@@ -24,8 +24,9 @@ def scaled(x: torch.Tensor) -> torch.Tensor:
 
 
 class BatchedCNN(nn.Module):
-    """`seeds` x `copies` stacks of convolutions (a ReLU after each), flattened:
-    frames `[S, c, N, H, W, C]` -> features `[S, c, N, F]`."""
+    """`seeds` x `copies` stacks of convolutions (`model.cnn`: plain, a ReLU after each; or
+    the IMPALA network's residual stacks), flattened: frames `[S, c, N, *frame]` -> features
+    `[S, c, N, F]`."""
 
     def __init__(
         self,
@@ -41,14 +42,22 @@ class BatchedCNN(nn.Module):
         `channels_first`."""
         super().__init__()
         self.seeds, self.copies, self.shape = seeds, copies, shape
-        self.channels_first = channels_first
-        self.downsample, self.strides = cnn.downsample, list(cnn.strides)
+        self.channels_first, self.downsample = channels_first, cnn.downsample
+        self.impala, self.stacks = cnn.style == "impala", len(cnn.channels)
         sizes = cnn.sizes(shape)
         if min(min(h, w) for _, h, w in sizes) < 1:
             raise ValueError(f"model.cnn leaves nothing of frames {shape[0]}x{shape[1]}: {sizes}")
+        # (in, out, kernel, stride, padding) of each convolution, in the order they run
+        convs: list[tuple[int, int, int, int, int]] = []
+        for index, ((c_in, _, _), (out, _, _)) in enumerate(zip(sizes, sizes[1:], strict=False)):
+            if self.impala:  # the stack's convolution, then two residual blocks of two
+                convs += [(c_in, out, 3, 1, 1)] + [(out, out, 3, 1, 1)] * 4
+            else:
+                convs.append((c_in, out, cnn.kernels[index], cnn.strides[index], 0))
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for (c_in, _, _), (out, _, _), kernel in zip(sizes, sizes[1:], cnn.kernels, strict=False):
+        self.geometry = [(stride, padding) for _, _, _, stride, padding in convs]
+        for c_in, out, kernel, _, _ in convs:
             weight = torch.empty(seeds, copies, out, c_in, kernel, kernel)
             bias = torch.zeros(seeds, copies, out)
             fan_in = c_in * kernel * kernel
@@ -80,8 +89,22 @@ class BatchedCNN(nn.Module):
         h = h.reshape(N, groups * C, H, W)
         if self.downsample > 1:
             h = F.avg_pool2d(h, self.downsample)
-        for weight, bias, stride in zip(self.weights, self.biases, self.strides, strict=True):
+        layers = iter(zip(self.weights, self.biases, self.geometry, strict=True))
+
+        def conv(h: torch.Tensor) -> torch.Tensor:
+            weight, bias, (stride, padding) = next(layers)
             w, b = (weight, bias) if pick is None else (pick(weight), pick(bias))
-            h = F.conv2d(h, w.reshape(-1, *w.shape[3:]), b.reshape(-1), stride, groups=groups)
+            return F.conv2d(
+                h, w.reshape(-1, *w.shape[3:]), b.reshape(-1), stride, padding, groups=groups
+            )
+
+        if self.impala:
+            for _ in range(self.stacks):
+                h = F.max_pool2d(conv(h), 3, 2, 1)
+                for _ in range(2):  # residual blocks
+                    h = h + conv(F.relu(conv(F.relu(h))))
             h = F.relu(h)
+        else:
+            for _ in self.geometry:
+                h = F.relu(conv(h))
         return h.reshape(N, groups, -1).transpose(0, 1).reshape(S, c, N, -1)
