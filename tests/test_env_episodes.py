@@ -91,7 +91,9 @@ def check_observation(info: EnvInfo, ob: Observation) -> None:
     for g in info.groups:
         obs = ob.obs[g.name]
         assert obs.shape == (COPIES, g.n_agents, *g.obs_shape), g.name
-        assert obs.dtype == torch.float32 and finite(obs), g.name
+        # uint8 frames stay uint8 (scaled where a network reads them); the rest is float32
+        assert obs.dtype == getattr(torch, g.obs_storage), g.name
+        assert finite(obs.float()), g.name
         assert ob.active[g.name].shape == (COPIES, g.n_agents), g.name
         mask = ob.masks[g.name]
         if mask is not None:

@@ -91,6 +91,7 @@ def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
         *(f"lbf/{n}" for n in families.LBF_TASKS),
         *(f"rware/{n}" for n in families.RWARE_TASKS),
         *(f"classic/{n}" for n in families.CLASSIC),
+        *(f"magent2/{n}" for n in families.MAGENT2),
         *(e for e in families.ENVS if e.startswith(("vmas/", "momaland/"))),
         *NATIVE_ONLY,
     }

@@ -21,6 +21,8 @@ class EnvEntry:
     extra: str | None = None  # the marlctl extra that installs `requires` (pyproject.toml)
     # Keywords the factory always gets for this id (a family factory's task name).
     kwargs: tuple[tuple[str, Any], ...] = ()
+    # Agents of one space form a group per name (`red_0`, `blue_0`: armies of one kind).
+    teams_by_name: bool = False
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -264,6 +266,27 @@ MOMALAND = {
 }
 
 
+# MAgent2's grid battles of many agents (Zheng et al. 2018; Farama's magent2): each agent sees
+# the cells around it as layers, `[H, W, C]` frames `model.encoder: cnn` reads, and leaves
+# the episode when it dies. Listed at their version whether or not magent2 is installed.
+MAGENT2 = {
+    "battle": ("battle_v4", "two armies of 81 fight on a 45x45 map"),
+    "adversarial_pursuit": ("adversarial_pursuit_v4", "predators tag faster prey"),
+    "gather": ("gather_v5", "agents compete for food, and may attack each other"),
+    "tiger_deer": ("tiger_deer_v4", "tigers hunt deer in pairs"),
+    "combined_arms": ("combined_arms_v6", "melee and ranged units per army"),
+    "battlefield": ("battlefield_v5", "battle on an 80x80 map with obstacles"),
+}
+
+
+def _magent2():
+    for name, (stem, summary) in MAGENT2.items():
+        factory = f"magent2.environments.{stem}:parallel_env"
+        yield EnvEntry(
+            f"magent2/{name}", factory, "magent2", summary, (), "magent2", teams_by_name=True
+        )
+
+
 def _momaland():
     """MOMAland's envs at their newest installed version; without MOMAland, listed at their
     first, not installed, with the command that installs it."""
@@ -286,5 +309,6 @@ ENVS: dict[str, EnvEntry] = {
         *_turn_based(CLASSIC),
         *_vmas(),
         *_momaland(),
+        *_magent2(),
     ]
 }

@@ -20,15 +20,19 @@ def _space_key(space: Any) -> str:
     return repr(space)
 
 
-def describe(env: Any, env_id: str, factory: str) -> EnvInfo:
-    """Group a ParallelEnv's agents by space and read shapes, masks and global state."""
+def describe(env: Any, env_id: str, factory: str, teams_by_name: bool = False) -> EnvInfo:
+    """Group a ParallelEnv's agents by space and read shapes, masks and global state; with
+    `teams_by_name`, agents of one space whose names differ (`red_0`, `blue_0`: two armies)
+    form a group each."""
     import gymnasium.spaces as spaces
 
     _, infos = env.reset(seed=0)
     agents = list(env.possible_agents)
-    by_key: dict[tuple[str, str], list[str]] = {}
+    by_key: dict[tuple[str, ...], list[str]] = {}
     for agent in agents:
         key = (_space_key(env.observation_space(agent)), _space_key(env.action_space(agent)))
+        if teams_by_name:
+            key += (group_name([agent]),)
         by_key.setdefault(key, []).append(agent)
     groups: list[GroupInfo] = []
     names: set[str] = set()
@@ -218,7 +222,7 @@ def _probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
         else:
             env = as_parallel(factory(**params))
             try:
-                info = describe(env, entry.id, entry.factory)
+                info = describe(env, entry.id, entry.factory, entry.teams_by_name)
                 _step_once(env, info)
             finally:
                 env.close()

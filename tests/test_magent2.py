@@ -1,0 +1,53 @@
+"""MAgent2's battles (`magent2/...`): the two armies are two groups although their spaces
+are one, each agent sees a frame of layers the cnn encoder reads, agents that die leave the
+episode, and either army learns against the other or against a scripted one."""
+
+from __future__ import annotations
+
+import pytest
+from test_training import run_json, write_spec
+
+pytest.importorskip("magent2")
+
+from marlctl.envs.probe import probe  # noqa: E402
+
+BATTLE = {"id": "magent2/battle", "params": {"map_size": 15, "max_cycles": 30}}
+
+
+def test_the_armies_are_groups_of_frames():
+    info = probe(BATTLE["id"], BATTLE["params"])
+    assert [g.name for g in info.groups] == ["red", "blue"]
+    red, blue = info.groups
+    assert red.n_agents == blue.n_agents > 1
+    assert red.frame_shape == (13, 13, 5) and not red.channels_first
+
+
+def test_agents_that_die_leave_the_episode():
+    from magent2.environments import battle_v4
+
+    env = battle_v4.parallel_env(map_size=15, max_cycles=200)
+    env.reset(seed=0)
+    start = len(env.agents)
+    for _ in range(200):  # attack at random until someone falls
+        _, _, terms, truncs, _ = env.step({a: 13 + (hash(a) % 8) for a in env.agents})
+        if len(env.agents) < start or not env.agents:
+            break
+    assert len(env.agents) < start
+
+
+@pytest.mark.parametrize("groups", [None, {"blue": {"scripted": "random"}}])
+def test_an_army_trains_with_convolutions_against_the_other(tmp_path, groups):
+    body = {
+        "seeds": [0],
+        "env": BATTLE,
+        "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1, "minibatches": 2},
+        "model": {"hidden": [32], "encoder": "cnn",
+                  "cnn": {"channels": [8, 16], "kernels": [3, 3], "strides": [1, 1]}},
+        "train": {"total_env_steps": 200, "eval_every": 0, "eval_episodes": 1},
+        "hardware": {"device": "cpu", "num_envs": 2},
+    }  # fmt: skip
+    if groups:
+        body["groups"] = groups
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    assert out["runs"][0]["status"] == "FINISHED"
