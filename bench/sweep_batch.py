@@ -224,10 +224,13 @@ def table(rows: list[dict]) -> list[str]:
         seeds = ", ".join(f"{v:.2f}" for v in r["best_seeds"])
         best = "-" if r["best"] is None else f"{r['best']:.2f}"
         batch = "population" if r["case"] == "pbt" else r["batch"]
+        # A population's members train 4x a trial's steps: its trials per hour compare with
+        # nothing, and its wall-clock is not a speed figure (see population_summary).
+        speed = "- | -" if r["case"] == "pbt" else f"{per_hour:.0f} | {ratio:.1f}x"
         lines.append(
             f"| {r['case']} (seed {r.get('seed', 0)}) | {batch} | "
             f"{r['complete']} of {r['trials']} | "
-            f"{r['wall_s'] / 60:.1f} min | {per_hour:.0f} | {ratio:.1f}x | {best} | {seeds} |"
+            f"{r['wall_s'] / 60:.1f} min | {speed} | {best} | {seeds} |"
         )
     return lines
 
@@ -251,7 +254,13 @@ def population_summary(rows: list[dict]) -> list[str]:
         f"trial of the unbatched {base['trials']}-trial MAPPO sweep (its seeds {spread}); "
         f"{better} of {len(bests)} populations at least as good. Each population trained "
         f"{pbt[0]['trials']} members x 2 seeds for {pbt[0]['steps']:,} env steps per seed, "
-        f"the sweep's {base['trials']} trials x 2 seeds x {base['steps']:,} in all.",
+        f"the sweep's {base['trials']} trials x 2 seeds x {base['steps']:,} in all."
+        + (
+            " The populations' wall-clock is not a speed figure: they shared the machine "
+            "with other work (`--busy`)."
+            if any(r.get("busy") for r in pbt)
+            else ""
+        ),
         "",
     ]
 
@@ -266,6 +275,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="studies per case (pbt)")
     parser.add_argument("--device", default="cpu", help="hardware.device of every study")
     parser.add_argument("--jsonl", type=Path, help="append each study's row here")
+    parser.add_argument(
+        "--busy", action="store_true", help="other work shares the machine: no speed figure"
+    )
     parser.add_argument("--scaling", action="store_true", help="measure rows' throughput first")
     parser.add_argument(
         "--reuse", type=Path, help="a --jsonl of earlier studies: the same studies are not rerun"
@@ -298,7 +310,7 @@ def main() -> None:
             if same:
                 rows.append(same[-1])
                 continue
-            row = run(case_name, trials, steps, batch, seed, args.device)
+            row = run(case_name, trials, steps, batch, seed, args.device) | {"busy": args.busy}
             print(json.dumps(row), flush=True)
             rows.append(row)
             if args.jsonl:

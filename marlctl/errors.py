@@ -18,6 +18,8 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         path, message = printable(self.path), printable(self.message)
+        if path != path.strip():  # a key with blanks at its ends, quoted: the location reads
+            path = repr(path)
         return f"{where}: {path}: {message}" if path else f"{where}: {message}"
 
 

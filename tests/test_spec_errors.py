@@ -966,3 +966,10 @@ def test_an_override_the_grammar_does_not_read_is_named_in_a_few_words(
     first = problem_lines(result.output)[0]
     assert first.startswith(f"<overrides>:1: {override}: bad override: {message}"), first
     assert "expecting" not in first and "BRACKET_OPEN" not in first and len(first) < 160
+
+
+def test_a_key_with_blanks_at_its_ends_is_quoted_in_its_location():
+    from marlctl.errors import Problem
+
+    shown = str(Problem("spec.yaml", 1, " lr", "unknown key"))
+    assert shown == "spec.yaml:1: ' lr': unknown key"
