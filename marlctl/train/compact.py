@@ -25,7 +25,7 @@ from marlctl.train.lifecycle import Part, RunState
 
 def compact_blocker(run: RunState) -> str | None:
     """Why the rows that end in this run cannot leave its batch, or None."""
-    if not run.trainer.compacts:
+    if not getattr(run.trainer, "compacts", False):  # a teams trainer keeps its rows
         return f"{type(run.trainer).__name__} keeps every row"
     for env in (run.env, run.eval_env):
         if not hasattr(env, "keep_blocks"):
