@@ -1,5 +1,5 @@
 """Benchmark: MAgent2 battle's training throughput against the env's own stepping cost, from
-20 to 500 agents per army.
+20 to 484 agents per army.
 
 For each map size, the env alone: one `magent2.environments.battle_v4` stepped with random
 actions (numpy, no learner), env steps per second. Then training: `marlctl run` of IPPO with
@@ -28,7 +28,7 @@ from pettingzoo_mappo import machine, marlctl_json
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "magent2_battle.md"
 WORKDIR = ROOT / "bench" / "runs" / "magent2"
-MAPS = (25, 50, 70, 100, 112)  # 20, 100, 196, 400 and 500 agents per army
+MAPS = (25, 50, 70, 100, 112)  # 20, 100, 196, 400 and 484 agents per army
 TRAIN = {
     "algo": {"name": "ippo", "rollout_steps": 32, "epochs": 2, "minibatches": 2},
     "model": {"hidden": [64], "encoder": "cnn",
