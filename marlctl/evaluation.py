@@ -36,6 +36,9 @@ class EvalResult:
     logged_return: float | None = None  # the run's own final eval, for comparison
     video: str | None = None
     win_rate: float | None = None  # where the env says who won
+    # A Melting Pot scenario the policy played as its focal population: `return_mean` is
+    # then the focal per-capita return, logged to the run as `scenario/NAME`.
+    scenario: str | None = None
 
 
 @dataclass
@@ -85,11 +88,14 @@ def evaluate_runs(
     device: str | None,
     checkpoint: str | None = None,
     render: Render | None = None,
+    scenario: str | None = None,
 ) -> EvalSummary:
     """Evaluate one seed's run, or every finished seed of a parent run.
 
     `episodes` and `seed` default to the run's own final evaluation; `checkpoint` is
     `latest`, an artifact path of the run, or a local file (default: the final policy).
+    `scenario`: a Melting Pot run plays that scenario of its substrate as the focal
+    population; each seed's focal per-capita return is logged to it as `scenario/NAME`.
     """
     from mlflow.exceptions import MlflowException
 
@@ -112,10 +118,19 @@ def evaluate_runs(
             seed_of = target.data.tags.get("marlctl.seed", target.info.run_id[:8])
             path = render.path.with_name(f"{render.path.stem}-seed{seed_of}{render.path.suffix}")
             video = Render(path, render.episodes, render.fps)
-        results.append(
-            _evaluate_one(client, target, backend, episodes, seed, device, checkpoint, video)
+        result = _evaluate_one(
+            client, target, backend, episodes, seed, device, checkpoint, video, None, scenario
         )
+        if scenario is not None and result.return_mean is not None:
+            _log_scenario(client, target, scenario, result.return_mean)
+        results.append(result)
     return EvalSummary(results)
+
+
+def _log_scenario(client, run, scenario: str, score: float) -> None:
+    """The focal per-capita return as the run's `scenario/NAME`, at its last logged step."""
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "eval/return_mean")]
+    client.log_metric(run.info.run_id, f"scenario/{scenario}", score, step=max(steps, default=0))
 
 
 def _device(run, device: str | None) -> str:
@@ -144,8 +159,10 @@ def _evaluate_one(
     checkpoint: str | None,
     render: Render | None,
     against: dict[str, str] | None = None,
+    scenario: str | None = None,
 ) -> EvalResult:
-    """`against`: groups played by another run's policy instead (group -> its seed run)."""
+    """`against`: groups played by another run's policy instead (group -> its seed run);
+    `scenario`: the Melting Pot scenario played instead of the run's substrate."""
     import torch
 
     from marlctl.plan import compile_plan, learner_info
@@ -169,6 +186,9 @@ def _evaluate_one(
             overrides.append(f"env.backend={backend}")
         if backend == "native":
             overrides.append("hardware.env_workers=0")
+        if scenario is not None:
+            played = load_spec(spec_path, overrides, stored=f"run {run_id}")
+            overrides += _scenario_overrides(played, scenario, render)
         loaded = load_spec(spec_path, overrides, stored=f"run {run_id}")
         plan = compile_plan(loaded)
         policies, artifact = policy_weights(client, run_id, checkpoint, tmp)
@@ -214,7 +234,35 @@ def _evaluate_one(
         run.data.metrics.get("eval/return_mean"),
         video,
         result.get("win_rate"),
+        scenario,
     )
+
+
+def _scenario_overrides(loaded, scenario: str, render: Render | None) -> list[str]:
+    """The overrides that play `scenario` in place of the run's substrate, or exit 2 where
+    the run's env has no scenarios or its policy cannot play fewer players."""
+    from marlctl.envs.registry import lookup
+
+    spec = loaded.spec
+    if lookup(spec.env.id).suite != "meltingpot":
+        raise SpecError.at(
+            "--scenario", f"{spec.env.id} has no scenarios: only Melting Pot substrates do"
+        )
+    if render is not None:
+        raise SpecError.at("--scenario", "a scenario's episodes are not rendered: drop --render")
+    sharing = spec.model.sharing
+    modes = set(sharing.values()) if isinstance(sharing, dict) else {sharing or "shared"}
+    # Melting Pot puts focal players in any of a substrate's slots, fewer than it has: a
+    # policy plays them when it is one network for the group that ignores the slot.
+    if modes != {"shared"} or spec.model.agent_ids:
+        raise SpecError.at(
+            "--scenario",
+            "a scenario's focal players are some of the substrate's players, in any of its "
+            "slots: it plays a policy the group shares that does not read the agent's index "
+            "(model.sharing: shared, model.agent_ids: false); this run's has "
+            f"sharing {sharing or 'the algorithm default'}, agent_ids {spec.model.agent_ids}",
+        )
+    return [f"++env.params.scenario={scenario}"]
 
 
 def _render(client, spec, plan, policies: dict, device, render: Render, seed: int) -> Path:

@@ -50,7 +50,7 @@ def test_an_80_column_terminal_shows_every_env_id_and_preset_whole(monkeypatch):
 
 
 def test_a_wide_terminal_shows_one_row_per_env(monkeypatch):
-    buffer = _terminal(monkeypatch, 250)
+    buffer = _terminal(monkeypatch, 330)  # wider than the longest row (Melting Pot ids)
     result = runner.invoke(app, ["list", "envs"])
     assert result.exit_code == 0, result.output
     rows = {line.split("│")[1].strip(): line for line in buffer.getvalue().splitlines()

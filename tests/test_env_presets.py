@@ -92,6 +92,7 @@ def test_every_preset_file_belongs_to_an_env_of_a_known_suite() -> None:
         *(f"rware/{n}" for n in families.RWARE_TASKS),
         *(f"classic/{n}" for n in families.CLASSIC),
         *(f"magent2/{n}" for n in families.MAGENT2),
+        *(f"meltingpot/{n}" for n in families.MELTINGPOT_SUBSTRATES),
         *(e for e in families.ENVS if e.startswith(("vmas/", "momaland/"))),
         *NATIVE_ONLY,
     }
@@ -331,8 +332,9 @@ def test_every_extra_an_env_names_exists_and_installs_what_it_imports(repo_root:
             assert dist in provided, f"{entry.id} imports {module}: not in [{entry.extra}]"
             if module in installed:  # the module-to-distribution map matches what is here
                 assert dist in {d.lower() for d in installed[module]}, (module, installed[module])
-    # extra-envs, which scripts/setup (and so CI) installs, covers every suite.
-    assert {e.extra for e in ENVS.values() if e.suite in suites} <= set(
+    # extra-envs, which scripts/setup (and so CI) installs, covers every suite but Melting
+    # Pot's, whose build downloads assets and which needs TensorFlow.
+    assert {e.extra for e in ENVS.values() if e.suite in suites} - {"meltingpot"} <= set(
         re.search(r"\[(.*)\]", extras["extra-envs"][0]).group(1).split(",")
     )
     assert 'extras="extra-envs,' in (repo_root / "scripts" / "setup").read_text()

@@ -65,6 +65,15 @@ VsOpt = Annotated[
         "report.",
     ),
 ]
+ScenarioOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scenario",
+        help="Melting Pot: play this scenario of the run's substrate as its focal players, "
+        "beside the scenario's background population; logs the focal per-capita return to "
+        "each seed run as scenario/NAME.",
+    ),
+]
 
 
 def eval_(
@@ -79,6 +88,7 @@ def eval_(
     device: DeviceOpt = None,
     tracking_uri: TrackingUriOpt = None,
     vs: VsOpt = None,
+    scenario: ScenarioOpt = None,
     trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -89,6 +99,13 @@ def eval_(
     stop_on_sigterm()
     trust(trust_factory)
     if vs is not None:
+        if scenario is not None:
+            with exit_codes(as_json):
+                from marlctl.errors import SpecError
+
+                raise SpecError.at(
+                    "--scenario", "cross-play plays the runs' own env: leave it out with --vs"
+                )
         _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
                     device, as_json)  # fmt: skip
         return
@@ -107,6 +124,7 @@ def eval_(
             device,
             checkpoint,
             video,
+            scenario,
         )
     if as_json:
         emit_json(summary.to_dict())
@@ -125,6 +143,9 @@ def eval_(
             r.run_id,
         )
     print_table(table, whole=("run",))
+    if scenario is not None:
+        say(output.out, f"scenario {scenario}: eval return is the focal players' per-capita "
+                        f"return, logged to each seed run as scenario/{scenario}")  # fmt: skip
     for r in summary.runs:
         if r.checkpoint != "policy/final.pt":
             say(output.out, f"weights: {r.checkpoint}")

@@ -48,7 +48,12 @@ class EnvEntry:
 # The distribution that provides a module, where the names differ. MOMAland declares pygame
 # (which would overwrite the pygame-ce the SISL envs install) and wandb; the MOMAland envs
 # registered here import neither, so it is installed without its declared dependencies.
-DISTRIBUTIONS = {"pygame": "pygame-ce", "Box2D": "box2d", "momaland": "--no-deps momaland"}
+DISTRIBUTIONS = {
+    "pygame": "pygame-ce",
+    "Box2D": "box2d",
+    "momaland": "--no-deps momaland",
+    "meltingpot": "dm-meltingpot",
+}
 
 
 def _importable(module: str) -> bool:
@@ -161,9 +166,78 @@ def _rware_summary(task: str) -> str | None:
     return f"robot warehouse: {m['size']}, {m['agents']} robots{difficulty}"
 
 
-_FAMILIES = {  # prefix -> (factory, summary of a task id, module, extra)
-    "lbf": ("marlctl.envs.gymma:lbf", _lbf_summary, "lbforaging", "lbf"),
-    "rware": ("marlctl.envs.gymma:rware", _rware_summary, "rware", "rware"),
+# Melting Pot's substrates (dm-meltingpot 2.4; `marlctl.envs.meltingpot`), listed whether or
+# not the package is installed (a test holds the list to the package where it is).
+MELTINGPOT_SUBSTRATES = (
+    "allelopathic_harvest__open",
+    "bach_or_stravinsky_in_the_matrix__arena",
+    "bach_or_stravinsky_in_the_matrix__repeated",
+    "boat_race__eight_races",
+    "chemistry__three_metabolic_cycles",
+    "chemistry__three_metabolic_cycles_with_plentiful_distractors",
+    "chemistry__two_metabolic_cycles",
+    "chemistry__two_metabolic_cycles_with_distractors",
+    "chicken_in_the_matrix__arena",
+    "chicken_in_the_matrix__repeated",
+    "clean_up",
+    "coins",
+    "collaborative_cooking__asymmetric",
+    "collaborative_cooking__circuit",
+    "collaborative_cooking__cramped",
+    "collaborative_cooking__crowded",
+    "collaborative_cooking__figure_eight",
+    "collaborative_cooking__forced",
+    "collaborative_cooking__ring",
+    "commons_harvest__closed",
+    "commons_harvest__open",
+    "commons_harvest__partnership",
+    "coop_mining",
+    "daycare",
+    "externality_mushrooms__dense",
+    "factory_commons__either_or",
+    "fruit_market__concentric_rivers",
+    "gift_refinements",
+    "hidden_agenda",
+    "paintball__capture_the_flag",
+    "paintball__king_of_the_hill",
+    "predator_prey__alley_hunt",
+    "predator_prey__open",
+    "predator_prey__orchard",
+    "predator_prey__random_forest",
+    "prisoners_dilemma_in_the_matrix__arena",
+    "prisoners_dilemma_in_the_matrix__repeated",
+    "pure_coordination_in_the_matrix__arena",
+    "pure_coordination_in_the_matrix__repeated",
+    "rationalizable_coordination_in_the_matrix__arena",
+    "rationalizable_coordination_in_the_matrix__repeated",
+    "running_with_scissors_in_the_matrix__arena",
+    "running_with_scissors_in_the_matrix__one_shot",
+    "running_with_scissors_in_the_matrix__repeated",
+    "stag_hunt_in_the_matrix__arena",
+    "stag_hunt_in_the_matrix__repeated",
+    "territory__inside_out",
+    "territory__open",
+    "territory__rooms",
+)
+
+
+def _meltingpot_summary(substrate: str) -> str | None:
+    if substrate not in MELTINGPOT_SUBSTRATES:
+        return None
+    return "Melting Pot substrate: players' RGB views of one map"
+
+
+# prefix -> (factory, summary of a task id, module, extra, the keyword that names the task)
+_FAMILIES = {
+    "lbf": ("marlctl.envs.gymma:lbf", _lbf_summary, "lbforaging", "lbf", "task"),
+    "rware": ("marlctl.envs.gymma:rware", _rware_summary, "rware", "rware", "task"),
+    "meltingpot": (
+        "marlctl.envs.meltingpot:make",
+        _meltingpot_summary,
+        "meltingpot",
+        "meltingpot",
+        "substrate",
+    ),  # fmt: skip
 }
 
 
@@ -172,11 +246,11 @@ def family_entry(env_id: str) -> EnvEntry | None:
     prefix, _, task = env_id.partition("/")
     if prefix not in _FAMILIES:
         return None
-    factory, summary, module, extra = _FAMILIES[prefix]
+    factory, summary, module, extra, keyword = _FAMILIES[prefix]
     text = summary(task)
     if text is None:
         return None
-    return EnvEntry(env_id, factory, prefix, text, (module,), extra, (("task", task),))
+    return EnvEntry(env_id, factory, prefix, text, (module,), extra, ((keyword, task),))
 
 
 # Turn-based (AEC) games, one agent acting per step (`marlctl.envs.turns`).
@@ -310,5 +384,6 @@ ENVS: dict[str, EnvEntry] = {
         *_vmas(),
         *_momaland(),
         *_magent2(),
+        *(family_entry(f"meltingpot/{name}") for name in MELTINGPOT_SUBSTRATES),
     ]
 }

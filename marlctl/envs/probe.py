@@ -210,8 +210,11 @@ def _probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
         import vmas  # noqa: F401  (and torch)
 
         from marlctl.envs.vmas import describe_vmas
-    # A VMAS world is built by torch code: seconds for its larger scenarios on a busy CPU.
-    seconds = PROBE_SECONDS * (5 if entry.suite == "vmas" else 1)
+    if entry.suite == "meltingpot":  # imports TensorFlow: seconds, outside the limit
+        import meltingpot.scenario  # noqa: F401
+    # A VMAS world is built by torch code, a Melting Pot substrate by Lua: seconds for the
+    # larger ones on a busy CPU.
+    seconds = PROBE_SECONDS * (5 if entry.suite in ("vmas", "meltingpot") else 1)
     with time_limit(seconds, f"building, resetting and stepping env '{env_id}' once"):
         if entry.suite == "native":  # no PettingZoo original: the env describes itself
             from marlctl.envs.native.base import describe_native

@@ -171,6 +171,10 @@ def resolve_factory(entry: EnvEntry) -> Callable[..., Any]:
         raise EnvLookupError(
             f"env '{entry.id}' needs {needs}, which is not installed: {entry.install_hint}"
         )
+    return _bound(entry)
+
+
+def _bound(entry: EnvEntry) -> Callable[..., Any]:
     obj = import_callable(entry.factory, f" for env '{entry.id}'")
     return _Bound(obj, dict(entry.kwargs)) if entry.kwargs else obj
 
@@ -185,7 +189,12 @@ class _Bound:
         return self.factory(**self.kwargs, **params)
 
     def parameters(self) -> FactoryParams:
-        return self.factory.parameters(**self.kwargs)
+        """The family's own list for its task, or its signature's keywords but the task's."""
+        if hasattr(self.factory, "parameters"):
+            return self.factory.parameters(**self.kwargs)
+        found = factory_params(self.factory)
+        kept = {k: v for k, v in found.defaults.items() if k not in self.kwargs}
+        return FactoryParams(kept, found.open)
 
 
 @functools.cache
@@ -194,7 +203,10 @@ def env_params(env_id: str) -> FactoryParams:
     (`marlctl.envs.signature`), or a native-only env's own. Raises EnvLookupError. Kept
     for the process: a sweep loads its spec once per trial, and reading source is slow."""
     with calling_user_code():
-        factory = resolve_factory(lookup(env_id))
+        entry = lookup(env_id)
+        # A family marlctl wraps names its parameters without its package (Melting Pot's).
+        own = entry.factory.startswith("marlctl.") and entry.suite == "meltingpot"
+        factory = _bound(entry) if own else resolve_factory(entry)
         if hasattr(factory, "parameters"):  # a native task or a family: it lists its own
             return factory.parameters()
         return factory_params(factory)

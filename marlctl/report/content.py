@@ -122,6 +122,40 @@ def seed_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+SCENARIO_PREFIX = "scenario/"
+SCENARIOS_EXPLAINED = (
+    "Melting Pot scenarios: each seed's policy played the scenario as its focal population "
+    "beside the scenario's background players (`marlctl eval RUN --scenario NAME`); the score "
+    "is the focal per-capita return, the mean episode return of the focal players, as the "
+    "Melting Pot papers define it: mean over seeds (n)."
+)
+
+
+def scenario_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
+    """Per group, the focal per-capita return of each Melting Pot scenario its seeds played
+    (`scenario/NAME`), mean over the seeds that played it; None where none did."""
+    names = sorted(
+        {
+            k
+            for g in report.groups
+            for r in g.runs
+            for k in r.metrics
+            if k.startswith(SCENARIO_PREFIX)
+        }
+    )
+    if not names:
+        return None
+    body = []
+    for g in report.groups:
+        cells = []
+        for name in names:
+            values = [r.metrics[name] for r in g.runs if name in r.metrics]
+            mean = sum(values) / len(values) if values else None
+            cells.append(MISSING if mean is None else f"{number(mean)} ({len(values)})")
+        body.append([public(g.label), *cells])
+    return ["group", *(n.removeprefix(SCENARIO_PREFIX) for n in names)], body
+
+
 def notes(report: Report) -> list[str]:
     out = []
     for g in report.groups:

@@ -20,12 +20,14 @@ from marlctl.report.content import (
     EXPLAINED,
     POINTS_EXPLAINED,
     PROFILE_EXPLAINED,
+    SCENARIOS_EXPLAINED,
     VERDICTS_EXPLAINED,
     crossplay_tables,
     notes,
     point_rows,
     profile_rows,
     rows,
+    scenario_rows,
     seed_rows,
     sweep_summary,
     trial_rows,
@@ -112,6 +114,13 @@ def blocks(report: Report) -> list[Block]:
         out += [Heading(2, ("Per-seed results",)), Table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         out += _sweep_blocks(i, sweep)
+    scenarios = scenario_rows(report)
+    if scenarios is not None:
+        out += [
+            Heading(2, ("Melting Pot scenarios",)),
+            Table(*scenarios),
+            Paragraph((SCENARIOS_EXPLAINED,), "note"),
+        ]
     found = crossplay_tables(report)
     if found:
         out.append(Heading(2, ("Cross-play",)))

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from marlctl.report import reproduction
-from marlctl.report.content import crossplay_tables, rows, sweep_summary, trial_rows, verdict_rows
+from marlctl.report.content import (
+    crossplay_tables,
+    rows,
+    scenario_rows,
+    sweep_summary,
+    trial_rows,
+    verdict_rows,
+)
 from marlctl.report.model import Report
 
 
@@ -44,6 +51,13 @@ def rich_tables(report: Report) -> list:
             for name, value in sweep.importances.items():
                 imp.add_row(escape(name), f"{value:.3f}")
             tables.append(imp)
+    scenarios = scenario_rows(report)
+    if scenarios is not None:
+        head, cells = scenarios
+        played = Table(*map(escape, head), title="Melting Pot scenarios: focal per-capita return")
+        for row in cells:
+            played.add_row(*map(escape, row))
+        tables.append(played)
     for title, head, cells in crossplay_tables(report):
         found = Table(*map(escape, head), title=escape(title))
         for row in cells:
