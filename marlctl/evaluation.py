@@ -202,7 +202,7 @@ def _evaluate_one(
     learners = learner_info(plan.env, spec)
     trainer = build_trainer(spec, learners, num_envs, torch_device, total_iterations=1)
     load_into(trainer, policies, artifact)
-    env = make_env(spec, plan.env, num_envs, torch_device)
+    env = make_env(spec, plan.env, num_envs, torch_device, state=False)
     try:
         env = with_opponents(
             env, spec, plan.env, client, [chosen_seed], deterministic=True, against=against

@@ -30,8 +30,11 @@ class EnvSlice:
         info: EnvInfo,
         count: int,
         render_mode: str | None = None,
+        state: bool = True,
     ):
-        self.info = info
+        """state: compute the global state (`env.state()`, or the observations side by
+        side); without it the state stays zeros."""
+        self.info, self.state = info, state
         self.envs = [make_env(env_id, params, render_mode) for _ in range(count)]
         # With a render mode, the first copy's frames: every state, the final one included.
         self.frames: list | None = [] if render_mode else None
@@ -71,6 +74,8 @@ class EnvSlice:
                 value = flatten(self.flatten[agent], value)
             out[f"obs/{g.name}"][i, j] = value
             out[f"active/{g.name}"][i, j] = agent in env.agents
+        if not self.state:
+            return
         if self.info.state_from_env:
             state = np.asarray(env.state(), np.float32).ravel()
             if state.size != self.info.state_dim:
@@ -136,9 +141,11 @@ class EnvSlice:
             env.close()
 
 
-def _worker(remote, env_id: str, params: dict, info: EnvInfo, count: int) -> None:
+def _worker(
+    remote, env_id: str, params: dict, info: EnvInfo, count: int, state: bool = True
+) -> None:
     torch.set_num_threads(1)
-    envs = EnvSlice(env_id, params, info, count)
+    envs = EnvSlice(env_id, params, info, count, state=state)
     try:
         while True:
             command, payload = remote.recv()
@@ -168,9 +175,12 @@ class PettingZooEnv:
         workers: int = 0,
         render_mode: str | None = None,
         reward_weights: list[float] | None = None,
+        state: bool = True,
     ):
         """reward_weights: a multi-objective env's weights of its objectives (default: equal
-        weights summing to 1), which scalarise each agent's reward vector."""
+        weights summing to 1), which scalarise each agent's reward vector. Without `state`
+        the global state is left zeros: for trainers that read none (`Trainer.reads_state`),
+        where `env.state()` costs as much as a step (pistonball renders a frame for it)."""
         self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
         k = info.objectives
         weights = reward_weights if reward_weights is not None else [1.0 / k] * k if k else []
@@ -181,7 +191,7 @@ class PettingZooEnv:
         if render_mode is not None and workers > 0:
             raise ValueError("rendering needs the envs in this process (workers=0)")
         if workers <= 0:
-            self._local = EnvSlice(env_id, params, info, num_envs, render_mode)
+            self._local = EnvSlice(env_id, params, info, num_envs, render_mode, state)
             self._offsets = [0]
         else:
             ctx = mp.get_context("forkserver")
@@ -190,7 +200,7 @@ class PettingZooEnv:
             for size in sizes:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
-                    target=_worker, args=(child, env_id, params, info, size), daemon=True
+                    target=_worker, args=(child, env_id, params, info, size, state), daemon=True
                 )
                 proc.start()
                 child.close()

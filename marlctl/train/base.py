@@ -54,6 +54,9 @@ class Trainer:
     captured_by_default = True  # under `hardware.compile: auto` on a GPU
     row_fields: tuple[str, ...] = ()  # the hyperparameters a row may have of its own
     compacts = False  # `keep_rows` takes all its per-row state: ended rows leave the batch
+    # Some network reads the env's global state: without one, an env that computes its
+    # state apart (PettingZoo's `state()`, a rendered frame in pistonball) is spared it.
+    reads_state = True
 
     def __init__(
         self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]

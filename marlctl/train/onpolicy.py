@@ -62,6 +62,7 @@ class OnPolicyTrainer(Trainer):
         self.values = RowValues(config, self.row_fields, setup.rows, len(setup.seeds),
                                 self.device)  # fmt: skip
         self.recurrent = model.recurrent is not None
+        self.reads_state = centralised
         self.policies = nn.ModuleDict(
             {
                 g.name: GroupPolicy(

@@ -108,6 +108,7 @@ class QLearningTrainer(OffPolicyTrainer):
         )
         networks = {"q": self.q}
         self.mixer = None
+        self.reads_state = config.name == "qmix"  # the mixer reads it; VDN sums, IQL has none
         if config.name == "qmix":
             self.mixer = QMixer(
                 S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_layers,

@@ -214,7 +214,7 @@ def _train(
     start = _Resumed(0, spec.train.eval_every, spec.train.checkpoint_every)
     if requests[0].resume:
         start = _resume(spec, requests, client, trainer, device) or start
-    env, eval_env = _envs(spec, requests, client, learners, device)
+    env, eval_env = _envs(spec, requests, client, learners, device, trainer.reads_state)
     try:
         pool = _load_pools(env, start.pool_states)
         _tag_iterations(spec, requests, client, trainer, env, device)
@@ -299,11 +299,14 @@ def _resume(spec: Spec, requests, client, trainer, device) -> _Resumed | None:
     return _Resumed(env_steps, next_eval, next_checkpoint, pool_states)
 
 
-def _envs(spec: Spec, requests, client, learners: EnvInfo, device) -> tuple[BatchedEnv, Any]:
-    """The training env (with its opponents and pools) and the evaluation env."""
+def _envs(
+    spec: Spec, requests, client, learners: EnvInfo, device, state: bool = True
+) -> tuple[BatchedEnv, Any]:
+    """The training env (with its opponents and pools) and the evaluation env; `state`: the
+    trainer reads the global state (training's env computes it; evaluation reads none)."""
     info, seeds = requests[0].env_info, [r.run.seed for r in requests]
     hw, S = spec.hardware, len(seeds)
-    env = make_env(spec, info, hw.num_envs, device, hw.env_workers, S)
+    env = make_env(spec, info, hw.num_envs, device, hw.env_workers, S, state)
     eval_env = None
     try:
         env = with_opponents(env, spec, info, client, seeds, deterministic=False)
@@ -321,7 +324,8 @@ def make_eval_env(spec: Spec, info: EnvInfo, client, seeds: list[int], device) -
     """The evaluation env of a batch of `seeds`: `train.eval_episodes` envs per seed, at most
     `EVAL_ENVS`, with the spec's opponents acting deterministically (`client` reads frozen
     ones' runs; None where the spec has no opponents)."""
-    env = make_env(spec, info, min(spec.train.eval_episodes, EVAL_ENVS), device, 0, len(seeds))
+    episodes = min(spec.train.eval_episodes, EVAL_ENVS)
+    env = make_env(spec, info, episodes, device, 0, len(seeds), state=False)
     try:
         return with_opponents(env, spec, info, client, seeds, deterministic=True)
     except Exception:
@@ -379,10 +383,11 @@ def make_env(
     device: torch.device,
     workers: int = 0,
     seeds: int = 1,
+    state: bool = True,
 ) -> BatchedEnv:
     """`num_envs` envs for each of `seeds` seeds, seed-major, on the spec's backend (native
     or vmas for several); a native env must present the same spaces as its PettingZoo
-    original (`info`)."""
+    original (`info`). Without `state` a PettingZoo env leaves the global state zeros."""
     params = dict(spec.env.params)
     if spec.env.backend == "native":
         from marlctl.envs.native import native_class
@@ -404,5 +409,6 @@ def make_env(
     from marlctl.envs.pettingzoo import PettingZooEnv
 
     return PettingZooEnv(
-        spec.env.id, params, info, num_envs, device, workers, reward_weights=spec.env.reward_weights
-    )
+        spec.env.id, params, info, num_envs, device, workers,
+        reward_weights=spec.env.reward_weights, state=state,
+    )  # fmt: skip

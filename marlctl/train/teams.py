@@ -144,6 +144,10 @@ class TeamsTrainer:
         self.iteration = 0
         self._obs: dict[str, Observation] | None = None
 
+    @property
+    def reads_state(self) -> bool:
+        return any(t.trainer.reads_state for t in self.teams)
+
     # ------------------------------------------------------------ acting
 
     @property
