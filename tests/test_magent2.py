@@ -51,3 +51,39 @@ def test_an_army_trains_with_convolutions_against_the_other(tmp_path, groups):
     out = run_json("run", str(write_spec(tmp_path, body)))
     assert out["exit_code"] == 0, out
     assert out["runs"][0]["status"] == "FINISHED"
+
+
+def test_an_army_wins_with_more_agents_left_at_the_end():
+    from marlctl.envs.pettingzoo import EnvSlice
+
+    info = probe(BATTLE["id"], BATTLE["params"])
+    red, blue = info.groups
+    envs = EnvSlice(BATTLE["id"], BATTLE["params"], info, 1, wins_for="red")
+    ended = {a: False for a in (*red.agents, *blue.agents)}  # a time limit: all left
+    assert not envs._won(ended)  # as many on each side
+    assert envs._won(ended | {blue.agents[0]: True})  # one blue agent died on the last step
+    assert not envs._won(ended | {red.agents[0]: True})
+    assert not envs._won(dict.fromkeys(ended, True))  # everyone terminated at once
+    envs.wins_for = "blue"
+    assert envs._won(ended | {red.agents[0]: True})
+    envs.close()
+
+
+def test_a_run_against_a_scripted_army_logs_its_win_rate(tmp_path):
+    from test_training import client
+
+    body = {
+        "seeds": [0],
+        "env": BATTLE,
+        "groups": {"red": {"scripted": "random"}},
+        "algo": {"name": "ippo", "rollout_steps": 10, "epochs": 1, "minibatches": 2},
+        "model": {"hidden": [16], "encoder": "cnn",
+                  "cnn": {"channels": [4], "kernels": [3], "strides": [2]}},
+        "train": {"total_env_steps": 60, "eval_every": 0, "eval_episodes": 2},
+        "hardware": {"device": "cpu", "num_envs": 2},
+    }  # fmt: skip
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    metrics = client().get_run(out["runs"][0]["run_id"]).data.metrics
+    assert 0.0 <= metrics["eval/win_rate"] <= 1.0  # blue's, the learning army
+    assert 0.0 <= metrics["train/win_rate"] <= 1.0

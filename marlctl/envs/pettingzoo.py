@@ -2,6 +2,12 @@
 
 Copies are stepped in a Python loop (that is what a PettingZoo env is); agents that leave an
 episode early get zero observations and rewards and `active=False` until the episode ends.
+
+Armies (`EnvEntry.teams_by_name`: MAgent2's battles) say who won: at an episode's end the
+group `wins_for` (the learners') won where more of its agents are left than of any other
+group, an agent being left when it was not terminated on the last step (a time limit
+truncates the living). Equal numbers, or an end that terminates every agent at once, are
+not a win.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ class EnvSlice:
         count: int,
         render_mode: str | None = None,
         state: bool = True,
+        wins_for: str | None = None,
     ):
         """state: compute the global state (`env.state()`, or the observations side by
-        side); without it the state stays zeros."""
-        self.info, self.state = info, state
+        side); without it the state stays zeros. wins_for: the group whose wins count."""
+        self.info, self.state, self.wins_for = info, state, wins_for
         self.envs = [make_env(env_id, params, render_mode) for _ in range(count)]
         # With a render mode, the first copy's frames: every state, the final one included.
         self.frames: list | None = [] if render_mode else None
@@ -112,6 +119,7 @@ class EnvSlice:
         }
         rew["terminated"] = np.zeros(self.k, bool)
         rew["truncated"] = np.zeros(self.k, bool)
+        rew["won"] = np.zeros(self.k, bool)
         groups = self.info.groups
         for i, env in enumerate(self.envs):
             joint = {}
@@ -127,6 +135,8 @@ class EnvSlice:
                 self._write(nxt, i, env, obs, infos)
                 continue
             self._write(final, i, env, obs, infos)
+            if self.wins_for is not None:
+                rew["won"][i] = self._won(terms)
             if any(truncs.values()):
                 rew["truncated"][i] = True
             else:
@@ -136,16 +146,25 @@ class EnvSlice:
             self._frame(i, env)
         return nxt, rew, final
 
+    def _won(self, terms: dict[str, bool]) -> bool:
+        """Group `wins_for` has more agents left than any other at the episode's end."""
+        left = dict.fromkeys((g.name for g in self.info.groups), 0)
+        for agent, terminated in terms.items():
+            if not terminated:
+                left[self.info.groups[self.index[agent][0]].name] += 1
+        ours = left.pop(self.wins_for)
+        return ours > max(left.values(), default=0)
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
 
 
 def _worker(
-    remote, env_id: str, params: dict, info: EnvInfo, count: int, state: bool = True
+    remote, env_id: str, params: dict, info: EnvInfo, count: int, state: bool, wins_for
 ) -> None:
     torch.set_num_threads(1)
-    envs = EnvSlice(env_id, params, info, count, state=state)
+    envs = EnvSlice(env_id, params, info, count, state=state, wins_for=wins_for)
     try:
         while True:
             command, payload = remote.recv()
@@ -176,11 +195,15 @@ class PettingZooEnv:
         render_mode: str | None = None,
         reward_weights: list[float] | None = None,
         state: bool = True,
+        wins_for: str | None = None,
     ):
         """reward_weights: a multi-objective env's weights of its objectives (default: equal
         weights summing to 1), which scalarise each agent's reward vector. Without `state`
         the global state is left zeros: for trainers that read none (`Trainer.reads_state`),
-        where `env.state()` costs as much as a step (pistonball renders a frame for it)."""
+        where `env.state()` costs as much as a step (pistonball renders a frame for it).
+        wins_for: the group whose wins each ended episode reports (`Transition.won`), for
+        armies; None for an env without winners."""
+        self.wins_for = wins_for
         self.info, self.num_envs, self.device = info, num_envs, torch.device(device)
         k = info.objectives
         weights = reward_weights if reward_weights is not None else [1.0 / k] * k if k else []
@@ -191,7 +214,7 @@ class PettingZooEnv:
         if render_mode is not None and workers > 0:
             raise ValueError("rendering needs the envs in this process (workers=0)")
         if workers <= 0:
-            self._local = EnvSlice(env_id, params, info, num_envs, render_mode, state)
+            self._local = EnvSlice(env_id, params, info, num_envs, render_mode, state, wins_for)
             self._offsets = [0]
         else:
             ctx = mp.get_context("forkserver")
@@ -200,7 +223,9 @@ class PettingZooEnv:
             for size in sizes:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
-                    target=_worker, args=(child, env_id, params, info, size, state), daemon=True
+                    target=_worker,
+                    args=(child, env_id, params, info, size, state, wins_for),
+                    daemon=True,
                 )
                 proc.start()
                 child.close()
@@ -266,7 +291,8 @@ class PettingZooEnv:
         if self.info.objectives:  # [E, n, k] per group: scalarised, and kept per objective
             objectives = torch.cat(list(rewards.values()), 1).mean(1)
             rewards = {name: r @ self.weights for name, r in rewards.items()}
-        return Transition(nxt, rewards, cat("terminated"), cat("truncated"), final, objectives)
+        won = cat("won") if self.wins_for is not None else None
+        return Transition(nxt, rewards, cat("terminated"), cat("truncated"), final, objectives, won)
 
     def close(self) -> None:
         if self._local is not None:

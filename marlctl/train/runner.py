@@ -407,8 +407,13 @@ def make_env(
     if seeds != 1:
         raise ValueError("seeds are batched on the native and vmas backends only")
     from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.envs.registry import lookup
 
+    wins_for = None
+    if lookup(spec.env.id).teams_by_name:  # armies: the first learning one's wins
+        learners = learner_info(info, spec).groups
+        wins_for = learners[0].name if learners else None
     return PettingZooEnv(
         spec.env.id, params, info, num_envs, device, workers,
-        reward_weights=spec.env.reward_weights, state=state,
+        reward_weights=spec.env.reward_weights, state=state, wins_for=wins_for,
     )  # fmt: skip
