@@ -51,6 +51,9 @@ def preset_text(env_id: str) -> str:
             continue
         if default is REQUIRED:
             body.append(f"  {name}: null   # required: no default")
+        elif isinstance(default, str) and "\n" in default:  # a map: one row a line
+            body.append(f"  {name}: |-")
+            body += [f"    {line}" for line in default.splitlines()]
         elif _plain(default):
             body.append(f"  {name}: {_yaml(default)}")
         else:  # an object a YAML file cannot hold (a policy class, say): the default stays

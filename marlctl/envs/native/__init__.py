@@ -60,6 +60,13 @@ for _name, _what in SMAX.items():
     NATIVE[f"smax/{_name}"] = f"marlctl.envs.native.smax:Smax_{_name}"
     NATIVE_ONLY[f"smax/{_name}"] = f"SMAX {_name}: {_what}; the enemies follow SMAX's heuristic"
 
+# POGEMA's multi-agent pathfinding (`marlctl.envs.native.pogema`): native only, held to
+# episodes recorded from pogema 1.4.0, whose pydantic 1 cannot live beside marlctl's.
+NATIVE["pogema/random"] = "marlctl.envs.native.pogema:Pogema"
+NATIVE["pogema/maze"] = "marlctl.envs.native.pogema:PogemaMaze"
+NATIVE_ONLY["pogema/random"] = "POGEMA pathfinding: agents reach their targets on a random map"
+NATIVE_ONLY["pogema/maze"] = "POGEMA pathfinding: agents reach their targets in a maze"
+
 # Parameters of the originals that only affect rendering: accepted and ignored.
 RENDER_ONLY = frozenset({"dynamic_rescaling", "render_mode"})
 # Parameters the native tasks do not implement, with the reason given to the user.
