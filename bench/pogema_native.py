@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--pogema-python", help="python of a virtualenv with pogema 1.4.0")
     parser.add_argument("--original", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train", action="store_true")
-    parser.add_argument("--steps", type=int, default=1_000_000, help="env steps per seed")
+    parser.add_argument("--steps", type=int, default=500_000, help="env steps per seed")
     parser.add_argument("--busy", action="store_true", help="other work shares the machine")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

@@ -231,11 +231,18 @@ def backends(env_id: str) -> list[str]:
     return ["vmas"] if lookup(env_id).suite == "vmas" else ["pettingzoo"]
 
 
+PREFIXED_PRESETS = frozenset({"hanabi", "pogema"})
+
+
 def preset_name(env_id: str) -> str:
     """The env preset of a registered id (`envs=NAME`, file `envs/NAME.yaml`): the id without
     its suite, `mpe/simple_tag` -> `simple_tag`; where suites share a name, the first in
-    `marlctl list envs` order keeps it and the others are `suite_name` (`vmas_simple_tag`)."""
+    `marlctl list envs` order keeps it and the others are `suite_name` (`vmas_simple_tag`).
+    Suites whose task names say little alone always prefix them (`hanabi_2p`,
+    `pogema_random`)."""
     suite, _, name = env_id.rpartition("/")
+    if suite in PREFIXED_PRESETS:
+        return f"{suite}_{name}"
     for other in registered_ids():
         if other.rpartition("/")[2] == name:
             return name if other == env_id else f"{suite.replace('/', '_')}_{name}"

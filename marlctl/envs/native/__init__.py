@@ -60,6 +60,26 @@ for _name, _what in SMAX.items():
     NATIVE[f"smax/{_name}"] = f"marlctl.envs.native.smax:Smax_{_name}"
     NATIVE_ONLY[f"smax/{_name}"] = f"SMAX {_name}: {_what}; the enemies follow SMAX's heuristic"
 
+# Hanabi for 2 to 5 players (`marlctl.envs.native.hanabi`): native only, JaxMARL's Hanabi.
+for _players in range(2, 6):
+    NATIVE[f"hanabi/{_players}p"] = f"marlctl.envs.native.hanabi:Hanabi_{_players}p"
+    NATIVE_ONLY[f"hanabi/{_players}p"] = (
+        f"Hanabi, {_players} players: hint, play and discard to build the fireworks together"
+    )
+
+# Overcooked layouts (`marlctl.envs.native.overcooked`): the five of Carroll et al. 2019, as
+# JaxMARL names them. Native only: JaxMARL's Overcooked is JAX code.
+OVERCOOKED = {
+    "cramped_room": "a small kitchen with one pot",
+    "asymm_advantages": "two kitchens, each cook nearer other supplies",
+    "coord_ring": "a ring around a counter",
+    "forced_coord": "a wall they pass items across",
+    "counter_circuit": "a long loop around a counter",
+}
+for _name, _what in OVERCOOKED.items():
+    NATIVE[f"overcooked/{_name}"] = f"marlctl.envs.native.overcooked:Overcooked_{_name}"
+    NATIVE_ONLY[f"overcooked/{_name}"] = f"Overcooked {_name}: two cooks deliver soup; {_what}"
+
 # POGEMA's multi-agent pathfinding (`marlctl.envs.native.pogema`): native only, held to
 # episodes recorded from pogema 1.4.0, whose pydantic 1 cannot live beside marlctl's.
 NATIVE["pogema/random"] = "marlctl.envs.native.pogema:Pogema"

@@ -29,7 +29,6 @@ targets and actions) and compares every step.
 
 from __future__ import annotations
 
-
 import torch
 
 from marlctl.envs.info import GroupInfo
