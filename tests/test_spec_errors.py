@@ -727,6 +727,11 @@ def test_auto_threads_split_the_cores_between_the_run_processes(
 @pytest.mark.parametrize("spec", SPECS, ids=[p.name for p in SPECS])
 def test_every_shipped_spec_validates(spec: Path) -> None:
     result = invoke("validate", str(spec))
+    if result.exit_code == 2 and "pip install 'marlctl[meltingpot]'" in result.output:
+        from marlctl.envs.registry import lookup
+
+        assert not lookup("meltingpot/commons_harvest__open").installed, result.output
+        pytest.skip("Melting Pot is not installed (CI leaves it out: docs/environments.md)")
     assert_clean_exit(result, 0)
     result = invoke("run", str(spec), "--dry-run", "--json")
     assert_clean_exit(result, 0)
