@@ -16,27 +16,20 @@ and truncations, and POGEMA's metrics at the end. `tests/test_native_pogema.py` 
 from __future__ import annotations
 
 import argparse
+import ast
 from pathlib import Path
 
 import numpy as np
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pogema_episodes.npz"
-# A maze drawn by hand (`#` walls, `.` free): corridors one cell wide, rooms, dead ends.
-MAZE = """
-.........#.....
-.#######.#.###.
-.#.....#.#...#.
-.#.###.#.###.#.
-...#...#.....#.
-####.#######.#.
-.....#.....#.#.
-.#####.###.#.#.
-.#.....#...#...
-.#.#####.#####.
-.#.......#.....
-.#########.###.
-...........#...
-""".strip()
+# The maze of `pogema/maze`, read from the native env's source: that module imports torch,
+# which this virtualenv does not have.
+NATIVE = Path(__file__).resolve().parent.parent / "marlctl" / "envs" / "native" / "pogema.py"
+MAZE = next(
+    node.value.func.value.value  # `"""..."""`.strip()
+    for node in ast.parse(NATIVE.read_text()).body
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MAZE"
+).strip()
 # (map kind, grid settings): random maps of two densities and sizes, and the maze; every
 # kind with both collision systems and both target rules the native port implements.
 KINDS = {

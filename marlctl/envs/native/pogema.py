@@ -259,7 +259,8 @@ class Pogema(NativeEnv):
     def observe(self):
         E, r, k = self.num_envs, self.r, 2 * self.r + 1
         walls = self._windows(self.obstacles.view(E, -1))
-        agents = self._windows(self._occupied())
+        occupied = self._occupied()
+        agents = self._windows(occupied)
         d = (self.pos - self.target).clamp(-r, r)
         square = torch.zeros(E, self.n, k * k, dtype=self.dtype, device=self.device)
         square.scatter_(2, ((r - d[..., 0]) * k + r - d[..., 1]).unsqueeze(-1), 1.0)
@@ -268,7 +269,7 @@ class Pogema(NativeEnv):
         )
         self._active = {"agent": self.on}
         inner = (slice(None), slice(r, r + self.H), slice(r, r + self.W))
-        occ = self._occupied().view(E, self.Hb, self.Wb)[inner]
+        occ = occupied.view(E, self.Hb, self.Wb)[inner]
         goals = torch.zeros(E, self.Hb * self.Wb, dtype=torch.long, device=self.device)
         goals = goals.scatter_add_(1, self._cells(self.target), self.on.long()) > 0
         goals = goals.view(E, self.Hb, self.Wb)
