@@ -44,11 +44,70 @@ class EvalResult:
 @dataclass
 class EvalSummary:
     runs: list[EvalResult]
+    # `--record`: the dataset written, as `path`, `episodes` and `transitions`.
+    dataset: dict | None = None
 
     def to_dict(self) -> dict:
         values = [r.return_mean for r in self.runs if r.return_mean is not None]
         mean = sum(values) / len(values) if values else None
-        return {"runs": [asdict(r) for r in self.runs], "return_mean": mean}
+        out = {"runs": [asdict(r) for r in self.runs], "return_mean": mean}
+        return out | ({"dataset": self.dataset} if self.dataset else {})
+
+
+@dataclass(frozen=True)
+class Record:
+    """Write the evaluated episodes to a new dataset folder `path`, each step as the policy
+    took it: deterministic, or `sampled` as it acts in training."""
+
+    path: Path
+    sampled: bool = False
+
+
+def check_record(path: str) -> Path:
+    """Refuse a dataset folder that exists with files in it, or has no parent folder."""
+    target = Path(path)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise SpecError.at("--record", f"'{path}' exists: name a new dataset folder")
+    if not target.parent.is_dir():
+        raise SpecError.at("--record", f"no folder '{target.parent}' for '{path}'")
+    return target
+
+
+class _Recorder:
+    """One dataset for every seed run evaluated, each run a source of its own."""
+
+    def __init__(self, record: Record):
+        self.record, self.writer = record, None
+
+    def wrap(self, env, run, seed: int, spec, info, quota, checkpoint: str):
+        import torch
+
+        from marlctl.data.format import Manifest, Source, groups_of
+        from marlctl.data.writer import DatasetWriter, EpisodeStager, Recording
+        from marlctl.envs.registry import env_package
+
+        mode = "sampled" if self.record.sampled else "deterministic"
+        if self.writer is None:
+            manifest = Manifest(
+                spec.env.id, spec.env.backend, dict(spec.env.params),
+                env_package(spec.env.id, spec.env.backend), groups_of(info), info.state_dim,
+                note=f"recorded by marlctl eval, {mode} actions",
+            )  # fmt: skip
+            self.writer = DatasetWriter(self.record.path, manifest)
+        sources = self.writer.manifest.sources
+        sources.append(Source(run.info.run_id, seed, checkpoint, mode))
+        index = torch.full((env.num_envs,), len(sources) - 1, dtype=torch.long)
+        stager = EpisodeStager(env.num_envs, env.device, index, self.writer.add, quota)
+        return Recording(env, info, stager)
+
+    def close(self) -> dict:
+        manifest = self.writer.close()
+        path = str(self.record.path)
+        return {"path": path, "episodes": manifest.episodes, "transitions": manifest.transitions}
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
 
 
 @dataclass(frozen=True)
@@ -89,6 +148,7 @@ def evaluate_runs(
     checkpoint: str | None = None,
     render: Render | None = None,
     scenario: str | None = None,
+    record: Record | None = None,
 ) -> EvalSummary:
     """Evaluate one seed's run, or every finished seed of a parent run.
 
@@ -96,6 +156,7 @@ def evaluate_runs(
     `latest`, an artifact path of the run, or a local file (default: the final policy).
     `scenario`: a Melting Pot run plays that scenario of its substrate as the focal
     population; each seed's focal per-capita return is logged to it as `scenario/NAME`.
+    `record`: every seed run's evaluated episodes go to one dataset, whole or not at all.
     """
     from mlflow.exceptions import MlflowException
 
@@ -112,19 +173,25 @@ def evaluate_runs(
     if not targets:
         raise SpecError.at("RUN_ID", f"run '{run_id}' has no finished seed runs to evaluate")
     results = []
-    for target in targets:
-        video = render
-        if render is not None and len(targets) > 1:
-            seed_of = target.data.tags.get("marlctl.seed", target.info.run_id[:8])
-            path = render.path.with_name(f"{render.path.stem}-seed{seed_of}{render.path.suffix}")
-            video = Render(path, render.episodes, render.fps)
-        result = _evaluate_one(
-            client, target, backend, episodes, seed, device, checkpoint, video, None, scenario
-        )
-        if scenario is not None and result.return_mean is not None:
-            _log_scenario(client, target, scenario, result.return_mean)
-        results.append(result)
-    return EvalSummary(results)
+    recorder = None if record is None else _Recorder(record)
+    try:
+        for target in targets:
+            video = render
+            if render is not None and len(targets) > 1:
+                seed_of = target.data.tags.get("marlctl.seed", target.info.run_id[:8])
+                name = f"{render.path.stem}-seed{seed_of}{render.path.suffix}"
+                video = Render(render.path.with_name(name), render.episodes, render.fps)
+            result = _evaluate_one(client, target, backend, episodes, seed, device, checkpoint,
+                                   video, None, scenario, recorder)  # fmt: skip
+            if scenario is not None and result.return_mean is not None:
+                _log_scenario(client, target, scenario, result.return_mean)
+            results.append(result)
+        dataset = None if recorder is None else recorder.close()
+    except BaseException:
+        if recorder is not None:
+            recorder.abort()
+        raise
+    return EvalSummary(results, dataset)
 
 
 def _log_scenario(client, run, scenario: str, score: float) -> None:
@@ -160,9 +227,11 @@ def _evaluate_one(
     render: Render | None,
     against: dict[str, str] | None = None,
     scenario: str | None = None,
+    recorder: _Recorder | None = None,
 ) -> EvalResult:
     """`against`: groups played by another run's policy instead (group -> its seed run);
-    `scenario`: the Melting Pot scenario played instead of the run's substrate."""
+    `scenario`: the Melting Pot scenario played instead of the run's substrate; `recorder`:
+    where the episodes played are recorded."""
     import torch
 
     from marlctl.plan import compile_plan, learner_info
@@ -171,7 +240,7 @@ def _evaluate_one(
     from marlctl.train.build import build_trainer
     from marlctl.train.opponents import with_opponents
     from marlctl.train.runner import make_env
-    from marlctl.train.scores import EVAL_ENVS, eval_seed, evaluate
+    from marlctl.train.scores import EVAL_ENVS, episode_quota, eval_seed, evaluate
 
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,7 +271,7 @@ def _evaluate_one(
     learners = learner_info(plan.env, spec)
     trainer = build_trainer(spec, learners, num_envs, torch_device, total_iterations=1)
     load_into(trainer, policies, artifact)
-    env = make_env(spec, plan.env, num_envs, torch_device, state=False)
+    env = make_env(spec, plan.env, num_envs, torch_device, state=recorder is not None)
     try:
         env = with_opponents(
             env, spec, plan.env, client, [chosen_seed], deterministic=True, against=against
@@ -213,8 +282,12 @@ def _evaluate_one(
     except SpecError:
         env.close()
         raise
+    deterministic = recorder is None or not recorder.record.sampled
     try:
-        (result,) = evaluate(trainer, env, episodes, [chosen_seed])
+        if recorder is not None:
+            quota = episode_quota(episodes, 1, num_envs, torch_device)
+            env = recorder.wrap(env, run, run_seed, spec, learners, quota, artifact)
+        (result,) = evaluate(trainer, env, episodes, [chosen_seed], deterministic)
     finally:
         env.close()
     video = None

@@ -165,7 +165,9 @@ def compile_plan(
     )
     rollout = max((steps for _, steps in team_rollouts(spec, env_info)), default=1)
     per_iter = rollout * hw.num_envs  # a round of every team's iterations
-    iterations = -(-train.total_env_steps // per_iter)
+    if registered_algos()[spec.algo.name].offline:
+        per_iter = spec.algo.updates  # gradient steps, with no env step
+    iterations = -(-train.budget // per_iter)
     memory = _estimate_memory_mb(loaded, env_info, rollout)
     _check_memory(loaded, env_info, pool, memory, seeds_per_process)
     runs = tuple(
@@ -175,7 +177,7 @@ def compile_plan(
             pool[i % len(pool)],
             threads,
             hw.num_envs,
-            train.total_env_steps,
+            train.budget,
             iterations,
             memory,
             most,

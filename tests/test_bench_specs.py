@@ -20,7 +20,8 @@ sys.path.insert(0, str(BENCH))
 import algorithms  # noqa: E402
 
 runner = CliRunner()
-ROWS = [*registered_algos(), *algorithms.PRESETS, *algorithms.VARIANTS]
+ONLINE = [name for name, info in registered_algos().items() if not info.offline]
+ROWS = [*ONLINE, *algorithms.PRESETS, *algorithms.VARIANTS]
 
 
 @pytest.mark.parametrize("algo", ROWS)

@@ -44,6 +44,8 @@ class AlgoInfo:
     recurrent: bool  # supports `model.recurrent`
     replay: bool  # keeps a replay buffer (`train.checkpoint_replay` applies)
     action_dists: tuple[str, ...] = ()  # `model.action_dist` values of continuous policies
+    # Trains from a recorded dataset (`data`), counting gradient steps (`train.total_updates`).
+    offline: bool = False
 
     @property
     def turn_based(self) -> bool:
@@ -77,6 +79,7 @@ def register_algo(
     on_policy: bool,
     recurrent: bool,
     action_dists: tuple[str, ...] | None = None,
+    offline: bool = False,
 ):
     """`action_dists`: the `model.action_dist` values the algorithm's continuous actors
     take; None = both for an on-policy algorithm with continuous actions (the on-policy
@@ -96,8 +99,9 @@ def register_algo(
             centralised_critic,
             on_policy,
             recurrent,
-            not on_policy,
+            not on_policy and not offline,
             action_dists,
+            offline,
         )
         return config
 

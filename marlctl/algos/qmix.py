@@ -26,6 +26,9 @@ class QLearningConfig(OffPolicyConfig):
         "lr", "gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_anneal_steps",
         "max_grad_norm",
     )  # fmt: skip
+    # How the agents' Q values make the joint one: `qmix` mixes them by hypernetworks on the
+    # global state, `vdn` sums them, `none` trains each agent's Q on its own reward.
+    mixing: ClassVar[str] = "none"
     gamma: float = Field(
         0.9,
         ge=0,
@@ -91,6 +94,7 @@ _COMMON = dict(
     **_COMMON,
 )
 class QMIXConfig(QLearningConfig):
+    mixing: ClassVar[str] = "qmix"
     name: Literal["qmix"] = "qmix"
     mixer_embed: int = Field(32, ge=1, le=4096, description="Width of the mixing network.")
     hypernet_layers: Literal[1, 2] = Field(
@@ -124,6 +128,7 @@ class QMIXConfig(QLearningConfig):
     **_COMMON,
 )
 class VDNConfig(QLearningConfig):
+    mixing: ClassVar[str] = "vdn"
     name: Literal["vdn"] = "vdn"
 
 

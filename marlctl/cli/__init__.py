@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from marlctl.cli import (
     bench,
+    data,
     evaluate,
     listing,
     output,
@@ -28,6 +29,7 @@ for _name, _command in [
     ("report", report.report),
     ("eval", evaluate.eval_),
     ("reproduce", reproduce.reproduce),
+    ("data", data.data),
     ("bench", bench.bench),
     ("list", listing.list_),
 ]:

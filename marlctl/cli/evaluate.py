@@ -74,6 +74,23 @@ ScenarioOpt = Annotated[
         "each seed run as scenario/NAME.",
     ),
 ]
+RecordOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--record",
+        metavar="DIR",
+        help="Write the episodes played to a new dataset folder, for offline training "
+        "(`marlctl data`); every seed run of a parent run goes into the one dataset.",
+    ),
+]
+SampledOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sampled",
+        help="With --record: act as the policy does in training (sampled actions; "
+        "epsilon-greedy for Q-learners) instead of its most probable actions.",
+    ),
+]
 
 
 def eval_(
@@ -89,6 +106,8 @@ def eval_(
     tracking_uri: TrackingUriOpt = None,
     vs: VsOpt = None,
     scenario: ScenarioOpt = None,
+    record: RecordOpt = None,
+    sampled: SampledOpt = False,
     trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -98,14 +117,9 @@ def eval_(
     """
     stop_on_sigterm()
     trust(trust_factory)
+    with exit_codes(as_json):
+        recording = _recording(record, sampled, scenario, vs)
     if vs is not None:
-        if scenario is not None:
-            with exit_codes(as_json):
-                from marlctl.errors import SpecError
-
-                raise SpecError.at(
-                    "--scenario", "cross-play plays the runs' own env: leave it out with --vs"
-                )
         _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
                     device, as_json)  # fmt: skip
         return
@@ -115,17 +129,9 @@ def eval_(
         video = None
         if render is not None:
             video = Render(check_render(render), render_episodes, fps)
-        summary = evaluate_runs(
-            run_id,
-            tracking_uri,
-            backend.value if backend else None,
-            episodes,
-            seed,
-            device,
-            checkpoint,
-            video,
-            scenario,
-        )
+        backend_name = backend.value if backend else None
+        summary = evaluate_runs(run_id, tracking_uri, backend_name, episodes, seed, device,
+                                checkpoint, video, scenario, recording)  # fmt: skip
     if as_json:
         emit_json(summary.to_dict())
         return
@@ -151,6 +157,30 @@ def eval_(
             say(output.out, f"weights: {r.checkpoint}")
         if r.video:
             say(output.out, f"wrote {r.video}")
+    if summary.dataset:
+        d = summary.dataset
+        say(output.out, f"recorded {d['episodes']:,} episodes ({d['transitions']:,} "
+                        f"transitions) to {d['path']}")  # fmt: skip
+
+
+def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str | None):
+    """`--record` and `--sampled` as the evaluation takes them, or exit 2 where they conflict
+    with the other options."""
+    from marlctl.errors import SpecError
+    from marlctl.evaluation import Record, check_record
+
+    if vs is not None and scenario is not None:
+        raise SpecError.at(
+            "--scenario", "cross-play plays the runs' own env: leave it out with --vs"
+        )
+    if vs is not None and (record is not None or sampled):
+        option = "--record" if record is not None else "--sampled"
+        raise SpecError.at(option, "cross-play is not recorded: leave it out with --vs")
+    if sampled and record is None:
+        raise SpecError.at("--sampled", "it chooses how recorded episodes act: add --record")
+    if record is not None and scenario is not None:
+        raise SpecError.at("--record", "a scenario's episodes are not recorded")
+    return None if record is None else Record(check_record(record), sampled)
 
 
 def _cross_play(

@@ -57,6 +57,7 @@ def _list_algos(as_json: bool) -> None:
             "needs_global_state": a.centralised_critic,
             "recurrent": a.recurrent,
             "replay": a.replay,
+            "offline": a.offline,
             "summary": a.summary,
             "params": {
                 k: {"default": f.default, "description": f.description}
@@ -73,7 +74,7 @@ def _list_algos(as_json: bool) -> None:
         [
             row["name"],
             ", ".join(row["actions"]),
-            "on" if row["on_policy"] else "off",
+            "on" if row["on_policy"] else "offline" if row["offline"] else "off",
             "yes" if row["needs_global_state"] else "no",
             "gru" if row["recurrent"] else "no",
             row["summary"],

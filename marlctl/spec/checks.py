@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from marlctl.algos import registered_algos
 from marlctl.errors import Problem, SpecError
+from marlctl.spec.offline import offline_problems
 from marlctl.spec.players import players_problems
 from marlctl.spec.problems import env_problem
 from marlctl.spec.provenance import LoadedSpec, Provenance, sort_problems
@@ -33,6 +34,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
         *_rollout_problems(spec, prov, info),
         *_hardware_problems(spec, prov, gpus),
         *_schedule_problems(spec, prov),
+        *offline_problems(spec, prov, info),
     ]
     if problems:
         raise SpecError(sort_problems(problems))
@@ -246,12 +248,13 @@ def _hardware_problems(spec, prov: Provenance, gpus: int) -> list[Problem]:
                 "use at most one worker per environment",
             )
         )
-    if train.eval_every > train.total_env_steps:
+    if train.eval_every > train.budget:
+        budget = "total_updates" if train.total_updates else "total_env_steps"
         problems.append(
             prov.problem(
                 "train.eval_every",
-                f"{train.eval_every} exceeds train.total_env_steps="
-                f"{train.total_env_steps}; no evaluation would run before the end",
+                f"{train.eval_every} exceeds train.{budget}={train.budget}; no evaluation "
+                "would run before the end",
             )
         )
     return problems

@@ -3,6 +3,7 @@ Every field is typed, bounded and described."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -50,12 +51,26 @@ class Spec(Strict):
     hardware: HardwareSpec = Field(default_factory=HardwareSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     sweep: SweepSpec | None = None
+    data: str | None = Field(
+        None,
+        min_length=1,
+        description="An offline algorithm's dataset: the folder `marlctl eval RUN --record` "
+        "(or `marlctl data split` / `merge`) wrote, relative to the working directory. Its "
+        "env and agent groups must be the spec's; an online algorithm takes none.",
+    )
     groups: dict[str, GroupSpec] = Field(
         default_factory=dict,
         description="What plays each agent group, by group name (`marlctl list envs` names "
         "them): a scripted or frozen policy, an algorithm or model of its own, a pool of its "
         "past snapshots in some episodes. Groups not listed learn with `algo` and `model`.",
     )
+
+    @field_validator("data")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """A relative dataset path is the working directory's: the resolved spec holds it
+        whole, so the run processes, a resumed run and `marlctl eval` read the same one."""
+        return None if value is None else str(Path(value).expanduser().absolute())
 
     @property
     def opponents(self) -> dict[str, GroupSpec]:

@@ -210,6 +210,14 @@ class TrainSpec(Strict):
         le=10**13,
         description="Joint env steps per run (one step moves every agent).",
     )
+    total_updates: int | None = Field(
+        None,
+        ge=1,
+        le=10**10,
+        description="Offline algorithms (trained from `data`): gradient steps per run, the "
+        "budget in place of `total_env_steps`; `eval_every`, `checkpoint_every`, `log_every` "
+        "and the metrics' steps then count gradient steps.",
+    )
     eval_every: int = Field(
         100_000, ge=0, description="Env steps between evaluations; 0 = end only."
     )
@@ -221,6 +229,23 @@ class TrainSpec(Strict):
     )
     checkpoint_every: int = Field(
         250_000, ge=0, description="Env steps between checkpoints; 0 = only the final one."
+    )
+    record: str | None = Field(
+        None,
+        min_length=1,
+        description="Write every transition the run's training collects, as datasets for "
+        "offline training (`marlctl data`): one per seed, `RECORD/seed-N`, a new folder "
+        "relative to the working directory, written whole when the run finishes (removed "
+        "if it fails). The replay of a run from scratch to its end: OG-MARL's "
+        "Medium-Replay.",
+    )
+    keep_policies: bool = Field(
+        False,
+        description="Also keep the policy of every checkpoint as the artifact "
+        "`policy/step-N.pt` (N: the multiple of `checkpoint_every` it was due at; the first "
+        "iteration to reach it saves it), beside `checkpoints/latest.pt`, which each "
+        "checkpoint replaces: `marlctl eval RUN --checkpoint policy/step-N.pt --record DIR` "
+        "records datasets of a policy at several levels of skill.",
     )
     log_every: int | None = Field(
         None,
@@ -248,9 +273,15 @@ class TrainSpec(Strict):
         return value
 
     @property
+    def budget(self) -> int:
+        """The steps a run counts to: gradient steps where `total_updates` is set (offline),
+        else env steps."""
+        return self.total_updates or self.total_env_steps
+
+    @property
     def log_interval(self) -> int:
         """`log_every`, or the budget spread over `LOG_POINTS` points."""
-        return self.log_every or max(1, self.total_env_steps // LOG_POINTS)
+        return self.log_every or max(1, self.budget // LOG_POINTS)
 
 
 MAX_THREADS = 1024

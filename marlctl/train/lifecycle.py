@@ -331,10 +331,13 @@ class Checkpointer(Part):
     def on_iteration(self, run: RunState, losses: dict[str, torch.Tensor]) -> None:
         every = run.spec.train.checkpoint_every
         if every and run.env_steps >= run.next_checkpoint:
+            due = run.next_checkpoint  # the step named: the first iteration reaching it saves
             run.next_checkpoint = (run.env_steps // every + 1) * every
             with run.clock.paused():
                 run.flush()
                 save_checkpoints(run)
+                if run.spec.train.keep_policies:
+                    save_policies(run, f"policy/step-{due}.pt")
 
     def on_interrupt(self, run: RunState) -> None:
         import signal
@@ -349,9 +352,14 @@ class Checkpointer(Part):
 
     def on_end(self, run: RunState) -> None:
         save_checkpoints(run)
-        for index in run.live:
-            policies = run.trainer.seed_state(index)["policies"]
-            _log_torch(run.client, run.requests[index].run_id, {"policies": policies}, POLICY)
+        save_policies(run, POLICY)
+
+
+def save_policies(run: RunState, artifact: str) -> None:
+    """Every live seed's policy weights, alone, as `artifact` of its run."""
+    for index in run.live:
+        policies = run.trainer.seed_state(index)["policies"]
+        _log_torch(run.client, run.requests[index].run_id, {"policies": policies}, artifact)
 
 
 class ProgressEvents(Part):

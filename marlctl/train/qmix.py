@@ -108,8 +108,8 @@ class QLearningTrainer(OffPolicyTrainer):
         )
         networks = {"q": self.q}
         self.mixer = None
-        self.reads_state = config.name == "qmix"  # the mixer reads it; VDN sums, IQL has none
-        if config.name == "qmix":
+        self.reads_state = config.mixing == "qmix"  # the mixer reads it
+        if config.mixing == "qmix":
             self.mixer = QMixer(
                 S, info.n_agents, info.state_dim, config.mixer_embed, config.hypernet_layers,
                 config.hypernet_hidden, self.init_generators, config.mixer_init_scale,
@@ -290,7 +290,7 @@ class QLearningTrainer(OffPolicyTrainer):
         keep = 1.0 - flat(batch["terminated"]).to(chosen.dtype)  # [S, X]
         discount = flat(batch["discount"])
 
-        if cfg.name == "iql":
+        if cfg.mixing == "none":
             target_value = rewards + (discount * keep).unsqueeze(-1) * target_next
             error, weight = chosen - target_value.detach(), a
             taken = chosen

@@ -15,6 +15,7 @@ import signal
 import threading
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -211,12 +212,23 @@ def _train(
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
     trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
+    if spec.data is not None:  # an offline algorithm's dataset, read whole and checked
+        from marlctl.data.reader import load_transitions
+
+        trainer.load_dataset(load_transitions(Path(spec.data))[1])
     start = _Resumed(0, spec.train.eval_every, spec.train.checkpoint_every)
     if requests[0].resume:
         start = _resume(spec, requests, client, trainer, device) or start
-    env, eval_env = _envs(spec, requests, client, learners, device, trainer.reads_state)
+    record = spec.train.record is not None  # the datasets hold the global state
+    env, eval_env = _envs(spec, requests, client, learners, device, trainer.reads_state or record)
+    recorder = None
     try:
         pool = _load_pools(env, start.pool_states)
+        if record:
+            from marlctl.train.recording import TrainingRecorder
+
+            recorder = TrainingRecorder(spec, requests, env, learners)
+            env = recorder.env
         _tag_iterations(spec, requests, client, trainer, env, device)
         run = RunState(spec, requests, results, client, sinks, trainer, env, eval_env, pool)
         run.ended = ended
@@ -230,6 +242,12 @@ def _train(
         if pbt:
             parts.append(Population(run))
         _loop(run, parts)
+        if recorder is not None:
+            recorder.close()
+    except BaseException:
+        if recorder is not None:  # a dataset is written whole or not at all
+            recorder.abort()
+        raise
     finally:
         env.close()
         eval_env.close()

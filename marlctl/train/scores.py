@@ -30,6 +30,15 @@ def reset_seed(seeds: list[int]) -> int | list[int]:
     return seeds[0] if len(seeds) == 1 else seeds
 
 
+def episode_quota(episodes: int, seeds: int, num_envs: int, device) -> torch.Tensor:
+    """How many of a seed's `episodes` each of its `num_envs // seeds` envs plays, `[S, n]`:
+    as even as they come, the first envs one more."""
+    n = num_envs // seeds
+    quota = torch.full((seeds, n), episodes // n, device=device)
+    quota[:, : episodes % n] += 1
+    return quota
+
+
 @torch.no_grad()
 def evaluate(
     trainer, env: BatchedEnv, episodes: int, seeds: list[int], deterministic: bool = True
@@ -38,8 +47,7 @@ def evaluate(
     most probable action) or as the policy acts in training."""
     S = len(seeds)
     n = env.num_envs // S
-    quota = torch.full((S, n), episodes // n, device=env.device)
-    quota[:, : episodes % n] += 1
+    quota = episode_quota(episodes, S, env.num_envs, env.device)
     finished = torch.zeros(S, n, dtype=torch.long, device=env.device)
     stats = EpisodeStats({g.name: g.n_agents for g in env.info.groups}, n, env.device, S)
     ob = env.reset(reset_seed(seeds))

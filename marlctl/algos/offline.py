@@ -1,0 +1,114 @@
+"""Offline algorithms: trained from a recorded dataset (the spec's `data`), never from the env,
+which they play only to be evaluated. A run counts gradient steps (`train.total_updates`).
+
+Behaviour cloning, and IQL and QMIX with Conservative Q-Learning's penalty (Kumar et al.
+2020, "Conservative Q-Learning for Offline Reinforcement Learning"), as Off-the-Grid MARL
+(Formanek et al. 2023) runs them: its `discrete_bc`, `iql_cql` and `qmix_cql` systems and
+configs (instadeepai/og-marl, `og_marl/tf2/systems/`), on transitions instead of sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from marlctl.algos import AlgoConfig, register_algo
+from marlctl.algos.qmix import QLearningConfig, QMIXConfig
+
+UPDATES = Field(
+    100,
+    ge=1,
+    le=100_000,
+    description="Gradient steps per iteration: the grain at which a run counts its budget, "
+    "logs and is stopped.",
+)
+BATCH = Field(
+    256, ge=1, le=1_000_000, description="Transitions sampled from the dataset per gradient step."
+)
+
+
+@register_algo(
+    "bc",
+    trainer="marlctl.train.offline:BCTrainer",
+    summary="behaviour cloning: each agent's policy learns the dataset's actions",
+    discrete_actions=True,
+    continuous_actions=True,
+    centralised_critic=False,
+    on_policy=False,
+    recurrent=False,
+    offline=True,
+)
+class BCConfig(AlgoConfig):
+    """Off-the-Grid MARL's `discrete_bc.yaml`: Adam at 1e-3, the actions of the dataset's
+    agents as labels."""
+
+    model_defaults: ClassVar[dict[str, Any]] = {
+        **AlgoConfig.model_defaults,
+        "activation": "relu",
+        "layer_norm": False,
+    }
+    name: Literal["bc"] = "bc"
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate (OG-MARL: 1e-3).")
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon.")
+    batch_size: int = BATCH
+    updates: int = UPDATES
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+
+
+class OfflineQConfig(QLearningConfig):
+    """The Q-learners' fields with Off-the-Grid MARL's offline values: Adam at 3e-4, discount
+    0.99, targets copied every 200 gradient steps, a conservative penalty weighted 3. The
+    exploration schedule plays no part (no env is explored); `epsilon_end` is the rate of
+    evaluation with sampled actions."""
+
+    lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate (OG-MARL: 3e-4).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor (OG-MARL: 0.99).")
+    batch_size: int = BATCH
+    updates: int = UPDATES
+    learning_starts: int = Field(0, ge=0, description="Unused offline: the dataset is whole.")
+    cql_weight: float = Field(
+        3.0,
+        ge=0,
+        le=1_000,
+        description="Weight of the conservative penalty logsumexp Q - Q(dataset action) in "
+        "the loss (OG-MARL's `cql_weight`: 3); 0 = plain offline Q-learning.",
+    )
+
+
+_COMMON = dict(
+    trainer="marlctl.train.offline:CQLTrainer",
+    discrete_actions=True,
+    continuous_actions=False,
+    on_policy=False,
+    recurrent=False,
+    offline=True,
+)
+
+
+@register_algo(
+    "iql_cql",
+    summary="independent Q-learners with a conservative penalty on each agent's Q",
+    centralised_critic=False,
+    **_COMMON,
+)
+class IQLCQLConfig(OfflineQConfig):
+    mixing: ClassVar[str] = "none"
+    name: Literal["iql_cql"] = "iql_cql"
+
+
+@register_algo(
+    "qmix_cql",
+    summary="QMIX with a conservative penalty on the mixed Q of sampled joint actions",
+    centralised_critic=True,
+    **_COMMON,
+)
+class QMIXCQLConfig(OfflineQConfig, QMIXConfig):
+    name: Literal["qmix_cql"] = "qmix_cql"
+    ood_actions: int = Field(
+        20,
+        ge=1,
+        le=1_000,
+        description="Random joint actions whose mixed Q enters the penalty's logsumexp beside "
+        "the dataset's (OG-MARL's `num_ood_actions`: 20).",
+    )

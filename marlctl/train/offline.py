@@ -1,0 +1,244 @@
+"""Offline training: learners that sample a recorded dataset instead of an env (`algos.offline`).
+
+`DatasetSampler` holds a dataset's transitions once, on the run's device where they fit, and
+every seed row samples them with its own random stream, in the shapes a replay buffer gives.
+`Offline` turns a learner into an offline one: the dataset is its buffer, and an
+iteration is `updates` gradient steps, with no env step. On it: `BCTrainer` (behaviour
+cloning) and `CQLTrainer` (IQL or QMIX with Conservative Q-Learning's penalty).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from marlctl.envs.batch import Observation
+from marlctl.train.actions import flat_obs, mask_logits, masked_mean
+from marlctl.train.base import Trainer, TrainerSetup, clip_grad_norm_per_seed
+from marlctl.train.core import adam
+from marlctl.train.qmix import QLearningTrainer
+from marlctl.train.replay import storage_device
+
+
+class DatasetSampler:
+    """`[N, ...]` transitions (`marlctl.data.reader.load_transitions`) that `seeds` rows
+    sample, each row with its generator: `sample` gives `[S, length, B, ...]` windows of
+    consecutive transitions, as `ReplayBuffer.sample` does."""
+
+    def __init__(self, data: dict[str, torch.Tensor], device, generators: list[torch.Generator]):
+        self.device = torch.device(device)
+        self.size = len(data["terminated"])
+        nbytes = sum(v.numel() * v.element_size() for v in data.values())
+        self.storage = storage_device(self.device, nbytes)
+        self.data = {k: v.to(self.storage) for k, v in data.items()}
+        self.generators = generators
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def written(self) -> int:
+        return self.size
+
+    def sample(self, batch: int, length: int = 1) -> dict[str, torch.Tensor]:
+        starts = torch.stack([
+            torch.randint(self.size - length + 1, (batch,), generator=g, device=g.device)
+            for g in self.generators
+        ]).to(self.storage)  # fmt: skip
+        rows = starts.unsqueeze(1) + torch.arange(length, device=self.storage).view(1, -1, 1)
+        flat = rows.flatten()
+        out = {
+            name: value.index_select(0, flat).view(*rows.shape, *value.shape[1:])
+            for name, value in self.data.items()
+        }
+        if self.storage != self.device:
+            out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
+        return out
+
+    def keep(self, index: torch.Tensor, generators: list[torch.Generator]) -> None:
+        self.generators = generators  # every row reads the one dataset
+
+    def state_dict(self, index: int | None = None) -> dict:
+        return {}  # the dataset stays where it is, out of every checkpoint
+
+
+class Offline:
+    """Mixed in before a trainer (a replay learner's, or one of its own): its buffer is the
+    dataset, given once by `load_dataset`, and an iteration takes `updates` gradient steps
+    and no env step."""
+
+    def load_dataset(self, data: dict[str, torch.Tensor]) -> None:
+        """`data`: a dataset's transitions. Terminations as `bootstrap_time_limit` says (a
+        truncation ends the return where it is false); reward statistics of every reward in
+        it, for `reward_scaling`."""
+        data = dict(data)
+        cut = data.pop("truncated")
+        if not getattr(self.cfg, "bootstrap_time_limit", True):
+            data["terminated"] = data["terminated"] | cut
+        self.buffer = DatasetSampler(data, self.device, self.generators)
+        S = len(self.seeds)
+        for name, stats in self.reward_stats.items():
+            rewards = data[f"reward/{name}"].to(self.device)
+            active = data[f"active/{name}"].to(self.device)
+            stats.update(rewards.expand(S, *rewards.shape), active.expand(S, *active.shape))
+
+    def _ensure_buffer(self):
+        if self.buffer is None:
+            raise RuntimeError("an offline trainer trains from a dataset: load_dataset first")
+        return self.buffer
+
+    def ready(self) -> bool:
+        return self.buffer is not None
+
+    def train_iteration(self, env, ob: Observation):
+        self._ensure_buffer()
+        totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
+        for _ in range(self.cfg.updates):
+            losses = self.update(self.sampled_batch())
+            self.after_update()
+            for key, value in losses.items():
+                totals[key] += value.detach() / self.cfg.updates
+        self.iteration += 1
+        return ob, {f"loss/{k}": v for k, v in totals.items()}
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.cfg.updates  # gradient steps: what an offline run counts
+
+    def capture_blocker(self, env) -> str | None:
+        return "an offline trainer's iterations are not captured yet"
+
+    def extra_state(self, index: int | None) -> dict:
+        state = super().extra_state(index)
+        state.pop("replay", None)
+        return state
+
+
+class BCTrainer(Offline, Trainer):
+    """Behaviour cloning: each group's policy (`model.sharing` applies) maximises the
+    likelihood of the dataset's actions of its active agents (discrete: cross-entropy, with
+    masked actions left out), or regresses them (continuous: squared error in [-1, 1])."""
+
+    loss_keys = ("bc", "grad_norm")
+
+    def __init__(self, setup: TrainerSetup):
+        super().__init__(setup.model.for_algo(setup.config), setup.info, setup.num_envs,
+                         setup.device, setup.seeds)  # fmt: skip
+        self.cfg = setup.config
+        self.buffer: DatasetSampler | None = None
+        self.reward_stats = nn.ModuleDict()
+        self.groups = {g.name: g for g in setup.info.groups}
+        self.actor = nn.ModuleDict({
+            g.name: self.agent_net(g, g.obs_dim, g.n_actions, out_gain=0.01, observes=True)
+            for g in setup.info.groups
+        })  # fmt: skip
+        self.policies = nn.ModuleDict({"actor": self.actor}).to(self.device)
+        self.params = list(self.actor.parameters())
+        self.optimizer = adam(self.params, self.cfg.lr, self.cfg.adam_eps)
+        self.optimizers = {"adam": self.optimizer}
+        self.reads_state = False
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        super().keep_rows(index)
+        if self.buffer is not None:
+            self.buffer.keep(index, self.generators)
+
+    def sampled_batch(self) -> dict[str, torch.Tensor]:
+        return self.buffer.sample(self.cfg.batch_size)
+
+    def clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
+        return clip_grad_norm_per_seed(params, self.cfg.max_grad_norm, len(self.seeds))
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        losses, weights = [], []
+        for name, net in self.actor.items():
+            group = self.groups[name]
+            out, _ = net(flat_obs(batch[f"obs/{name}"][:, 0], group))  # [S, B, n, A]
+            action = batch[f"action/{name}"][:, 0]
+            if group.discrete:
+                mask = batch.get(f"mask/{name}")
+                logits = mask_logits(out, None if mask is None else mask[:, 0])
+                loss = F.cross_entropy(logits.flatten(0, -2), action.flatten(),
+                                       reduction="none").view(action.shape)  # fmt: skip
+            else:
+                target = self.bounds[name].from_env(action)
+                loss = ((torch.tanh(out) - target) ** 2).mean(-1)
+            losses.append(loss)
+            weights.append(batch[f"active/{name}"][:, 0].to(loss.dtype))
+        loss = masked_mean(torch.cat(losses, -1), torch.cat(weights, -1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        grad = self.clip_gradients(self.params)
+        self.optimizer.step()
+        return {"bc": loss.detach(), "grad_norm": grad}
+
+    def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
+        actions = {}
+        for name, net in self.actor.items():
+            group = self.groups[name]
+            out, _ = net(flat_obs(ob.obs[name], group))
+            if not group.discrete:
+                actions[name] = self.bounds[name].to_env(torch.tanh(out))
+                continue
+            logits = mask_logits(out, ob.masks[name])
+            if deterministic:
+                actions[name] = logits.argmax(-1)
+            else:
+                actions[name] = self.sample_categorical(torch.softmax(logits, -1))
+        return actions
+
+
+class CQLTrainer(Offline, QLearningTrainer):
+    """IQL or QMIX on a dataset, with Conservative Q-Learning's penalty added to the TD loss,
+    weighted by `cql_weight`. IQL+CQL: the mean over active agents of logsumexp over the
+    allowed actions of Q minus Q of the dataset's action. QMIX+CQL: logsumexp over the mixed
+    Q of `ood_actions` uniformly random joint actions and the dataset's, minus the dataset's
+    (Off-the-Grid MARL's `qmix_cql`)."""
+
+    loss_keys = ("td", "cql", "q_taken", "grad_norm")
+    compacts = False
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        td, q_mean = self.td_loss(batch)
+        cql = self.cql_penalty(batch)
+        loss = td + self.cfg.cql_weight * cql
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()  # seeds share no parameter
+        grad = self.clip_gradients(self.params)
+        self.optimizer.step()
+        self.update_targets([(self.target, self.policies["online"])])
+        return {"td": td.detach(), "cql": cql.detach(), "q_taken": q_mean, "grad_norm": grad}
+
+    def cql_penalty(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The conservative penalty per seed `[S]`, with gradient."""
+        qs, chosen, actives, masks = [], [], [], []
+        for name, net in self.policies["online"]["q"].items():
+            q, _ = net(flat_obs(batch[f"obs/{name}"][:, 0], self.groups[name]))  # [S, B, n, A]
+            mask = batch.get(f"mask/{name}")
+            mask = None if mask is None else mask[:, 0]
+            qs.append(q)
+            masks.append(mask)
+            taken = batch[f"action/{name}"][:, 0].unsqueeze(-1)
+            chosen.append(q.gather(-1, taken).squeeze(-1))
+            actives.append(batch[f"active/{name}"][:, 0].to(q.dtype))
+        active = torch.cat(actives, -1)
+        data_q = torch.cat(chosen, -1)
+        if self.mixer is None:
+            spread = torch.cat([torch.logsumexp(mask_logits(q, m), -1)
+                                for q, m in zip(qs, masks, strict=True)], -1)  # fmt: skip
+            return masked_mean(spread - data_q, active)
+        state = batch["state"][:, 0]
+        S, B, K = *state.shape[:2], self.cfg.ood_actions
+        picked = []  # the Q of K uniformly random joint actions per sample, `[S, B, K, n]`
+        for name, q, mask in zip(self.q, qs, masks, strict=True):
+            q = q.unsqueeze(2).expand(-1, -1, K, -1, -1)
+            mask = None if mask is None else mask.unsqueeze(2).expand(-1, -1, K, -1, -1)
+            random = self.random_action(self.groups[name], mask, q.shape[:-1])
+            picked.append(q.gather(-1, random.unsqueeze(-1)).squeeze(-1))
+        ood = torch.cat(picked, -1) * active.unsqueeze(2)
+        mixed_ood = self.mixer(ood.flatten(1, 2), state.repeat_interleave(K, 1)).view(S, B, K)
+        mixed = self.mixer(data_q * active, state)
+        spread = torch.logsumexp(torch.cat([mixed.unsqueeze(-1), mixed_ood], -1), -1)
+        weight = (active.sum(-1) > 0).to(spread.dtype)
+        return masked_mean(spread - mixed, weight)
