@@ -236,9 +236,10 @@ class CQLTrainer(Offline, QLearningTrainer):
             mask = None if mask is None else mask.unsqueeze(2).expand(-1, -1, K, -1, -1)
             random = self.random_action(self.groups[name], mask, q.shape[:-1])
             picked.append(q.gather(-1, random.unsqueeze(-1)).squeeze(-1))
-        ood = torch.cat(picked, -1) * active.unsqueeze(2)
-        mixed_ood = self.mixer(ood.flatten(1, 2), state.repeat_interleave(K, 1)).view(S, B, K)
-        mixed = self.mixer(data_q * active, state)
-        spread = torch.logsumexp(torch.cat([mixed.unsqueeze(-1), mixed_ood], -1), -1)
+        joint = torch.cat([(data_q * active).unsqueeze(2), torch.cat(picked, -1)
+                           * active.unsqueeze(2)], 2)  # fmt: skip
+        values = self.mixer.mix(joint, self.mixer.weights(state))  # [S, B, 1 + K]
+        mixed = values[..., 0]
+        spread = torch.logsumexp(values, -1)
         weight = (active.sum(-1) > 0).to(spread.dtype)
         return masked_mean(spread - mixed, weight)

@@ -70,13 +70,24 @@ class QMixer(nn.Module):
 
     def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """q `[S, X, N]`, state `[S, X, D]` -> Q_tot `[S, X]`."""
-        S, X = q.shape[:2]
+        return self.mix(q.unsqueeze(2), self.weights(state)).squeeze(2)
+
+    def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The mixing weights the hypernetworks emit for states `[S, X, D]`: w1, b1, w2, V."""
+        S, X = state.shape[:2]
         s = state.unsqueeze(-2)  # one "agent": the hypernetworks are shared by every row
         w1 = self.hyper_w1(s).abs().view(S, X, self.n_agents, self.embed)
-        b1 = self.hyper_b1(s).view(S, X, self.embed)
-        hidden = F.elu(torch.einsum("sxn,sxne->sxe", q, w1) + b1)
-        w2 = self.hyper_w2(s).abs().view(S, X, self.embed)
-        return (hidden * w2).sum(-1) + self.value(s).view(S, X)
+        b1 = self.hyper_b1(s).view(S, X, 1, self.embed)
+        w2 = self.hyper_w2(s).abs().view(S, X, 1, self.embed)
+        return w1, b1, w2, self.value(s).view(S, X, 1)
+
+    @staticmethod
+    def mix(q: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Q_tot `[S, X, K]` of K joint Q vectors `[S, X, K, N]` per state, mixed by the
+        state's `weights`: the hypernetworks run once per state, not once per vector."""
+        w1, b1, w2, value = weights
+        hidden = F.elu(torch.einsum("sxkn,sxne->sxke", q, w1) + b1)
+        return (hidden * w2).sum(-1) + value
 
 
 # ---------------------------------------------------------------- trainer
