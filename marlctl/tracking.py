@@ -281,6 +281,11 @@ def hardware_name(device: str) -> str:
     return f"{name}, {cores} cores"
 
 
+# An offline run's dataset: the mean return of its episodes (the policy that played them),
+# logged once as the run starts.
+DATA_RETURN = "data/return_mean"
+
+
 def package_versions() -> str:
     names = ("marlctl", "torch", "mlflow", "pettingzoo", "mpe2", "gymnasium", "numpy")
     found = []

@@ -3,6 +3,7 @@ behaviour cloning and the conservative Q-learners learn the dataset's good joint
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from statistics import median
 
@@ -140,3 +141,22 @@ def test_every_offline_algorithm_trains_through_the_cli(algo, backend, kind, tmp
     assert any(key.startswith("loss/") for key in data.metrics)
     history = client().get_metric_history(run["run_id"], "eval/return_mean")
     assert sorted({m.step for m in history}) == [0, 20, 40]
+
+
+def test_the_report_sets_an_offline_group_beside_its_datasets_return(mixed, tmp_path):
+    out = run_json("run", str(write_spec(tmp_path, spec("bc", str(mixed), total_updates=100))))
+    assert out["exit_code"] == 0, out
+    returns = json.loads((mixed / "manifest.json").read_text())["returns"]
+    behaviour = sum(returns) / len(returns)
+    for run in out["runs"]:
+        assert client().get_run(run["run_id"]).data.metrics["data/return_mean"] == (
+            pytest.approx(behaviour, rel=1e-6)
+        )
+    report = run_json("report", "--out", "report.md")
+    assert report["exit_code"] == 0, report
+    text = (tmp_path / "report.md").read_text()
+    table = text.split("## Offline runs and their datasets")[1]
+    row = next(line for line in table.splitlines() if line.startswith("| bc"))
+    mean = sum(r["final_return"] for r in out["runs"]) / 3
+    assert row.split(" | ")[1:] == ["mixed", f"{behaviour:.2f}", f"{mean:.2f}",
+                                    f"{mean - behaviour:+.2f} |"]  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from marlctl import tracking
@@ -123,6 +124,11 @@ def seed_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 SCENARIO_PREFIX = "scenario/"
+DATASETS_EXPLAINED = (
+    "An offline group's dataset return is the mean return of the dataset's episodes: the "
+    "score of the policy that played them, on the same metric. The difference is the group's "
+    "mean final value less it."
+)
 SCENARIOS_EXPLAINED = (
     "Melting Pot scenarios: each seed's policy played the scenario as its focal population "
     "beside the scenario's background players (`marlctl eval RUN --scenario NAME`); the score "
@@ -154,6 +160,27 @@ def scenario_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
             cells.append(MISSING if mean is None else f"{number(mean)} ({len(values)})")
         body.append([public(g.label), *cells])
     return ["group", *(n.removeprefix(SCENARIO_PREFIX) for n in names)], body
+
+
+def dataset_rows(report: Report) -> tuple[list[str], list[list[str]]] | None:
+    """Per group of offline runs: its dataset (`data`), the dataset's own return (the policy
+    that played it) and the group's mean final value beside it; None where no group has
+    one, or where the report's metric is not the return."""
+    body = []
+    for g in report.groups if report.metric == "eval/return_mean" else ():
+        key = tracking.DATA_RETURN
+        values = [r.metrics[key] for r in g.runs if key in r.metrics]
+        if not values:
+            continue
+        names = sorted({Path(r.params.get("data", "")).name or MISSING for r in g.runs})
+        behaviour = sum(values) / len(values)
+        ours = g.mean.value if g.mean else None
+        gap = MISSING if ours is None else f"{ours - behaviour:+.2f}"
+        body.append([public(g.label), public(", ".join(names)), number(behaviour),
+                     number(ours), gap])  # fmt: skip
+    if not body:
+        return None
+    return ["group", "dataset", "dataset return", f"mean {report.metric}", "difference"], body
 
 
 def notes(report: Report) -> list[str]:

@@ -17,12 +17,14 @@ from typing import Literal
 from marlctl.report import appendix, reproduction
 from marlctl.report.content import (
     CROSSPLAY_EXPLAINED,
+    DATASETS_EXPLAINED,
     EXPLAINED,
     POINTS_EXPLAINED,
     PROFILE_EXPLAINED,
     SCENARIOS_EXPLAINED,
     VERDICTS_EXPLAINED,
     crossplay_tables,
+    dataset_rows,
     notes,
     point_rows,
     profile_rows,
@@ -114,6 +116,13 @@ def blocks(report: Report) -> list[Block]:
         out += [Heading(2, ("Per-seed results",)), Table(*seed_rows(report))]
     for i, sweep in enumerate(report.sweeps):
         out += _sweep_blocks(i, sweep)
+    datasets = dataset_rows(report)
+    if datasets is not None:
+        out += [
+            Heading(2, ("Offline runs and their datasets",)),
+            Table(*datasets),
+            Paragraph((DATASETS_EXPLAINED,), "note"),
+        ]
     scenarios = scenario_rows(report)
     if scenarios is not None:
         out += [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from marlctl.report import reproduction
 from marlctl.report.content import (
     crossplay_tables,
+    dataset_rows,
     rows,
     scenario_rows,
     sweep_summary,
@@ -51,6 +52,13 @@ def rich_tables(report: Report) -> list:
             for name, value in sweep.importances.items():
                 imp.add_row(escape(name), f"{value:.3f}")
             tables.append(imp)
+    datasets = dataset_rows(report)
+    if datasets is not None:
+        head, cells = datasets
+        found = Table(*map(escape, head), title="Offline runs and their datasets")
+        for row in cells:
+            found.add_row(*map(escape, row))
+        tables.append(found)
     scenarios = scenario_rows(report)
     if scenarios is not None:
         head, cells = scenarios

@@ -229,7 +229,7 @@ class CQLTrainer(Offline, QLearningTrainer):
                                 for q, m in zip(qs, masks, strict=True)], -1)  # fmt: skip
             return masked_mean(spread - data_q, active)
         state = batch["state"][:, 0]
-        S, B, K = *state.shape[:2], self.cfg.ood_actions
+        K = self.cfg.ood_actions
         picked = []  # the Q of K uniformly random joint actions per sample, `[S, B, K, n]`
         for name, q, mask in zip(self.q, qs, masks, strict=True):
             q = q.unsqueeze(2).expand(-1, -1, K, -1, -1)

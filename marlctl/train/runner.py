@@ -212,10 +212,14 @@ def _train(
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
     trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
-    if spec.data is not None:  # an offline algorithm's dataset, read whole and checked
+    dataset = {}  # an offline algorithm's dataset, read whole and checked, and its return
+    if spec.data is not None:
         from marlctl.data.reader import load_transitions
+        from marlctl.tracking import DATA_RETURN
 
-        trainer.load_dataset(load_transitions(Path(spec.data))[1])
+        manifest, transitions = load_transitions(Path(spec.data))
+        trainer.load_dataset(transitions)
+        dataset = {DATA_RETURN: sum(manifest.returns) / len(manifest.returns)}
     start = _Resumed(0, spec.train.eval_every, spec.train.checkpoint_every)
     if requests[0].resume:
         start = _resume(spec, requests, client, trainer, device) or start
@@ -236,6 +240,8 @@ def _train(
         run.env_steps = start.env_steps
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
         run.compacts = compact_blocker(run) is None
+        for sink in sinks if dataset else ():  # the behaviour's score, beside the learner's
+            sink.log(dataset, run.env_steps)
         parts = parts_for(run)
         if scheduled:
             parts.append(Schedule(run))
