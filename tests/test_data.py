@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_eval import MAX_CYCLES, spec_body
@@ -308,3 +309,104 @@ def test_kept_policies_record_datasets_of_rising_skill(tmp_path):
     early = run_json("eval", run_id, "--checkpoint", "policy/step-1000.pt", "--record", "early")
     assert early["exit_code"] == 0, early
     assert read_manifest(tmp_path / "early").sources[0].checkpoint == "policy/step-1000.pt"
+
+
+# ---------------------------------------------------------------- Off-the-Grid MARL's Vaults
+
+
+def write_vault(folder: Path, leaves: dict, written: int) -> None:
+    """A Vault as flashbax 0.1 writes one: metadata.json with the experience's structure, and
+    each leaf a zarr array (time axis of 10^13 steps) in a TensorStore OCDBT database."""
+    ts = pytest.importorskip("tensorstore")
+
+    def nest(values: dict) -> dict:
+        tree: dict = {}
+        for name, value in values.items():
+            *parents, leaf = name.rstrip(".").split(".")
+            node = tree
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+        return tree
+
+    folder.mkdir(parents=True)
+    shapes = {n: str((a.shape[0], a.shape[1], *a.shape[2:])) for n, a in leaves.items()}
+    dtypes = {n: a.dtype.name for n, a in leaves.items()}
+    metadata = {"version": 1.2, "structure_shape": nest(shapes), "structure_dtype": nest(dtypes)}
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+
+    def store(name: str, shape, dtype):
+        kvstore = {"driver": "ocdbt", "base": f"file://{folder}", "path": name}
+        spec = {"driver": "zarr", "metadata": {"compressor": {"id": "gzip", "level": 5}},
+                "kvstore": kvstore}  # fmt: skip
+        return ts.open(spec, create=True, shape=shape, dtype=dtype).result()
+
+    for name, array in leaves.items():
+        target = store(name, (array.shape[0], int(10e12), *array.shape[2:]), array.dtype.name)
+        target[:, : array.shape[1]].write(array).result()
+    store("vault_index", (1,), "int32").write(np.array([written], dtype=np.int32)).result()
+
+
+def climbing_vault(folder: Path, written: int = 30) -> dict:
+    """Two streams of climbing games in episodes of 1 to 4 steps, the last unfinished."""
+    draws = np.random.default_rng(0)
+    B, T, N = 2, 32, 2
+    actions = draws.integers(0, 3, (B, T, N)).astype(np.int32)
+    table = np.array([[11.0, -30.0, 0.0], [-30.0, 7.0, 6.0], [0.0, 0.0, 5.0]], np.float32)
+    reward = table[actions[..., 0], actions[..., 1]]
+    ends = np.zeros((B, T), bool)
+    ends[:, [0, 3, 5, 9, 10, 14, 17, 21, 24, 26]] = True  # no end after step 26
+    cut = ends & (np.arange(T) % 2 == 1)  # time limits at odd steps, terminations at even
+    leaves = {
+        "observations.": draws.random((B, T, N, 1)).astype(np.float32),
+        "actions.": actions,
+        "rewards.": np.repeat(reward[..., None], N, -1),
+        "terminals.": np.repeat((ends & ~cut)[..., None], N, -1).astype(np.float32),
+        "truncations.": np.repeat(cut[..., None], N, -1).astype(np.float32),
+        "infos.state.": draws.random((B, T, 1)).astype(np.float32),
+    }
+    write_vault(folder, leaves, written)
+    return {name: array[:, :written] for name, array in leaves.items()}
+
+
+def test_an_og_marl_vault_converts_into_a_dataset_that_trains(tmp_path):
+    vault = tmp_path / "vaults" / "matrix" / "climbing.vlt" / "Good"
+    leaves = climbing_vault(vault)
+    out = run_json("data", "import", str(vault), "--env", "matrix/climbing", "--out", "good")
+    assert out["exit_code"] == 0, out
+    manifest, data = load_transitions(tmp_path / "good")
+    # Ten episodes per stream end by step 26; the steps after it are an unfinished one.
+    assert manifest.episodes == 20 and manifest.transitions == 2 * 27
+    assert data["obs/player"].shape == (54, 2, 1)
+    expected = torch.as_tensor(leaves["observations."][:, :27]).flatten(0, 1)
+    assert torch.equal(data["obs/player"], expected)
+    assert torch.equal(
+        data["action/player"], torch.as_tensor(leaves["actions."][:, :27]).flatten(0, 1).long()
+    )
+    ended = torch.as_tensor(leaves["terminals."][:, :27, 0] + leaves["truncations."][:, :27, 0])
+    assert torch.equal(data["terminated"] | data["truncated"], ended.flatten() > 0)
+    assert torch.equal(
+        data["truncated"], torch.as_tensor(leaves["truncations."][:, :27, 0]).flatten() > 0
+    )
+    rewards = torch.as_tensor(leaves["rewards."][:, :27]).flatten(0, 1)
+    episode = torch.cumsum(data["first"].long(), 0) - 1
+    summed = torch.zeros(20, 2).index_add_(0, episode, rewards).mean(-1)
+    assert torch.tensor(manifest.returns) == pytest.approx(summed)
+    body = {"seeds": [0], "env": {"id": "matrix/climbing", "backend": "native"},
+            "algo": {"name": "bc", "batch_size": 16, "updates": 10}, "data": "good",
+            "train": {"total_updates": 20, "eval_every": 0, "eval_episodes": 4},
+            "hardware": {"num_envs": 4, "device": "cpu"}}  # fmt: skip
+    trained = run_json("run", str(write_spec(tmp_path, body)))
+    assert trained["exit_code"] == 0, trained
+
+
+def test_a_vault_that_does_not_fit_the_env_is_refused(tmp_path):
+    vault = tmp_path / "v"
+    climbing_vault(vault)
+    out = run_json("data", "import", str(vault), "--env", "mpe/simple_spread", "--out", "x")
+    assert out["exit_code"] == 2
+    assert "observations (2, 1) per step; mpe/simple_spread has 3 agents of 18" in out["errors"][0]
+    assert not (tmp_path / "x").exists()
+    (vault / "metadata.json").write_text("{}")
+    out = run_json("data", "import", str(vault), "--env", "matrix/climbing", "--out", "x")
+    assert out["exit_code"] == 2 and "not a flashbax Vault's metadata" in out["errors"][0]

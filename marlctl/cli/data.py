@@ -20,11 +20,16 @@ class DataAction(StrEnum):
     describe = "describe"
     split = "split"
     merge = "merge"
+    import_ = "import"
 
 
 OutOpt = Annotated[
     str | None,
     typer.Option("--out", help="split: the folder for the levels; merge: the new dataset."),
+]
+EnvOpt = Annotated[
+    str | None,
+    typer.Option("--env", help="import: the registered env id the Vault's episodes are of."),
 ]
 LevelsOpt = Annotated[
     str,
@@ -37,21 +42,23 @@ LevelsOpt = Annotated[
 
 
 def data(
-    action: Annotated[DataAction, typer.Argument(help="list, describe, split or merge")],
+    action: Annotated[DataAction, typer.Argument(help="list, describe, split, merge or import")],
     paths: Annotated[
         list[str] | None,
         typer.Argument(
             metavar="[PATH]...",
             help="list: folders to search (default: .); describe, split: one dataset; "
-            "merge: the datasets to join.",
+            "merge: the datasets to join; import: an Off-the-Grid MARL Vault's folder.",
         ),
     ] = None,
     out: OutOpt = None,
     levels: LevelsOpt = "poor,medium,good",
+    env: EnvOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Datasets recorded with `marlctl eval RUN --record DIR`: list them, describe one
-    (episodes, size, returns), split one by episode quality, or merge several."""
+    (episodes, size, returns), split one by episode quality, merge several, or import an
+    Off-the-Grid MARL dataset (a flashbax Vault)."""
     paths = paths or []
     with exit_codes(as_json):
         from marlctl.data import ops
@@ -61,7 +68,8 @@ def data(
             found = [d for root in paths or ["."] for d in ops.find(Path(root))]
             _print_list(found, as_json)
             return
-        if action in (DataAction.describe, DataAction.split) and len(paths) != 1:
+        one = (DataAction.describe, DataAction.split, DataAction.import_)
+        if action in one and len(paths) != 1:
             raise SpecError.at("PATH", f"{action.value}: name one dataset")
         if action is DataAction.describe:
             _print_description(ops.describe(Path(paths[0])), as_json)
@@ -76,10 +84,28 @@ def data(
             written = ops.split(Path(paths[0]), Path(out), cuts, names)
             _print_written({name: str(Path(out) / name) for name in written}, written, as_json)
             return
+        if action is DataAction.import_:
+            _import_vault(Path(paths[0]), Path(out), env, as_json)
+            return
         if len(paths) < 2:
             raise SpecError.at("PATH", "merge: name two or more datasets")
         merged = ops.merge([Path(p) for p in paths], Path(out))
         _print_written({"merged": out}, {"merged": merged}, as_json)
+
+
+def _import_vault(folder: Path, out: Path, env: str | None, as_json: bool) -> None:
+    from marlctl.data.vault import convert_vault
+    from marlctl.envs.probe import probe
+    from marlctl.errors import SpecError
+
+    if env is None:
+        raise SpecError.at("--env", "import: name the env the Vault's episodes are of")
+    try:
+        info = probe(env, {})
+    except Exception as err:
+        raise SpecError.at("--env", f"{env}: {err}") from None
+    manifest = convert_vault(folder, out, info)
+    _print_written({"imported": str(out)}, {"imported": manifest}, as_json)
 
 
 def _print_list(found: list, as_json: bool) -> None:
