@@ -10,7 +10,7 @@ updates, Fujimoto et al. 2018, applied to MADDPG).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,9 @@ from marlctl.algos.offpolicy import OffPolicyConfig
 class DDPGFamilyConfig(OffPolicyConfig):
     """Defaults: EPyMARL's `maddpg.yaml` (uoe-agents/epymarl): learning rate 5e-4 for actors
     and critics, Polyak rate 0.01, actor regularisation 1e-3, standardised rewards."""
+
+    # Two critics per agent, the smaller of their targets taken (MATD3's, TD3's).
+    twin: ClassVar[bool] = False
 
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the actors.")
     critic_lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the critics.")
@@ -103,6 +106,7 @@ class MADDPGConfig(DDPGFamilyConfig):
     **_COMMON,
 )
 class MATD3Config(DDPGFamilyConfig):
+    twin: ClassVar[bool] = True
     name: Literal["matd3"] = "matd3"
     policy_delay: int = Field(2, ge=1, le=100, description="Critic updates per actor update.")
     target_noise: float = Field(

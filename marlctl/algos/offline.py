@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from marlctl.algos import AlgoConfig, register_algo
+from marlctl.algos.maddpg import DDPGFamilyConfig
 from marlctl.algos.qmix import QLearningConfig, QMIXConfig
 
 UPDATES = Field(
@@ -111,4 +112,52 @@ class QMIXCQLConfig(OfflineQConfig, QMIXConfig):
         le=1_000,
         description="Random joint actions whose mixed Q enters the penalty's logsumexp beside "
         "the dataset's (OG-MARL's `num_ood_actions`: 20).",
+    )
+
+
+@register_algo(
+    "maddpg_cql",
+    trainer="marlctl.train.offline:MADDPGCQLTrainer",
+    summary="MADDPG with twin critics and a conservative penalty on sampled joint actions",
+    discrete_actions=False,
+    continuous_actions=True,
+    centralised_critic=True,
+    on_policy=False,
+    recurrent=False,
+    offline=True,
+)
+class MADDPGCQLConfig(DDPGFamilyConfig):
+    """Off-the-Grid MARL's `maddpg_cql.yaml`: Adam at 1e-3 for actors and critics, Polyak
+    rate 0.01, discount 0.99, twin critics, and CQL(H)'s penalty weighted 5 over 10 samples
+    of each kind of joint action, the policy's perturbed by noise of std 0.2."""
+
+    twin: ClassVar[bool] = True
+    name: Literal["maddpg_cql"] = "maddpg_cql"
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
+    critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor (OG-MARL: 0.99).")
+    batch_size: int = BATCH
+    updates: int = UPDATES
+    learning_starts: int = Field(0, ge=0, description="Unused offline: the dataset is whole.")
+    target_noise: float = Field(
+        0.0, ge=0, le=10, description="Target policy smoothing's noise std; 0 = none (OG-MARL)."
+    )
+    target_noise_clip: float = Field(0.5, ge=0, le=10, description="The smoothing's clip.")
+    cql_weight: float = Field(
+        5.0,
+        ge=0,
+        le=1_000,
+        description="Weight of the conservative penalty in each critic's loss (OG-MARL: 5); "
+        "0 = plain offline MADDPG with twin critics.",
+    )
+    ood_actions: int = Field(
+        10,
+        ge=1,
+        le=1_000,
+        description="Samples of each kind of joint action in the penalty's logsumexp: uniform "
+        "random ones, the policy's at the state and the policy's at the next state, both "
+        "perturbed (OG-MARL's `num_ood_actions`: 10).",
+    )
+    cql_sigma: float = Field(
+        0.2, gt=0, le=10, description="Std of the noise on the policy's joint actions (OG-MARL)."
     )

@@ -74,7 +74,7 @@ class MADDPGTrainer(OffPolicyTrainer):
         config: DDPGFamilyConfig = setup.config
         info = setup.info
         super().__init__(setup)
-        self.twin = config.name == "matd3"
+        self.twin = config.twin
         self.groups = {g.name: g for g in info.groups}
         self.joint = JointActions(info.groups, self.device)
         critic_in = info.state_dim + self.joint.width

@@ -4,10 +4,13 @@
 every seed row samples them with its own random stream, in the shapes a replay buffer gives.
 `Offline` turns a learner into an offline one: the dataset is its buffer, and an
 iteration is `updates` gradient steps, with no env step. On it: `BCTrainer` (behaviour
-cloning) and `CQLTrainer` (IQL or QMIX with Conservative Q-Learning's penalty).
+cloning), `CQLTrainer` (IQL or QMIX with Conservative Q-Learning's penalty) and
+`MADDPGCQLTrainer` (MADDPG's twin critics with CQL(H)'s penalty).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,7 @@ from marlctl.envs.batch import Observation
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
 from marlctl.train.base import Trainer, TrainerSetup, clip_grad_norm_per_seed
 from marlctl.train.core import adam
+from marlctl.train.maddpg import MADDPGTrainer
 from marlctl.train.qmix import QLearningTrainer
 from marlctl.train.replay import storage_device
 
@@ -243,3 +247,50 @@ class CQLTrainer(Offline, QLearningTrainer):
         spread = torch.logsumexp(values, -1)
         weight = (active.sum(-1) > 0).to(spread.dtype)
         return masked_mean(spread - mixed, weight)
+
+
+class MADDPGCQLTrainer(Offline, MADDPGTrainer):
+    """MADDPG with twin critics on a dataset, each critic's loss with CQL(H)'s penalty
+    (Kumar et al. 2020, §3.2; Off-the-Grid MARL's `maddpg_cql`): logsumexp of Q over
+    `ood_actions` joint actions of each kind, less the log-density each was drawn with
+    (uniform over [-1, 1]; the policy's joint action at the state, and at the next state,
+    plus Gaussian noise of std `cql_sigma`), minus Q of the dataset's joint action."""
+
+    def critic_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, q_mean = super().critic_loss(batch)
+        return loss + self.cfg.cql_weight * self.cql_penalty(batch), q_mean
+
+    def _policy_joint(self, batch: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+        with torch.no_grad():
+            return self.joint.join({
+                name: torch.tanh(self.actors[name](flat_obs(batch[f"{prefix}{name}"].flatten(1, 2),
+                                                            group))[0])
+                for name, group in self.groups.items()
+            })  # fmt: skip
+
+    def cql_penalty(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The penalty per seed `[S]`, summed over the twin critics, with gradient."""
+        cfg = self.cfg
+        state = batch["state"].flatten(1, 2)
+        (S, X, D), K, J, sigma = state.shape, cfg.ood_actions, self.joint.width, cfg.cql_sigma
+        noise = [self.noise((S, X, K, J), normal=True) * sigma for _ in range(2)]
+        drawn = [
+            self.noise((S, X, K, J), normal=False) * 2 - 1,
+            (self._policy_joint(batch, "obs/").unsqueeze(2) + noise[0]).clamp(-1, 1),
+            (self._policy_joint(batch, "next_obs/").unsqueeze(2) + noise[1]).clamp(-1, 1),
+        ]
+        gaussian = [(-(e**2) / (2 * sigma**2) - math.log(sigma * math.sqrt(2 * math.pi))).sum(-1)
+                    for e in noise]  # fmt: skip
+        log_density = torch.cat([torch.full((S, X, K), J * math.log(0.5), device=state.device),
+                                 *gaussian], 2)  # fmt: skip
+        joint = torch.cat(drawn, 2).flatten(1, 2)  # [S, X * 3K, J]
+        states = state.unsqueeze(2).expand(S, X, 3 * K, D).flatten(1, 2)
+        taken = self.joint.join(self._taken(batch))
+        penalty = torch.zeros(S, device=state.device)
+        for name in self.groups:
+            q = self._q(self.critics, name, states, joint)  # [S, X * 3K, n, E]
+            q = q.view(S, X, 3 * K, *q.shape[2:]) - log_density[..., None, None]
+            spread = torch.logsumexp(q, 2) - self._q(self.critics, name, state, taken)
+            active = batch[f"active/{name}"].flatten(1, 2).to(spread.dtype)
+            penalty = penalty + masked_mean(spread.sum(-1), active)
+        return penalty
