@@ -58,7 +58,7 @@ def mixed(tmp_path) -> Path:
     return tmp_path / "mixed"
 
 
-@pytest.mark.parametrize("algo", ["bc", "iql_cql", "qmix_cql"])
+@pytest.mark.parametrize("algo", ["bc", "iql_cql", "qmix_cql", "maicq"])
 def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(tmp_path, algo):
     # Half of each dataset's games are played at one joint action, half at random (-3.4 on
     # average). Acting greedily, each learner plays the joint action its dataset favours:

@@ -161,3 +161,56 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
     cql_sigma: float = Field(
         0.2, gt=0, le=10, description="Std of the noise on the policy's joint actions (OG-MARL)."
     )
+
+
+@register_algo(
+    "maicq",
+    trainer="marlctl.train.maicq:MAICQTrainer",
+    summary="implicit constraint Q-learning: in-sample QMIX targets, advantage-weighted actors",
+    discrete_actions=True,
+    continuous_actions=False,
+    centralised_critic=True,
+    on_policy=False,
+    recurrent=False,
+    offline=True,
+)
+class MAICQConfig(AlgoConfig):
+    """Off-the-Grid MARL's `maicq.yaml` (Yang et al. 2021, "Believe What You See: Implicit
+    Constraint Approach for Offline Multi-Agent Reinforcement Learning"): Adam at 3e-4,
+    discount 0.99, targets copied every 200 gradient steps, a QMIX mixer of width 32 with
+    hypernetworks of 64, advantage temperature 0.1 and target temperature 1000."""
+
+    model_defaults: ClassVar[dict[str, Any]] = {
+        **AlgoConfig.model_defaults,
+        "activation": "relu",
+        "layer_norm": False,
+    }
+    name: Literal["maicq"] = "maicq"
+    lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    batch_size: int = BATCH
+    updates: int = UPDATES
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+    target_update_every: int = Field(
+        200, ge=1, le=1_000_000, description="Gradient steps between copies into the targets."
+    )
+    mixer_embed: int = Field(32, ge=1, le=4096, description="Width of the mixing network.")
+    hypernet_hidden: int = Field(
+        64, ge=1, le=4096, description="Hidden width of the mixer's hypernetworks."
+    )
+    advantage_beta: float = Field(
+        0.1,
+        gt=0,
+        le=1_000,
+        description="Temperature of the actors' weights: each agent's dataset action is "
+        "cloned with weight softmax over the batch of advantage / advantage_beta (OG-MARL's "
+        "`icq_advantages_beta`).",
+    )
+    target_beta: float = Field(
+        1000.0,
+        gt=0,
+        le=1e9,
+        description="Temperature of the in-sample target's weights: softmax over the batch of "
+        "the next joint action's Q_tot / target_beta (OG-MARL's `icq_target_q_taken_beta`).",
+    )

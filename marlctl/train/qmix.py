@@ -81,6 +81,13 @@ class QMixer(nn.Module):
         w2 = self.hyper_w2(s).abs().view(S, X, 1, self.embed)
         return w1, b1, w2, self.value(s).view(S, X, 1)
 
+    def k(self, state: torch.Tensor) -> torch.Tensor:
+        """Each agent's weight in Q_tot `[S, X, N]`: |w1| |w2| summed over the embedding, the
+        mixer's slope in that agent's Q with the ELU taken as the identity (pymarl's
+        `QMixer.k`, which MAICQ weights its agents' policy losses by)."""
+        w1, _, w2, _ = self.weights(state)
+        return (w1 * w2).sum(-1)
+
     @staticmethod
     def mix(q: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Q_tot `[S, X, K]` of K joint Q vectors `[S, X, K, N]` per state, mixed by the
