@@ -56,6 +56,8 @@ class Plan:
     # OpenMP threads wait for work without spinning (OMP_WAIT_POLICY=PASSIVE): the spec's
     # threads outnumber the cores other processes leave free.
     passive_wait: bool = False
+    # What a run's steps count: env steps, or an offline algorithm's gradient steps.
+    step_unit: str = "env steps"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +87,7 @@ class Plan:
             "threads_note": self.threads_note,
             "passive_wait": self.passive_wait,
             "steps_per_iteration": self.steps_per_iteration,
+            "step_unit": self.step_unit,
             "runs": [asdict(r) for r in self.runs],
         }
 
@@ -196,6 +199,7 @@ def compile_plan(
         _players(spec, env_info),
         note,
         passive,
+        "gradient steps" if registered_algos()[spec.algo.name].offline else "env steps",
     )
 
 

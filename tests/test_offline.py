@@ -206,3 +206,16 @@ def test_continuous_offline_learners_beat_random_play_by_far(tmp_path, algo):
     assert out["exit_code"] == 0, out
     finals = [r["final_return"] for r in out["runs"]]
     assert median(finals) > chance + 0.5 * (behaviour - chance), (finals, chance, behaviour)
+
+
+def test_an_offline_spec_plans_gradient_steps_and_sweeps(mixed, tmp_path):
+    body = spec("bc", str(mixed), total_updates=200, eval_every=100) | {"seeds": [0]}
+    space = {"algo.lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}}
+    body["sweep"] = {"trials": 2, "pruner": "hyperband", "space": space}
+    path = str(write_spec(tmp_path, body))
+    planned = run_json("run", path, "--dry-run")
+    assert planned["plan"]["step_unit"] == "gradient steps"
+    assert planned["plan"]["steps_per_iteration"] == 100  # algo.updates
+    assert [r["total_env_steps"] for r in planned["plan"]["runs"]] == [200]
+    swept = run_json("sweep", path)
+    assert swept["exit_code"] == 0 and swept["counts"] == {"COMPLETE": 2}, swept

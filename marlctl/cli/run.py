@@ -145,7 +145,7 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
     )
     output.out.print(
         f"{len(plan.runs)} run(s), {plan.parallel_runs} at once on {plan.cores} core(s); "
-        f"{plan.steps_per_iteration:,} env steps per iteration"
+        f"{plan.steps_per_iteration:,} {plan.step_unit} per iteration"
         + ("; seeds batched in one process per device" if plan.batch_seeds else ""),
         highlight=False,
         soft_wrap=True,
@@ -153,7 +153,7 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
     if plan.threads_note:
         output.out.print(f"threads: {plan.threads_note}", highlight=False, soft_wrap=True)
     table = Table(
-        "run", "seed", "device", "threads", "num_envs", "env steps", "iterations", "est. memory"
+        "run", "seed", "device", "threads", "num_envs", plan.step_unit, "iterations", "est. memory"
     )
     for r in plan.runs:
         table.add_row(

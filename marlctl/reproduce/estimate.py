@@ -71,7 +71,7 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
         env.close()
         if eval_env is not None:
             eval_env.close()
-    budget = train.total_env_steps
+    budget = train.budget
     evals = (math.ceil(budget / train.eval_every) + 1) if train.eval_every else 1
     one = PROCESS_START_S + setup + budget * len(seeds) / rate + evals * eval_s
     waves = math.ceil(processes / max(plan.parallel_runs, 1))

@@ -64,7 +64,7 @@ def make_pruner(sweep, train):
         return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials)
     if sweep.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(
-            min_resource=max(train.eval_every, 1), max_resource=train.total_env_steps
+            min_resource=max(train.eval_every, 1), max_resource=train.budget
         )
     return optuna.pruners.NopPruner()
 
