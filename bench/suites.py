@@ -9,7 +9,8 @@ last trained in full (the `marlctl run` of BenchMARL's cells in
 `bench/results/peer_benchmarl.jsonl`; the LBF cells' in `bench/results/lbf.jsonl`; with
 `--store DIR`, what a full `marlctl reproduce SUITE` took in DIR), on the machine each row
 names. `--verdicts`: each
-BenchMARL cell's verdict at its full budget from those same recorded runs. Writes
+BenchMARL cell's verdict at its full budget from those same recorded runs, or with
+`--store DIR` each cell's that a full `marlctl reproduce SUITE` finished in DIR. Writes
 `bench/results/suites.md`; the raw rows go to `bench/results/suites.jsonl`.
 
     .venv/bin/python bench/suites.py --smoke
@@ -17,6 +18,7 @@ BenchMARL cell's verdict at its full budget from those same recorded runs. Write
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas
     .venv/bin/python bench/suites.py --estimates --suites benchmarl-vmas --dry-run-json dry.json
     .venv/bin/python bench/suites.py --estimates --suites baseline-vmas-het --store DIR
+    .venv/bin/python bench/suites.py --verdicts --estimates --suites baseline-mpe --store DIR
 """
 
 from __future__ import annotations
@@ -104,7 +106,9 @@ def store_walls(suite: str, store: Path) -> dict[tuple[str, str], tuple[float, s
     return out
 
 
-def estimates(suite: Path, saved: Path | None, store: Path | None = None) -> list[dict]:
+def estimates(
+    suite: Path, saved: Path | None, store: Path | None = None, cells: list[str] | None = None
+) -> list[dict]:
     """The suite's dry run (or the `--json` output of one saved in `saved`) beside the
     measured wall-clocks (also those of a full `marlctl reproduce` in `store`)."""
     if saved is not None:
@@ -119,7 +123,7 @@ def estimates(suite: Path, saved: Path | None, store: Path | None = None) -> lis
     rows = []
     for cell in document["cells"]:
         found = known.get((suite.stem, cell["name"]))
-        if cell["cost"] is None or found is None:
+        if cell["cost"] is None or found is None or (cells and cell["name"] not in cells):
             continue
         rows.append({
             "kind": "estimate", "suite": suite.stem, "cell": cell["name"],
@@ -156,6 +160,35 @@ def recorded_verdicts(suite: Path) -> list[dict]:
             "reference": list(bounds), "seeds": len(row["marlctl"]["final"]),
             "budget": cp.translated.budget, "trained": row["marlctl"]["measured"],
             "trained_on": row["marlctl"]["machine"], "note": cp.cell.note,
+        })  # fmt: skip
+    return rows
+
+
+def store_verdicts(suite: Path, store: Path, cells: list[str] | None = None) -> list[dict]:
+    """Each cell's verdict from a full `marlctl reproduce SUITE` in the MLflow store of folder
+    `store` (the cells it finished: `marlctl reproduce` judges their runs again and trains
+    nothing, as it would for a second identical command); `cells`: those only."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from marlctl.reproduce.runner import plan_suite
+
+    finished = sorted(cell for (_, cell) in store_walls(suite.stem, store))
+    finished = [c for c in finished if cells is None or c in cells]
+    if not finished:
+        return []
+    document, _ = reproduce([str(suite), "--cells", ",".join(finished)], store)
+    notes = {cp.name: cp.cell.note for cp in plan_suite(str(suite), [])}
+    rows = []
+    for cell in document["cells"]:
+        if cell["ours"] is None or cell["reference"] is None:
+            continue
+        ours = cell["ours"]
+        rows.append({
+            "kind": "verdict", "suite": suite.stem, "cell": cell["name"], "verdict": cell["kind"],
+            "ours": [ours["value"], ours["low"], ours["high"]], "reference": cell["reference"],
+            "seeds": cell["seeds"], "budget": cell["budget"], "trained": str(date.today()),
+            "trained_on": machine(), "note": notes.get(cell["name"]),
         })  # fmt: skip
     return rows
 
@@ -204,8 +237,9 @@ def table(rows: list[dict]) -> str:
     if judged:
         lines += section(
             "Verdicts at the full budget",
-            "Each cell's seeds trained in full with the cell's spec (the peer benchmark's runs), "
-            "judged as `marlctl reproduce` judges them: ours the mean of the final returns with "
+            "Each cell's seeds trained in full with the cell's spec (the peer benchmark's runs, "
+            "or a full `marlctl reproduce` of the suite), judged as `marlctl reproduce` judges "
+            "them: ours the mean of the final returns with "
             "its 95% percentile-bootstrap interval, against the reference's interval (the same "
             "bootstrap over its per-seed values). A `below` is explained in the suite's `note`.",
             ["suite", "cell", "verdict", "ours", "reference", "seeds", "env steps", "trained",
@@ -252,7 +286,8 @@ def main() -> None:
     parser.add_argument(
         "--verdicts",
         action="store_true",
-        help="each cell's verdict from its recorded full-budget runs (benchmarl-vmas)",
+        help="each cell's verdict from its recorded full-budget runs (benchmarl-vmas), or "
+        "with --store from the cells a full `marlctl reproduce SUITE` finished there",
     )
     parser.add_argument(
         "--dry-run-json",
@@ -265,14 +300,20 @@ def main() -> None:
         help="with --estimates and one suite: a folder where `marlctl reproduce SUITE` trained "
         "it in full; each cell's wall-clock there is its measured cost",
     )
+    parser.add_argument("--cells", help="with --verdicts --store: these cells only (by name)")
     args = parser.parse_args()
     rows = [json.loads(line) for line in DONE.read_text().splitlines()] if DONE.exists() else []
     where, today = machine(), str(date.today())
     for name in args.suites.split(","):
         suite = SUITES / f"{name}.yaml"
         new = [smoke(suite)] if args.smoke else []
-        new += recorded_verdicts(suite) if args.verdicts else []
-        new += estimates(suite, args.dry_run_json, args.store) if args.estimates else []
+        if args.verdicts:
+            cells = args.cells.split(",") if args.cells else None
+            new += (store_verdicts(suite, args.store, cells) if args.store
+                    else recorded_verdicts(suite))  # fmt: skip
+        if args.estimates:
+            cells = args.cells.split(",") if args.cells else None
+            new += estimates(suite, args.dry_run_json, args.store, cells)
         for row in new:
             row.update(machine=where, measured=today)
             same = ("suite", "cell", "kind")
