@@ -204,12 +204,13 @@ def quick(algo: str, env_id: str, params: dict) -> dict:
 
 
 def _fits(env_id: str):
-    """The algorithms whose capabilities fit the family's discrete actions (and turns)."""
+    """The algorithms that learn online whose capabilities fit the family's discrete actions
+    (and turns); the offline ones train from a dataset (tests/test_offline.py)."""
     turns = lookup(env_id).suite == "classic"
     return [
         a
         for a, info in registered_algos().items()
-        if "discrete" in info.action_kinds and (info.turn_based or not turns)
+        if "discrete" in info.action_kinds and (info.turn_based or not turns) and not info.offline
     ]
 
 
@@ -448,6 +449,7 @@ def test_batched_vmas_seeds_compute_what_each_seed_computes_alone(tmp_path):
 SMOKE_VMAS = [
     pytest.param(algo, kind, id=f"vmas-{algo}-{kind}", marks=needs(NAVIGATION))
     for algo, info in registered_algos().items()
+    if not info.offline
     for kind in info.action_kinds
 ]
 
