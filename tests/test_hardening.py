@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -752,6 +753,10 @@ def test_ctrl_c_while_a_factory_runs_still_interrupts(monkeypatch, capsys, tmp_p
     (folder / "user_factories.py").write_text(FACTORIES)
     monkeypatch.syspath_prepend(str(folder))
     Path("spec.yaml").write_text("env: {id: 'user_factories:ctrl_c'}\nalgo: {name: mappo}\n")
+    # Python's own Ctrl-C handling, as a fresh `marlctl` process has it, whatever an earlier
+    # in-process run of this worker left (the fixture `_signal_state` puts it back).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     start = time.perf_counter()
     code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
     assert code == 130 and "Traceback" not in err and time.perf_counter() - start < 4
