@@ -29,6 +29,21 @@ BATCH = Field(
 )
 
 
+class OwnNetworksConfig(AlgoConfig):
+    """What the offline learners with networks of their own (not a replay learner's) share:
+    relu without LayerNorm, as OG-MARL's networks, and Adam with a gradient-norm clip."""
+
+    model_defaults: ClassVar[dict[str, Any]] = {
+        **AlgoConfig.model_defaults,
+        "activation": "relu",
+        "layer_norm": False,
+    }
+    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon.")
+    batch_size: int = BATCH
+    updates: int = UPDATES
+    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
+
+
 @register_algo(
     "bc",
     trainer="marlctl.train.offline:BCTrainer",
@@ -40,21 +55,12 @@ BATCH = Field(
     recurrent=False,
     offline=True,
 )
-class BCConfig(AlgoConfig):
+class BCConfig(OwnNetworksConfig):
     """Off-the-Grid MARL's `discrete_bc.yaml`: Adam at 1e-3, the actions of the dataset's
     agents as labels."""
 
-    model_defaults: ClassVar[dict[str, Any]] = {
-        **AlgoConfig.model_defaults,
-        "activation": "relu",
-        "layer_norm": False,
-    }
     name: Literal["bc"] = "bc"
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate (OG-MARL: 1e-3).")
-    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon.")
-    batch_size: int = BATCH
-    updates: int = UPDATES
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
 
 
 class OfflineQConfig(QLearningConfig):
@@ -174,24 +180,15 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
     recurrent=False,
     offline=True,
 )
-class MAICQConfig(AlgoConfig):
+class MAICQConfig(OwnNetworksConfig):
     """Off-the-Grid MARL's `maicq.yaml` (Yang et al. 2021, "Believe What You See: Implicit
     Constraint Approach for Offline Multi-Agent Reinforcement Learning"): Adam at 3e-4,
     discount 0.99, targets copied every 200 gradient steps, a QMIX mixer of width 32 with
     hypernetworks of 64, advantage temperature 0.1 and target temperature 1000."""
 
-    model_defaults: ClassVar[dict[str, Any]] = {
-        **AlgoConfig.model_defaults,
-        "activation": "relu",
-        "layer_norm": False,
-    }
     name: Literal["maicq"] = "maicq"
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
-    adam_eps: float = Field(1e-8, gt=0, le=1, description="Adam's epsilon.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
-    batch_size: int = BATCH
-    updates: int = UPDATES
-    max_grad_norm: float = Field(10.0, gt=0, description="Global gradient-norm clip.")
     target_update_every: int = Field(
         200, ge=1, le=1_000_000, description="Gradient steps between copies into the targets."
     )

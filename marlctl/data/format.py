@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marlctl.atomic import replacing
-from marlctl.envs.info import EnvInfo, GroupInfo
+from marlctl.envs.info import EnvInfo
 from marlctl.errors import MarlctlError
 
 if TYPE_CHECKING:  # torch loads only where chunks are read or written, not to validate
@@ -95,15 +95,6 @@ class Manifest:
     def episodes(self) -> int:
         return len(self.returns)
 
-    def group_infos(self) -> tuple[GroupInfo, ...]:
-        out = []
-        for g in self.groups:
-            values = dict(g)
-            for key in ("agents", "obs_shape", "action_low", "action_high"):
-                values[key] = tuple(values.get(key, ()))
-            out.append(GroupInfo(**values))
-        return tuple(out)
-
     @classmethod
     def from_json(cls, text: str, where: Path) -> Manifest:
         try:
@@ -160,18 +151,27 @@ def digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+def chunk_on_disk(folder: Path, chunk: Chunk) -> str | None:
+    """What is wrong with a chunk's file that its size shows (missing, truncated), or None:
+    the check validation makes without reading the data."""
+    path = folder / chunk.file
+    if not path.is_file():
+        return f"{path}: missing: the manifest lists it"
+    size = path.stat().st_size
+    if size != chunk.bytes:
+        return f"{path}: {size} bytes where the manifest says {chunk.bytes}: truncated or replaced"
+    return None
+
+
 def read_chunk(folder: Path, chunk: Chunk) -> dict[str, torch.Tensor]:
     """One chunk's tensors, checked against the manifest: its size, its SHA-256, and the
     transition and episode counts it holds."""
     import torch
 
     path = folder / chunk.file
-    if not path.is_file():
-        raise DatasetError(path, "missing: the manifest lists it")
-    size = path.stat().st_size
-    if size != chunk.bytes:
-        raise DatasetError(path, f"{size} bytes where the manifest says {chunk.bytes}: "
-                           "truncated or replaced")  # fmt: skip
+    problem = chunk_on_disk(folder, chunk)
+    if problem is not None:
+        raise DatasetError(path, problem.removeprefix(f"{path}: "))
     if digest(path) != chunk.sha256:
         raise DatasetError(path, "its SHA-256 differs from the manifest's: corrupt")
     try:

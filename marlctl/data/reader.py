@@ -17,12 +17,6 @@ from marlctl.data.format import DatasetError, Manifest, read_chunk, read_manifes
 NEXT = ("obs/", "active/", "mask/")
 
 
-def episodes_of(data: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Each transition's episode, counted within the chunk `[N]`."""
-    lengths = data["episode/length"]
-    return torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-
-
 def with_next(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One chunk's steps with their next observations and episode starts."""
     lengths = data["episode/length"]

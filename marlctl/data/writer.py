@@ -24,10 +24,6 @@ CHUNK_TRANSITIONS = 100_000  # transitions a chunk holds at least (but the last)
 STAGE_STEPS = 64  # time steps staged at first; doubled for longer episodes
 
 
-def episode_fields(data: dict[str, torch.Tensor]) -> int:
-    return int(data["episode/length"].numel())
-
-
 def cat_episodes(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
 
@@ -82,7 +78,7 @@ class DatasetWriter:
 
     def add(self, data: dict[str, torch.Tensor]) -> None:
         """Whole episodes (the chunk fields, on any device); those past `limit` are left."""
-        count = episode_fields(data)
+        count = int(data["episode/length"].numel())
         if self.limit is not None:
             count = min(count, self.limit - self.episodes)
             data = first_episodes(data, count)

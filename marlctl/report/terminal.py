@@ -54,21 +54,21 @@ def rich_tables(report: Report) -> list:
             tables.append(imp)
     datasets = dataset_rows(report)
     if datasets is not None:
-        head, cells = datasets
-        found = Table(*map(escape, head), title="Offline runs and their datasets")
-        for row in cells:
-            found.add_row(*map(escape, row))
-        tables.append(found)
+        tables.append(_plain("Offline runs and their datasets", *datasets))
     scenarios = scenario_rows(report)
     if scenarios is not None:
-        head, cells = scenarios
-        played = Table(*map(escape, head), title="Melting Pot scenarios: focal per-capita return")
-        for row in cells:
-            played.add_row(*map(escape, row))
-        tables.append(played)
+        tables.append(_plain("Melting Pot scenarios: focal per-capita return", *scenarios))
     for title, head, cells in crossplay_tables(report):
-        found = Table(*map(escape, head), title=escape(title))
-        for row in cells:
-            found.add_row(*map(escape, row))
-        tables.append(found)
+        tables.append(_plain(escape(title), head, cells))
     return tables
+
+
+def _plain(title: str, head: list[str], cells: list[list[str]]):
+    """A titled table of text cells, each escaped for rich."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(*map(escape, head), title=title)
+    for row in cells:
+        table.add_row(*map(escape, row))
+    return table

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from marlctl.algos import registered_algos
-from marlctl.data.format import DatasetError, groups_of, read_manifest
+from marlctl.data.format import DatasetError, chunk_on_disk, groups_of, read_manifest
 from marlctl.envs.info import EnvInfo
 from marlctl.errors import Problem
 from marlctl.spec.provenance import Provenance
@@ -74,12 +74,6 @@ def dataset_mismatch(folder: Path, spec, info: EnvInfo) -> str | None:
     if manifest.state_dim != learners.state_dim:
         return (f"{folder} holds a global state of {manifest.state_dim} values; the env's "
                 f"has {learners.state_dim}")  # fmt: skip
-    for chunk in manifest.chunks:
-        path = folder / chunk.file
-        if not path.is_file():
-            return f"{path}: missing: the manifest lists it"
-        if path.stat().st_size != chunk.bytes:
-            return f"{path}: {path.stat().st_size} bytes where the manifest says {chunk.bytes}"
     if not manifest.chunks:
         return f"{folder}: its manifest lists no chunks"
-    return None
+    return next((p for c in manifest.chunks if (p := chunk_on_disk(folder, c))), None)

@@ -92,9 +92,6 @@ class Offline:
             raise RuntimeError("an offline trainer trains from a dataset: load_dataset first")
         return self.buffer
 
-    def ready(self) -> bool:
-        return self.buffer is not None
-
     def train_iteration(self, env, ob: Observation):
         self._ensure_buffer()
         totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
