@@ -219,3 +219,56 @@ def test_an_offline_spec_plans_gradient_steps_and_sweeps(mixed, tmp_path):
     assert [r["total_env_steps"] for r in planned["plan"]["runs"]] == [200]
     swept = run_json("sweep", path)
     assert swept["exit_code"] == 0 and swept["counts"] == {"COMPLETE": 2}, swept
+
+
+def test_a_dataset_logged_to_a_run_trains_from_its_uri(mixed, tmp_path):
+    from marlctl.data.artifacts import cached_copy
+
+    store = client()
+    owner = store.create_run(store.create_experiment("datasets")).info.run_id
+    logged = run_json("data", "log", str(mixed), "--run", owner[:8])
+    assert logged["exit_code"] == 0, logged
+    uri = logged["uri"]
+    assert uri == f"runs:/{owner}/dataset"
+    again = run_json("data", "log", str(mixed), "--run", owner)
+    assert again["exit_code"] == 2 and "already holds artifacts there" in again["errors"][0]
+    out = run_json("run", str(write_spec(tmp_path, spec("bc", uri, total_updates=50))))
+    assert out["exit_code"] == 0, out
+    returns = json.loads((mixed / "manifest.json").read_text())["returns"]
+    for run in out["runs"]:
+        assert store.get_run(run["run_id"]).data.params["data"] == uri
+        assert store.get_run(run["run_id"]).data.metrics["data/return_mean"] == (
+            pytest.approx(sum(returns) / len(returns), rel=1e-6)
+        )
+    # A store whose artifacts are not local files: downloaded whole once, then reused.
+    copy = cached_copy(store, uri, tmp_path / "cache")
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in mixed.iterdir())
+    stamp = (copy / "manifest.json").stat().st_mtime_ns
+    assert cached_copy(store, uri, tmp_path / "cache") == copy
+    assert (copy / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_a_runs_dataset_that_is_not_there_or_damaged_is_refused(mixed, tmp_path):
+    store = client()
+    owner = store.create_run(store.create_experiment("datasets")).info.run_id
+    chunk = next(mixed.glob("chunk-*.pt"))
+    whole = chunk.read_bytes()
+    chunk.write_bytes(whole[:-5])
+    refused = run_json("data", "log", str(mixed), "--run", owner, "--path", "damaged")
+    assert refused["exit_code"] == 2 and "bytes where the manifest says" in refused["errors"][0]
+    assert store.list_artifacts(owner, "damaged") == []
+    chunk.write_bytes(whole)
+    assert run_json("data", "log", str(mixed), "--run", owner)["exit_code"] == 0
+    stored = Path(store.get_run(owner).info.artifact_uri.removeprefix("file://"))
+    cases = {
+        f"runs:/{'0' * 32}/dataset": f"no run {'0' * 32} in the tracking store",
+        f"runs:/{owner}/elsewhere": "holds no dataset at 'elsewhere'",
+        "runs:/1234/dataset": "with the whole 32-digit run id",
+    }
+    for uri, message in cases.items():
+        out = run_json("validate", str(write_spec(tmp_path, spec("bc", uri))))
+        assert out["exit_code"] == 2, (uri, out)
+        assert " data: " in out["errors"][0] and message in out["errors"][0], out["errors"]
+    (stored / "dataset" / chunk.name).write_bytes(whole[:-5])
+    out = run_json("validate", str(write_spec(tmp_path, spec("bc", f"runs:/{owner}/dataset"))))
+    assert out["exit_code"] == 2 and "bytes where the manifest says" in out["errors"][0], out

@@ -1,4 +1,5 @@
-"""`marlctl data`: the datasets offline algorithms train from: list, describe, split, merge."""
+"""`marlctl data`: the datasets offline algorithms train from: list, describe, split, merge,
+import, and log one as a run's artifact."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class DataAction(StrEnum):
     split = "split"
     merge = "merge"
     import_ = "import"
+    log = "log"
 
 
 OutOpt = Annotated[
@@ -30,6 +32,19 @@ OutOpt = Annotated[
 EnvOpt = Annotated[
     str | None,
     typer.Option("--env", help="import: the registered env id the Vault's episodes are of."),
+]
+RunOpt = Annotated[
+    str | None,
+    typer.Option("--run", help="log: the run (its id, or the start of it) to keep it."),
+]
+ArtifactPathOpt = Annotated[
+    str, typer.Option("--path", help="log: the folder in the run's artifacts.")
+]
+TrackingUriOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri", help="log: MLflow store holding the run (default: ./mlflow.db)."
+    ),
 ]
 LevelsOpt = Annotated[
     str,
@@ -42,23 +57,30 @@ LevelsOpt = Annotated[
 
 
 def data(
-    action: Annotated[DataAction, typer.Argument(help="list, describe, split, merge or import")],
+    action: Annotated[
+        DataAction, typer.Argument(help="list, describe, split, merge, import or log")
+    ],
     paths: Annotated[
         list[str] | None,
         typer.Argument(
             metavar="[PATH]...",
             help="list: folders to search (default: .); describe, split: one dataset; "
-            "merge: the datasets to join; import: an Off-the-Grid MARL Vault's folder.",
+            "merge: the datasets to join; import: an Off-the-Grid MARL Vault's folder; log: "
+            "one dataset.",
         ),
     ] = None,
     out: OutOpt = None,
     levels: LevelsOpt = "poor,medium,good",
     env: EnvOpt = None,
+    run: RunOpt = None,
+    path: ArtifactPathOpt = "dataset",
+    tracking_uri: TrackingUriOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Datasets recorded with `marlctl eval RUN --record DIR`: list them, describe one
-    (episodes, size, returns), split one by episode quality, merge several, or import an
-    Off-the-Grid MARL dataset (a flashbax Vault)."""
+    (episodes, size, returns), split one by episode quality, merge several, import an
+    Off-the-Grid MARL dataset (a flashbax Vault), or log one as a run's artifact, which a
+    spec then names as `data: runs:/RUN_ID/PATH`."""
     paths = paths or []
     with exit_codes(as_json):
         from marlctl.data import ops
@@ -68,11 +90,14 @@ def data(
             found = [d for root in paths or ["."] for d in ops.find(Path(root))]
             _print_list(found, as_json)
             return
-        one = (DataAction.describe, DataAction.split, DataAction.import_)
+        one = (DataAction.describe, DataAction.split, DataAction.import_, DataAction.log)
         if action in one and len(paths) != 1:
             raise SpecError.at("PATH", f"{action.value}: name one dataset")
         if action is DataAction.describe:
             _print_description(ops.describe(Path(paths[0])), as_json)
+            return
+        if action is DataAction.log:
+            _log(Path(paths[0]), run, path, tracking_uri, as_json)
             return
         if out is None:
             raise SpecError.at("--out", f"{action.value}: name the folder to write")
@@ -91,6 +116,25 @@ def data(
             raise SpecError.at("PATH", "merge: name two or more datasets")
         merged = ops.merge([Path(p) for p in paths], Path(out))
         _print_written({"merged": out}, {"merged": merged}, as_json)
+
+
+def _log(folder: Path, run: str | None, path: str, uri: str | None, as_json: bool) -> None:
+    from marlctl import tracking
+    from marlctl.data.artifacts import log_dataset
+    from marlctl.errors import SpecError
+
+    if run is None:
+        raise SpecError.at("--run", "log: name the run to keep the dataset")
+    path = path.strip("/")
+    if not path:
+        raise SpecError.at("--path", "log: name a folder in the run's artifacts")
+    tracking.check_store(uri)
+    client = tracking.client_for(uri)
+    uri_of = log_dataset(client, tracking.resolve_run_id(client, run, "--run"), folder, path)
+    if as_json:
+        emit_json({"dataset": str(folder), "uri": uri_of})
+        return
+    say(output.out, f"logged {folder} as {uri_of}: name it in a spec as `data: {uri_of}`")
 
 
 def _import_vault(folder: Path, out: Path, env: str | None, as_json: bool) -> None:

@@ -48,3 +48,13 @@ def load_transitions(
         if set(part) != keys:
             raise DatasetError(folder / chunk.file, "holds other fields than the first chunk")
     return manifest, {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def load_named(data: str, client) -> tuple[Manifest, dict[str, torch.Tensor]]:
+    """The dataset a spec's `data` names, as `load_transitions` gives it: a folder, or a
+    run's artifact (`runs:/RUN_ID/PATH`) in the store `client` opens."""
+    from marlctl.data import artifacts
+
+    if artifacts.is_artifact(data):
+        return load_transitions(artifacts.local_folder(client, data))
+    return load_transitions(Path(data))

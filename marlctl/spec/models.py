@@ -55,7 +55,8 @@ class Spec(Strict):
         None,
         min_length=1,
         description="An offline algorithm's dataset: the folder `marlctl eval RUN --record` "
-        "(or `marlctl data split` / `merge`) wrote, relative to the working directory. Its "
+        "(or `marlctl data split` / `merge`) wrote, relative to the working directory, or a "
+        "run's artifact `runs:/RUN_ID/PATH` in the tracking store (`marlctl data log`). Its "
         "env and agent groups must be the spec's; an online algorithm takes none.",
     )
     groups: dict[str, GroupSpec] = Field(
@@ -69,8 +70,11 @@ class Spec(Strict):
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         """A relative dataset path is the working directory's: the resolved spec holds it
-        whole, so the run processes, a resumed run and `marlctl eval` read the same one."""
-        return None if value is None else str(Path(value).expanduser().absolute())
+        whole, so the run processes, a resumed run and `marlctl eval` read the same one. A
+        run's artifact (`runs:/RUN_ID/PATH`) is kept as written."""
+        if value is None or value.startswith("runs:/"):
+            return value
+        return str(Path(value).expanduser().absolute())
 
     @property
     def opponents(self) -> dict[str, GroupSpec]:

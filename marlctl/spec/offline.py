@@ -1,14 +1,16 @@
 """The checks an offline spec needs: its algorithm, its budget in gradient steps, and its
-dataset, which must exist whole and hold the spec's env, agent groups and spaces."""
+dataset (a folder, or a run's artifact in the tracking store), which must exist whole and
+hold the spec's env, agent groups and spaces."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from marlctl.algos import registered_algos
-from marlctl.data.format import DatasetError, chunk_on_disk, groups_of, read_manifest
+from marlctl.data import artifacts
+from marlctl.data.format import DatasetError, Manifest, chunk_on_disk, groups_of, read_manifest
 from marlctl.envs.info import EnvInfo
-from marlctl.errors import Problem
+from marlctl.errors import MarlctlError, Problem
 from marlctl.spec.provenance import Provenance
 from marlctl.spec.teams import learner_info
 
@@ -30,7 +32,7 @@ def offline_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
         message = "counts an offline algorithm's gradient steps; an online run counts "
         problems.append(prov.problem("train.total_updates", message + "total_env_steps"))
     if offline and spec.data is not None:
-        why = dataset_mismatch(Path(spec.data), spec, info)
+        why = dataset_mismatch(spec.data, spec, info)
         if why is not None:
             problems.append(prov.problem("data", why))
     if spec.train.record is not None:
@@ -54,26 +56,50 @@ def _record_problems(spec, prov: Provenance, offline: bool) -> list[Problem]:
     return []
 
 
-def dataset_mismatch(folder: Path, spec, info: EnvInfo) -> str | None:
-    """Why the dataset in `folder` cannot train the spec's learners, or None. Reads the
-    manifest and checks that every chunk is there at its size (not its checksum: training
-    checks that as it reads)."""
+def dataset_mismatch(data: str, spec, info: EnvInfo) -> str | None:
+    """Why the dataset `data` names (a folder, or `runs:/RUN_ID/PATH`) cannot train the
+    spec's learners, or None. Reads the manifest and checks that every chunk is there at its
+    size (not its checksum: training checks that as it reads)."""
     try:
-        manifest = read_manifest(folder)
+        if artifacts.is_artifact(data):
+            client = _store_client(spec.tracking.uri, data)
+            manifest = artifacts.remote_manifest(client, data)
+        else:
+            manifest = read_manifest(Path(data))
     except DatasetError as err:
         return str(err)
+    why = manifest_mismatch(manifest, data, spec, info)
+    if why is not None:
+        return why
+    if artifacts.is_artifact(data):
+        return artifacts.remote_problem(client, data, manifest)
+    folder = Path(data)
+    return next((p for c in manifest.chunks if (p := chunk_on_disk(folder, c))), None)
+
+
+def _store_client(uri: str | None, data: str):
+    from marlctl import tracking
+
+    try:
+        tracking.check_store(uri)
+    except MarlctlError as err:
+        raise DatasetError(data, f"the tracking store holding the run: {err}") from None
+    return tracking.client_for(uri)
+
+
+def manifest_mismatch(manifest: Manifest, where: str, spec, info: EnvInfo) -> str | None:
     if manifest.env_id != info.id:
-        return f"{folder} holds episodes of {manifest.env_id}, not {info.id}"
+        return f"{where} holds episodes of {manifest.env_id}, not {info.id}"
     learners = learner_info(info, spec)
     if manifest.groups != groups_of(learners):
         want = ", ".join(f"{g.name} x{g.n_agents}" for g in learners.groups)
         have = ", ".join(f"{g['name']} x{len(g['agents'])}" for g in manifest.groups)
-        return (f"{folder} holds groups {have}; the spec's learners are {want} (or their "
+        return (f"{where} holds groups {have}; the spec's learners are {want} (or their "
                 "spaces differ: compare `marlctl data describe` with `marlctl list envs "
                 "--describe`)")  # fmt: skip
     if manifest.state_dim != learners.state_dim:
-        return (f"{folder} holds a global state of {manifest.state_dim} values; the env's "
+        return (f"{where} holds a global state of {manifest.state_dim} values; the env's "
                 f"has {learners.state_dim}")  # fmt: skip
     if not manifest.chunks:
-        return f"{folder}: its manifest lists no chunks"
-    return next((p for c in manifest.chunks if (p := chunk_on_disk(folder, c))), None)
+        return f"{where}: its manifest lists no chunks"
+    return None

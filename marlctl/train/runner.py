@@ -15,7 +15,6 @@ import signal
 import threading
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -214,10 +213,10 @@ def _train(
     trainer = build_trainer(spec, learners, num_envs, device, plan.iterations, seeds, rows)
     dataset = {}  # an offline algorithm's dataset, read whole and checked, and its return
     if spec.data is not None:
-        from marlctl.data.reader import load_transitions
+        from marlctl.data.reader import load_named
         from marlctl.tracking import DATA_RETURN
 
-        manifest, transitions = load_transitions(Path(spec.data))
+        manifest, transitions = load_named(spec.data, client)
         trainer.load_dataset(transitions)
         dataset = {DATA_RETURN: sum(manifest.returns) / len(manifest.returns)}
     start = _Resumed(0, spec.train.eval_every, spec.train.checkpoint_every)
