@@ -194,6 +194,7 @@ def _describe_env(row: dict) -> dict:
         "state_from_env": info.state_from_env,
         "turn_based": info.turn_based,
         "objectives": info.objectives,
+        "schedulable": list(info.schedulable),
     }
 
 
@@ -213,4 +214,6 @@ def _describe_text(description: dict | None) -> str:
         parts.append("turn-based")
     if description["objectives"]:
         parts.append(f"{description['objectives']} objectives")
+    if description["schedulable"]:
+        parts.append(f"train.schedule may change {', '.join(description['schedulable'])}")
     return "; ".join(parts)

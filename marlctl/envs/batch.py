@@ -75,6 +75,9 @@ class Wrapper:
         if hasattr(self.env, "compile"):
             self.env.compile()
 
+    def set_param(self, name: str, value: float) -> None:
+        self.env.set_param(name, value)
+
     def close(self) -> None:
         self.env.close()
 

@@ -78,6 +78,8 @@ class EnvInfo:
     turn_based: bool = False
     # Objectives of a multi-objective env (MOMAland's vector rewards); 0 = a scalar reward.
     objectives: int = 0
+    # The params a `train.schedule` may change while the training env runs (`set_param`).
+    schedulable: tuple[str, ...] = ()
 
     @property
     def n_agents(self) -> int:

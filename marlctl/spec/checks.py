@@ -33,7 +33,7 @@ def check_spec(loaded: LoadedSpec, env_info: EnvInfo | None, gpus: int) -> EnvIn
         *_encoder_problems(spec, prov, info),
         *_rollout_problems(spec, prov, info),
         *_hardware_problems(spec, prov, gpus),
-        *_schedule_problems(spec, prov),
+        *_schedule_problems(spec, prov, info),
         *offline_problems(spec, prov, info),
     ]
     if problems:
@@ -184,22 +184,35 @@ def _rollout_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
     ]
 
 
-def _schedule_problems(spec, prov: Provenance) -> list[Problem]:
+def _schedule_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
     """`train.schedule` changes only what a row of a batch may have of its own, to values
-    its field takes."""
+    its field takes, and the env params the env lets change during training."""
     from pydantic import ValidationError
+
+    from marlctl.spec.sections import schedule_points
 
     fields, config = spec.row_fields, type(spec.algo)
     problems = []
-    for key, points in spec.train.schedule.items():
+    for key, entry in spec.train.schedule.items():
         where = f"train.schedule.{key}"
         section, _, name = key.partition(".")
+        points, linear = schedule_points(entry)
+        if section == "env":
+            if name not in info.schedulable:
+                able = ", ".join(f"env.{p}" for p in info.schedulable) or "none of its params"
+                message = f"{info.id} lets a schedule change {able} during training"
+                problems.append(prov.problem(where, message))
+            continue
         if section != "algo" or name not in fields:
             able = ", ".join(f"algo.{f}" for f in fields) or f"nothing of {spec.algo.name}"
             message = f"a schedule changes only what a row may have of its own: {able}"
-            problems.append(prov.problem(where, message))
+            problems.append(prov.problem(where, message + "; and env params the env names"))
             continue
         whole = isinstance(getattr(spec.algo, name), int)
+        if linear and whole:
+            message = f"algo.{name} takes whole numbers: give it [step, value] points"
+            problems.append(prov.problem(where, message))
+            continue
         for step, value in points:
             taken = int(value) if whole and float(value).is_integer() else value
             try:

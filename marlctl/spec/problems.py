@@ -140,7 +140,9 @@ def _missing_preset(message: str, roots: list[Path]) -> str:
 
 _PYDANTIC_LOC = re.compile(r"^(function-\w+\[.*\]|range|choices)$")
 # The member a plain union names in an error's path: model.sharing.literal[...] -> model.sharing
-_UNION_MEMBER = re.compile(r"^(literal\[.*\]|dict\[.*\]|list\[.*\]|str|int|float|bool)$")
+_UNION_MEMBER = re.compile(
+    r"^(literal\[.*\]|dict\[.*\]|list\[.*\]|str|int|float|bool|schedule-points|schedule-linear)$"
+)
 
 
 def schema_problems(err, data: dict[str, Any], provenance: Provenance) -> list[Problem]:

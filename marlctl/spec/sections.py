@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from marlctl.algos import AlgoConfig
 from marlctl.callables import standard_library_refusal
@@ -203,6 +203,37 @@ LOG_POINTS = 200
 SchedulePoint = tuple[Annotated[int, Field(ge=0, le=10**13)], float]
 
 
+class LinearSchedule(Strict):
+    """A value interpolated linearly between points, taken at every iteration."""
+
+    linear: list[SchedulePoint] = Field(
+        min_length=2,
+        description="[env step, value] points: between two, the value at each iteration's "
+        "first env step is interpolated linearly; before the first and after the last it is "
+        "theirs.",
+    )
+
+
+def _schedule_form(value: Any) -> str:
+    return "schedule-linear" if isinstance(value, dict | LinearSchedule) else "schedule-points"
+
+
+# A `train.schedule` entry: [step, value] points, or `{linear: [...]}` (the tag picks the form
+# to check, so an error names what is wrong with the form given, not with both).
+ScheduleEntry = Annotated[
+    Annotated[list[SchedulePoint], Tag("schedule-points")]
+    | Annotated[LinearSchedule, Tag("schedule-linear")],
+    Discriminator(_schedule_form),
+]
+
+
+def schedule_points(value: list | LinearSchedule) -> tuple[list, bool]:
+    """(the [step, value] points of a `train.schedule` entry, whether it interpolates)."""
+    if isinstance(value, LinearSchedule):
+        return value.linear, True
+    return value, False
+
+
 class TrainSpec(Strict):
     total_env_steps: int = Field(
         1_000_000,
@@ -253,20 +284,24 @@ class TrainSpec(Strict):
         description="Env steps between training metric points (losses, training returns, "
         f"speed); null = the budget over {LOG_POINTS} (at least one point per iteration).",
     )
-    schedule: dict[str, list[SchedulePoint]] = Field(
+    schedule: dict[str, ScheduleEntry] = Field(
         default_factory=dict,
         max_length=64,
-        description="Hyperparameters that change during training, by `algo.FIELD`: the value "
-        "from each env step on, `[[0, 3.0e-4], [400000, 2.4e-4]]`, taken at the first "
-        "iteration that reaches the step (a point at 0 replaces the `algo` value). Only what "
-        "a row of a batch may have of its own (`algo.lr`, ...); the schedule a "
-        "population-based training's best member followed is written in this form.",
+        description="Hyperparameters that change during training, by `algo.FIELD`, and the "
+        "training env's params an env lets change, by `env.PARAM` (Overcooked's "
+        "`shaped_reward_scale`; evaluation plays `env.params`): the value from each env "
+        "step on, `[[0, 3.0e-4], [400000, 2.4e-4]]`, taken at the first iteration that "
+        "reaches the step (a point at 0 replaces the `algo` or `env.params` value), or "
+        "`{linear: [[0, 1.0], [2500000, 0.0]]}`, interpolated at every iteration. Of `algo`, "
+        "only what a row of a batch may have of its own (`algo.lr`, ...); the schedule a "
+        "population-based training's best member followed is written in the first form.",
     )
 
     @field_validator("schedule")
     @classmethod
-    def _ordered_steps(cls, value: dict[str, list]) -> dict[str, list]:
-        for key, points in value.items():
+    def _ordered_steps(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, entry in value.items():
+            points, _ = schedule_points(entry)
             steps = [step for step, _ in points]
             if not points or steps != sorted(set(steps)):
                 raise ValueError(f"{key}: give [step, value] points at increasing env steps")

@@ -136,16 +136,23 @@ def _then(points: list, step: int, value: Any) -> list:
 
 class Schedule(Part):
     """`train.schedule`: every row takes each scheduled value at the first iteration that
-    reaches its env step (a resumed run, every value up to its step, before training), and
-    logs it as `schedule/FIELD`."""
+    reaches its env step (a resumed run, every value up to its step, before training), or,
+    for a `linear` entry, the value interpolated at each iteration's first env step; an
+    `env.PARAM` entry changes the training env. Each value is logged as `schedule/KEY` (the
+    field's name alone for `algo`) where it changes."""
 
     def __init__(self, run: RunState):
-        self.points = sorted(
-            (step, key.split(".", 1)[1], value)
-            for key, points in run.spec.train.schedule.items()
-            for step, value in points
-        )
-        self.taken = 0
+        from marlctl.spec.sections import schedule_points
+
+        self.points, self.linear = [], {}
+        for key, entry in run.spec.train.schedule.items():
+            points, linear = schedule_points(entry)
+            if linear:
+                self.linear[key] = [(float(step), float(value)) for step, value in points]
+            else:
+                self.points += [(step, key, value) for step, value in points]
+        self.points.sort()
+        self.taken, self.now = 0, {}
 
     def on_start(self, run: RunState) -> None:
         self._take(run)
@@ -154,15 +161,37 @@ class Schedule(Part):
         self._take(run)
 
     def _take(self, run: RunState) -> None:
-        changed = {}
+        due = {}
         while self.taken < len(self.points) and self.points[self.taken][0] <= run.env_steps:
-            _, name, value = self.points[self.taken]
-            for row in range(len(run.requests)):
-                run.trainer.set_row_value(name, row, value)
-            changed[REPLAYED_PREFIX + name] = float(value)
+            _, key, value = self.points[self.taken]
+            due[key] = value
             self.taken += 1
+        for key, points in self.linear.items():
+            due[key] = interpolated(points, run.env_steps)
+        changed = {}
+        for key, value in due.items():
+            if self.now.get(key) == value:
+                continue
+            self.now[key] = value
+            section, _, name = key.partition(".")
+            if section == "env":
+                run.env.set_param(name, value)
+            else:
+                for row in range(len(run.requests)):
+                    run.trainer.set_row_value(name, row, value)
+            changed[REPLAYED_PREFIX + (key if section == "env" else name)] = float(value)
         for row in run.live if changed else ():
             run.sinks[row].log(changed, run.env_steps)
+
+
+def interpolated(points: list[tuple[float, float]], step: int) -> float:
+    """The value of the piecewise-linear schedule `points` at `step`."""
+    if step <= points[0][0]:
+        return points[0][1]
+    for (s0, v0), (s1, v1) in zip(points, points[1:], strict=False):
+        if step <= s1:
+            return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return points[-1][1]
 
 
 def members_of(requests: list) -> list[list[int]]:

@@ -206,7 +206,7 @@ def _train(
     plan, info = requests[0].run, requests[0].env_info
     seeds = [r.run.seed for r in requests]
     pbt = _population(spec) if requests[0].population else ()
-    scheduled = tuple(key.split(".", 1)[1] for key in spec.train.schedule)
+    scheduled = tuple(k.split(".", 1)[1] for k in spec.train.schedule if k.startswith("algo."))
     rows = batch_rows([r.spec for r in requests], always=pbt + scheduled)
     learners = learner_info(info, spec)  # the groups `spec.groups` leaves to the algorithm
     num_envs = spec.hardware.num_envs
@@ -242,7 +242,7 @@ def _train(
         for sink in sinks if dataset else ():  # the behaviour's score, beside the learner's
             sink.log(dataset, run.env_steps)
         parts = parts_for(run)
-        if scheduled:
+        if spec.train.schedule:
             parts.append(Schedule(run))
         if pbt:
             parts.append(Population(run))

@@ -157,6 +157,8 @@ class NativeEnv(SeededBatch):
     # Methods `compile` fuses: none by default. A step of a few operations (the matrix
     # games') runs slower compiled; list `observe`/`advance` where they hold many.
     pure_steps: tuple[str, ...] = ()
+    # The params `set_param` changes while the env runs (`train.schedule`'s `env.PARAM`).
+    schedulable: tuple[str, ...] = ()
     # Start states drawn ahead, per env row, on the CPU (see `_restart`).
     ahead = 4
     block_state = ("_ahead", "_taken")
@@ -177,8 +179,9 @@ class NativeEnv(SeededBatch):
         agents = tuple(a for g in groups for a in g.agents)
         factory = f"{type(self).__module__}:{type(self).__qualname__}"
         self.info = EnvInfo(
-            self.env_id, factory, tuple(groups), state_dim, True, agents, self.turn_based
-        )
+            self.env_id, factory, tuple(groups), state_dim, True, agents, self.turn_based,
+            schedulable=self.schedulable,
+        )  # fmt: skip
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         # Drawing ahead asks the host how many envs ended; on a GPU every step draws instead.
         self.graph_safe = self.device.type != "cpu"
@@ -221,6 +224,12 @@ class NativeEnv(SeededBatch):
         rewards per group `[E, n]`, and `[E]` bool where the episode ended for good (None if
         it never ends before `max_cycles`)."""
         raise NotImplementedError
+
+    def set_param(self, name: str, value: float) -> None:
+        """Param `name` (one of `schedulable`) at `value` from the next step on: an env that
+        names params keeps each in a tensor it changes in place, which a captured iteration
+        reads at every replay."""
+        raise ValueError(f"{self.env_id} lets no schedule change '{name}'")
 
     # ------------------------------------------------------------ BatchedEnv
 

@@ -28,8 +28,9 @@ The rules, observations and rewards are JaxMARL's (jaxmarl 0.2.0,
 `jaxmarl/environments/overcooked`): a parity test steps both from the same states with the
 same actions. A step has no Python loop over envs: the state is a few `[E, H * W]` maps.
 
-JaxMARL's IPPO anneals the shaped reward from 1 to 0 over `REW_SHAPING_HORIZON` env steps.
-`train.schedule` changes only algorithm fields, so `shaped_reward_scale` stays fixed for a run.
+JaxMARL's IPPO anneals the shaped reward from 1 to 0 over `REW_SHAPING_HORIZON` env steps:
+`train.schedule: {env.shaped_reward_scale: {linear: [[0, 1.0], [HORIZON, 0.0]]}}` does the
+same to the training env, while evaluation plays `env.params` (0 for JaxMARL's sparse return).
 """
 
 from __future__ import annotations
@@ -97,13 +98,15 @@ class Overcooked(NativeEnv):
     max_cycles = 400
     # A step draws no random numbers: both fuse whole.
     pure_steps = ("observe", "advance")
+    schedulable = ("shaped_reward_scale",)
 
     def build(self, random_reset: bool = False, shaped_reward_scale: float = 1.0):
         """JaxMARL's keywords (`max_cycles` is its `max_steps`), and the weight of the shaped
         reward in each cook's reward."""
         self.random_reset = flag("random_reset", random_reset)
-        self.shaped_scale = number("shaped_reward_scale", shaped_reward_scale)
         lay, dev = self.layout, self.device
+        scale = number("shaped_reward_scale", shaped_reward_scale)
+        self.shaped_scale = torch.tensor(scale, device=dev)
         self.height, self.width = lay.height, lay.width
         self.start_cells = torch.tensor(lay.cells, device=dev)
         # Every cell but the floor is a counter of some kind: no cook steps on it, and it is
@@ -123,6 +126,11 @@ class Overcooked(NativeEnv):
             group("agent", 2, size, ACTIONS), obs_shape=(lay.height, lay.width, CHANNELS)
         )
         return [cooks], size
+
+    def set_param(self, name: str, value: float) -> None:
+        if name != "shaped_reward_scale":
+            super().set_param(name, value)
+        self.shaped_scale.fill_(value)
 
     # ------------------------------------------------------------ start states
 
