@@ -5,9 +5,10 @@ each, through the CLI (`marlctl run`, `eval --record`, `data`).
 Per task:
 1. MAPPO trains one seed with `train.keep_policies` (a policy every fortieth of its budget).
 2. Poor, Medium and Good: `eval --record --sampled` of the kept policies whose evaluation
-   stands nearest 25% and 60% of the way from the untrained policy's return to the final
-   one, and of the final policy. Medium-Replay: `train.record` of a second MAPPO run of the
-   same seed up to the Medium policy's step.
+   stands nearest 25% and 60% of the way from random play's return to the final policy's,
+   and of the final policy (an untrained policy acting greedily can score below random
+   play: a Poor dataset is still a policy's, above random). Medium-Replay: `train.record`
+   of a second MAPPO run of the same seed up to the Medium policy's step.
 3. Every offline algorithm (3 seeds, trained as one batch) on every dataset; random play
    (uniform over the allowed actions) on the side.
 
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MARLCTL = ROOT / ".venv" / "bin" / "marlctl"
 OUT = ROOT / "bench" / "results" / "offline.md"
 RAW = ROOT / "bench" / "results" / "offline.jsonl"
-ALGOS = ("bc", "iql_cql", "qmix_cql")
+ALGOS = ("bc", "iql_cql", "qmix_cql", "maicq")
 LEVELS = ("poor", "medium", "good", "medium-replay")
 
 TASKS = {
@@ -94,11 +95,11 @@ def eval_curve(cwd: Path, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "eval/return_mean")}
 
 
-def levels(curve: dict[int, float], every: int, budget: int) -> dict[str, int]:
+def levels(curve: dict[int, float], every: int, budget: int, random: float) -> dict[str, int]:
     """The kept policies (`policy/step-N.pt`, N a multiple of `every`) whose evaluation (the
-    first at or after N) stands nearest 25% and 60% of the way up the curve; Poor before
-    Medium."""
-    start, end = curve[0], curve[max(curve)]
+    first at or after N) stands nearest 25% and 60% of the way from random play's return
+    (`random`) to the final policy's; Poor before Medium."""
+    start, end = random, curve[max(curve)]
     score = {n: curve[min(s for s in curve if s >= n)] for n in range(every, budget, every)}
 
     def nearest(share: float, steps) -> int:
@@ -133,13 +134,13 @@ def random_play(task: str, episodes: int = 1024) -> float:
     return float(total.mean())
 
 
-def datasets(task: str, cwd: Path) -> dict[str, dict]:
+def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
     """The four datasets of `task` in `cwd`, with their mean returns and sources."""
     cfg = TASKS[task]
     budget, episodes = cfg["budget"], str(cfg["episodes"])
     run = behaviour(task, cwd, budget)["runs"][0]
     curve = eval_curve(cwd, run["run_id"])
-    steps = levels(curve, budget // 40, budget)
+    steps = levels(curve, budget // 40, budget, random)
     sources = {"poor": f"policy/step-{steps['poor']}.pt",
                "medium": f"policy/step-{steps['medium']}.pt", "good": None}  # fmt: skip
     out = {}
@@ -198,6 +199,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, help="episodes per recorded dataset")
     parser.add_argument("--dry", action="store_true", help="write no results (a smoke run)")
     parser.add_argument("--render", action="store_true", help="only rewrite the page")
+    parser.add_argument("--busy", action="store_true", help="other work shares the cores")
     args = parser.parse_args()
     if args.render:
         OUT.write_text(render([json.loads(line) for line in RAW.read_text().splitlines()]))
@@ -213,10 +215,12 @@ def main() -> None:
     for task in [t for t in args.tasks.split(",") if t and not args.overhead]:
         cwd = work / task
         cwd.mkdir(exist_ok=True)
-        found = datasets(task, cwd)
-        rows.append({"kind": "random", "task": task, "return": random_play(task)})
+        random = random_play(task)
+        found = datasets(task, cwd, random)
+        rows.append({"kind": "random", "task": task, "return": random})
         for level in LEVELS:
-            rows.append({"kind": "dataset", "task": task, "level": level, **found[level]})
+            rows.append({"kind": "dataset", "task": task, "level": level, **found[level],
+                         "busy": args.busy})  # fmt: skip
             for algo in ALGOS:
                 result = offline(task, cwd, algo, level, args.updates)
                 rows.append({"kind": "offline", "task": task, "level": level, "algo": algo,
@@ -289,9 +293,10 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
         for lv, row in made.items()
     )  # fmt: skip
     budget = TASKS[task]["budget"]
+    load = "with other training on its cores" if made["good"].get("busy", True) else "quiet"
+    at = machines.index(made["good"]["machine"]) + 1
     lines += ["", f"The behaviour: MAPPO, {budget:,} env steps. The datasets (sampled actions): "
-              f"{where}. Machine ({machines.index(made['good']['machine']) + 1}), with other "
-              "training on its cores."]  # fmt: skip
+              f"{where}. Machine ({at}), {load}."]  # fmt: skip
     return [*lines, ""]
 
 
@@ -302,8 +307,8 @@ def _verdict(level: str, scores: dict[str, float], data: float, random: float) -
         norm = (scores["bc"] - random) / (data - random)
         return f"BC {norm:.2f} of the way: {'met' if norm >= 0.9 else 'not met'} (bar 0.90)"
     if level == "medium-replay":
-        best = max(scores["iql_cql"], scores["qmix_cql"])
-        return f"best CQL {'beats' if best > scores['bc'] else 'does not beat'} BC"
+        best = max(s for a, s in scores.items() if a != "bc")
+        return f"best Q-learner {'beats' if best > scores['bc'] else 'does not beat'} BC"
     if level == "poor":
         below = [a for a, s in scores.items() if s <= random]
         if not below:
