@@ -272,3 +272,30 @@ def test_a_runs_dataset_that_is_not_there_or_damaged_is_refused(mixed, tmp_path)
     (stored / "dataset" / chunk.name).write_bytes(whole[:-5])
     out = run_json("validate", str(write_spec(tmp_path, spec("bc", f"runs:/{owner}/dataset"))))
     assert out["exit_code"] == 2 and "bytes where the manifest says" in out["errors"][0], out
+
+
+def test_the_dataset_sampler_draws_each_row_s_windows_through_the_trainer_s_stream():
+    from marlctl.train.offline import DatasetSampler
+
+    data = {"terminated": torch.zeros(50, dtype=torch.bool), "x": torch.arange(50)}
+
+    def sampled(seeds: tuple[int, ...]) -> tuple[torch.Tensor, list]:
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        calls = []
+
+        def uniform(shape, dtype):  # as `Trainer.noise` draws: a row per seed's generator
+            calls.append((shape, dtype))
+            return torch.stack([torch.rand(shape[1:], generator=g, dtype=dtype)
+                                for g in generators])  # fmt: skip
+
+        return DatasetSampler(data, "cpu", generators, uniform).sample(4000, length=3)["x"], calls
+
+    x, calls = sampled((0, 1))
+    assert calls == [(torch.Size((2, 4000)), torch.float64)]  # every draw through the trainer
+    assert x.shape == (2, 3, 4000)
+    assert torch.equal(x[:, 1] - x[:, 0], torch.ones(2, 4000, dtype=torch.long))
+    assert torch.equal(x[:, 2] - x[:, 1], torch.ones(2, 4000, dtype=torch.long))
+    assert int(x[:, 0].min()) == 0 and int(x[:, 0].max()) == 47  # every window, none past
+    assert not torch.equal(x[0], x[1])  # each row its own stream
+    again, _ = sampled((1, 0))
+    assert torch.equal(again[0], x[1]) and torch.equal(again[1], x[0])

@@ -11,6 +11,7 @@ cloning), `CQLTrainer` (IQL or QMIX with Conservative Q-Learning's penalty) and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,15 +29,24 @@ from marlctl.train.replay import storage_device
 class DatasetSampler:
     """`[N, ...]` transitions (`marlctl.data.reader.load_transitions`) that `seeds` rows
     sample, each row with its generator: `sample` gives `[S, length, B, ...]` windows of
-    consecutive transitions, as `ReplayBuffer.sample` does."""
+    consecutive transitions, as `ReplayBuffer.sample` does. Where the dataset lies on the
+    run's device, the draws come from `uniform` (the trainer's `noise`: a compiled region's
+    or captured iteration's random numbers) and no host value is read."""
 
-    def __init__(self, data: dict[str, torch.Tensor], device, generators: list[torch.Generator]):
+    def __init__(
+        self,
+        data: dict[str, torch.Tensor],
+        device,
+        generators: list[torch.Generator],
+        uniform: Callable[[torch.Size, torch.dtype], torch.Tensor] | None = None,
+    ):
         self.device = torch.device(device)
         self.size = len(data["terminated"])
         nbytes = sum(v.numel() * v.element_size() for v in data.values())
         self.storage = storage_device(self.device, nbytes)
         self.data = {k: v.to(self.storage) for k, v in data.items()}
         self.generators = generators
+        self.uniform = uniform if self.storage == self.device else None
 
     def __len__(self) -> int:
         return self.size
@@ -46,10 +56,15 @@ class DatasetSampler:
         return self.size
 
     def sample(self, batch: int, length: int = 1) -> dict[str, torch.Tensor]:
-        starts = torch.stack([
-            torch.randint(self.size - length + 1, (batch,), generator=g, device=g.device)
-            for g in self.generators
-        ]).to(self.storage)  # fmt: skip
+        windows = self.size - length + 1
+        if self.uniform is not None:
+            u = self.uniform(torch.Size((len(self.generators), batch)), torch.float64)
+            starts = (u * windows).long().clamp_(max=windows - 1)
+        else:
+            starts = torch.stack([
+                torch.randint(windows, (batch,), generator=g, device=g.device)
+                for g in self.generators
+            ]).to(self.storage)  # fmt: skip
         rows = starts.unsqueeze(1) + torch.arange(length, device=self.storage).view(1, -1, 1)
         flat = rows.flatten()
         out = {
@@ -80,7 +95,8 @@ class Offline:
         cut = data.pop("truncated")
         if not getattr(self.cfg, "bootstrap_time_limit", True):
             data["terminated"] = data["terminated"] | cut
-        self.buffer = DatasetSampler(data, self.device, self.generators)
+        draw = lambda shape, dtype: self.noise(shape, False, dtype)  # noqa: E731
+        self.buffer = DatasetSampler(data, self.device, self.generators, draw)
         S = len(self.seeds)
         for name, stats in self.reward_stats.items():
             rewards = data[f"reward/{name}"].to(self.device)
