@@ -58,16 +58,27 @@ def mixed(tmp_path) -> Path:
     return tmp_path / "mixed"
 
 
-@pytest.mark.parametrize("algo", ["bc", "iql_cql", "qmix_cql", "maicq"])
-def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(tmp_path, algo):
+@pytest.mark.parametrize(
+    ("algo", "recurrent"),
+    [("bc", False), ("iql_cql", False), ("qmix_cql", False), ("maicq", False),
+     ("iql_cql", True), ("qmix_cql", True)],
+)  # fmt: skip
+def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(
+    tmp_path, algo, recurrent
+):
     # Half of each dataset's games are played at one joint action, half at random (-3.4 on
     # average). Acting greedily, each learner plays the joint action its dataset favours:
     # (0, 0), worth 11, from one dataset and (1, 1), worth 7, from the other. A policy that
-    # learned nothing plays one fixed action on both, so it cannot pass both.
+    # learned nothing plays one fixed action on both, so it cannot pass both. Recurrent
+    # learners train on windows of 4 steps that cross episodes, their state reset at each.
     for action, worth in [(0, 11.0), (1, 7.0)]:
         data = tmp_path / f"expert{action}"
         climbing_dataset(data, 2000, expert=0.5, action=action)
-        out = run_json("run", str(write_spec(tmp_path, spec(algo, str(data)))))
+        body = spec(algo, str(data))
+        if recurrent:
+            body["algo"]["sequence_length"] = 4
+            body["model"] = {"recurrent": "gru"}
+        out = run_json("run", str(write_spec(tmp_path, body)))
         assert out["exit_code"] == 0, out
         finals = [r["final_return"] for r in out["runs"]]
         assert median(finals) == pytest.approx(worth), (action, finals)
@@ -112,7 +123,7 @@ OFFLINE = [
     pytest.param(algo, backend, kind, id=f"{algo}-{backend}-{kind}")
     for algo, info in registered_algos().items()
     if info.offline
-    for backend in ("native", "pettingzoo")
+    for backend in ("native", "pettingzoo", *(("recurrent",) if info.recurrent else ()))
     for kind in info.action_kinds
 ]
 
@@ -120,7 +131,10 @@ OFFLINE = [
 @pytest.mark.parametrize(("algo", "backend", "kind"), OFFLINE)
 def test_every_offline_algorithm_trains_through_the_cli(algo, backend, kind, tmp_path):
     """A dataset recorded from a briefly trained MAPPO on native simple_spread trains every
-    offline algorithm on either backend: the backends' envs are the same env."""
+    offline algorithm on either backend (the backends' envs are the same env), and the
+    recurrent ones with `model.recurrent: gru` too, on windows inside 25-step episodes."""
+    recurrent = backend == "recurrent"
+    backend = "native" if recurrent else backend
     continuous = kind == "continuous"
     body = quick_spec("mappo", "native", continuous)
     trained = run_json("run", str(write_spec(tmp_path, body, "online.yaml")))
@@ -129,6 +143,9 @@ def test_every_offline_algorithm_trains_through_the_cli(algo, backend, kind, tmp
     assert recorded["exit_code"] == 0, recorded
     body = quick_spec("mappo", backend, continuous)
     body["algo"] = {"name": algo, "batch_size": 16, "updates": 10}
+    if recurrent:
+        body["algo"] |= {"sequence_length": 8, "burn_in": 2}
+        body["model"] = {**body.get("model", {}), "recurrent": "gru"}
     body["data"] = "data"
     body["train"] = {"total_updates": 40, "eval_every": 20, "eval_episodes": 2,
                      "checkpoint_every": 20}  # fmt: skip

@@ -88,7 +88,7 @@ _COMMON = dict(
     discrete_actions=True,
     continuous_actions=False,
     on_policy=False,
-    recurrent=False,
+    recurrent=True,
     offline=True,
 )
 

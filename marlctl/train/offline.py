@@ -31,7 +31,9 @@ class DatasetSampler:
     sample, each row with its generator: `sample` gives `[S, length, B, ...]` windows of
     consecutive transitions, as `ReplayBuffer.sample` does. Where the dataset lies on the
     run's device, the draws come from `uniform` (the trainer's `noise`: a compiled region's
-    or captured iteration's random numbers) and no host value is read."""
+    or captured iteration's random numbers) and no host value is read. `hidden`: the
+    recurrent state size per group; a window's state enters as zeros (Off-the-Grid MARL's
+    sequences do), reset again where an episode starts inside it."""
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class DatasetSampler:
         device,
         generators: list[torch.Generator],
         uniform: Callable[[torch.Size, torch.dtype], torch.Tensor] | None = None,
+        hidden: dict[str, int] | None = None,
     ):
         self.device = torch.device(device)
         self.size = len(data["terminated"])
@@ -47,6 +50,9 @@ class DatasetSampler:
         self.data = {k: v.to(self.storage) for k, v in data.items()}
         self.generators = generators
         self.uniform = uniform if self.storage == self.device else None
+        self.hidden = {
+            name: (data[f"obs/{name}"].shape[1], size) for name, size in (hidden or {}).items()
+        }
 
     def __len__(self) -> int:
         return self.size
@@ -73,6 +79,9 @@ class DatasetSampler:
         }
         if self.storage != self.device:
             out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
+        for name, (n, size) in self.hidden.items():
+            zeros = torch.zeros(len(self.generators), 1, batch, n, size, device=self.device)
+            out[f"hidden/{name}"] = zeros.expand(-1, length, -1, -1, -1)
         return out
 
     def keep(self, index: torch.Tensor, generators: list[torch.Generator]) -> None:
@@ -96,7 +105,8 @@ class Offline:
         if not getattr(self.cfg, "bootstrap_time_limit", True):
             data["terminated"] = data["terminated"] | cut
         draw = lambda shape, dtype: self.noise(shape, False, dtype)  # noqa: E731
-        self.buffer = DatasetSampler(data, self.device, self.generators, draw)
+        hidden = self.hidden_sizes() if hasattr(self, "hidden_sizes") else {}
+        self.buffer = DatasetSampler(data, self.device, self.generators, draw, hidden)
         S = len(self.seeds)
         for name, stats in self.reward_stats.items():
             rewards = data[f"reward/{name}"].to(self.device)
@@ -227,27 +237,48 @@ class CQLTrainer(Offline, QLearningTrainer):
         self.update_targets([(self.target, self.policies["online"])])
         return {"td": td.detach(), "cql": cql.detach(), "q_taken": q_mean, "grad_norm": grad}
 
+    def online_q(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each group's online Q of every action at the window's trained steps (after any
+        burn-in), `[S, X, n, A]`, with gradient; recurrent nets unroll the window from its
+        stored state, as the TD loss does."""
+        start = self.cfg.burn_in_steps if self.recurrent else 0
+        first, out = batch["first"], {}
+        for name, net in self.policies["online"]["q"].items():
+            obs = flat_obs(batch[f"obs/{name}"], self.groups[name])
+            h = None
+            if self.recurrent:
+                h = batch[f"hidden/{name}"][:, 0]
+                if start:
+                    h = self._burn_in(net, obs[:, :start], h, first)
+            q, _ = self._unroll(net, obs[:, start:], obs, h, first[:, start:], True, False)
+            out[name] = q.flatten(1, 2)
+        return out
+
     def cql_penalty(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The conservative penalty per seed `[S]`, with gradient."""
+        start = self.cfg.burn_in_steps if self.recurrent else 0
+
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [S, L, B, ...] -> [S, X, ...]
+            return x[:, start:].flatten(1, 2)
+
         qs, chosen, actives, masks = [], [], [], []
-        for name, net in self.policies["online"]["q"].items():
-            q, _ = net(flat_obs(batch[f"obs/{name}"][:, 0], self.groups[name]))  # [S, B, n, A]
+        for name, q in self.online_q(batch).items():
             mask = batch.get(f"mask/{name}")
-            mask = None if mask is None else mask[:, 0]
+            mask = None if mask is None else flat(mask)
             qs.append(q)
             masks.append(mask)
-            taken = batch[f"action/{name}"][:, 0].unsqueeze(-1)
+            taken = flat(batch[f"action/{name}"]).unsqueeze(-1)
             chosen.append(q.gather(-1, taken).squeeze(-1))
-            actives.append(batch[f"active/{name}"][:, 0].to(q.dtype))
+            actives.append(flat(batch[f"active/{name}"]).to(q.dtype))
         active = torch.cat(actives, -1)
         data_q = torch.cat(chosen, -1)
         if self.mixer is None:
             spread = torch.cat([torch.logsumexp(mask_logits(q, m), -1)
                                 for q, m in zip(qs, masks, strict=True)], -1)  # fmt: skip
             return masked_mean(spread - data_q, active)
-        state = batch["state"][:, 0]
+        state = flat(batch["state"])
         K = self.cfg.ood_actions
-        picked = []  # the Q of K uniformly random joint actions per sample, `[S, B, K, n]`
+        picked = []  # the Q of K uniformly random joint actions per sample, `[S, X, K, n]`
         for name, q, mask in zip(self.q, qs, masks, strict=True):
             q = q.unsqueeze(2).expand(-1, -1, K, -1, -1)
             mask = None if mask is None else mask.unsqueeze(2).expand(-1, -1, K, -1, -1)
@@ -255,7 +286,7 @@ class CQLTrainer(Offline, QLearningTrainer):
             picked.append(q.gather(-1, random.unsqueeze(-1)).squeeze(-1))
         joint = torch.cat([(data_q * active).unsqueeze(2), torch.cat(picked, -1)
                            * active.unsqueeze(2)], 2)  # fmt: skip
-        values = self.mixer.mix(joint, self.mixer.weights(state))  # [S, B, 1 + K]
+        values = self.mixer.mix(joint, self.mixer.weights(state))  # [S, X, 1 + K]
         mixed = values[..., 0]
         spread = torch.logsumexp(values, -1)
         weight = (active.sum(-1) > 0).to(spread.dtype)
