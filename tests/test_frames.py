@@ -144,6 +144,7 @@ def test_native_foraging_grids_train_channels_first_with_batched_seeds(tmp_path)
         ("pistonball_ippo_cnn.yaml", ["env.params.n_pistons=3", "env.params.max_cycles=20",
                                       "model.cnn.downsample=3", "train.total_env_steps=96"]),
         ("pursuit_ippo_cnn.yaml", ["env.params.max_cycles=20", "train.total_env_steps=160"]),
+        ("kaz_ippo_cnn.yaml", ["env.params.max_cycles=20", "train.total_env_steps=64"]),
     ],
 )  # fmt: skip
 def test_the_pixel_and_grid_example_specs_train(tmp_path, spec, overrides):
