@@ -4,7 +4,8 @@ which they play only to be evaluated. A run counts gradient steps (`train.total_
 Behaviour cloning, and IQL and QMIX with Conservative Q-Learning's penalty (Kumar et al.
 2020, "Conservative Q-Learning for Offline Reinforcement Learning"), as Off-the-Grid MARL
 (Formanek et al. 2023) runs them: its `discrete_bc`, `iql_cql` and `qmix_cql` systems and
-configs (instadeepai/og-marl, `og_marl/tf2/systems/`), on transitions instead of sequences.
+configs (instadeepai/og-marl, `og_marl/tf2/systems/`): feed-forward agents on transitions,
+or, for `bc`, `iql_cql` and `qmix_cql`, recurrent ones on sequences as OG-MARL trains them.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class OwnNetworksConfig(AlgoConfig):
     continuous_actions=True,
     centralised_critic=False,
     on_policy=False,
-    recurrent=False,
+    recurrent=True,
     offline=True,
 )
 class BCConfig(OwnNetworksConfig):
@@ -61,6 +62,13 @@ class BCConfig(OwnNetworksConfig):
 
     name: Literal["bc"] = "bc"
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate (OG-MARL: 1e-3).")
+    sequence_length: int = Field(
+        20,
+        ge=2,
+        le=10_000,
+        description="Recurrent agents (`model.recurrent`): consecutive steps per sampled "
+        "window (OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
+    )
 
 
 class OfflineQConfig(QLearningConfig):

@@ -22,6 +22,7 @@ from marlctl.train.actions import flat_obs, mask_logits, masked_mean
 from marlctl.train.base import Trainer, TrainerSetup, clip_grad_norm_per_seed
 from marlctl.train.core import adam
 from marlctl.train.maddpg import MADDPGTrainer
+from marlctl.train.networks import reset_where
 from marlctl.train.qmix import QLearningTrainer
 from marlctl.train.replay import storage_device
 
@@ -165,6 +166,10 @@ class BCTrainer(Offline, Trainer):
         self.optimizer = adam(self.params, self.cfg.lr, self.cfg.adam_eps)
         self.optimizers = {"adam": self.optimizer}
         self.reads_state = False
+        self.recurrent = setup.model.recurrent is not None
+
+    def hidden_sizes(self) -> dict[str, int]:
+        return {n: net.hidden_size for n, net in self.actor.items()} if self.recurrent else {}
 
     def keep_rows(self, index: torch.Tensor) -> None:
         super().keep_rows(index)
@@ -172,27 +177,39 @@ class BCTrainer(Offline, Trainer):
             self.buffer.keep(index, self.generators)
 
     def sampled_batch(self) -> dict[str, torch.Tensor]:
-        return self.buffer.sample(self.cfg.batch_size)
+        length = self.cfg.sequence_length if self.recurrent else 1
+        return self.buffer.sample(self.cfg.batch_size, length)
+
+    def _outputs(self, name: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Group `name`'s policy outputs at every sampled step, `[S, L * B, n, A]`: a
+        recurrent net unrolls each window from its state, reset at episode starts."""
+        net, obs = self.actor[name], flat_obs(batch[f"obs/{name}"], self.groups[name])
+        if not self.recurrent:
+            return net(obs.flatten(1, 2))[0]
+        h, outs = batch[f"hidden/{name}"][:, 0], []
+        for t in range(obs.shape[1]):
+            out, h = net(obs[:, t], reset_where(h, batch["first"][:, t]))
+            outs.append(out)
+        return torch.stack(outs, 1).flatten(1, 2)
 
     def clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
         return clip_grad_norm_per_seed(params, self.cfg.max_grad_norm, len(self.seeds))
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         losses, weights = [], []
-        for name, net in self.actor.items():
-            group = self.groups[name]
-            out, _ = net(flat_obs(batch[f"obs/{name}"][:, 0], group))  # [S, B, n, A]
-            action = batch[f"action/{name}"][:, 0]
+        for name, group in self.groups.items():
+            out = self._outputs(name, batch)  # [S, X, n, A]
+            action = batch[f"action/{name}"].flatten(1, 2)
             if group.discrete:
                 mask = batch.get(f"mask/{name}")
-                logits = mask_logits(out, None if mask is None else mask[:, 0])
+                logits = mask_logits(out, None if mask is None else mask.flatten(1, 2))
                 loss = F.cross_entropy(logits.flatten(0, -2), action.flatten(),
                                        reduction="none").view(action.shape)  # fmt: skip
             else:
                 target = self.bounds[name].from_env(action)
                 loss = ((torch.tanh(out) - target) ** 2).mean(-1)
             losses.append(loss)
-            weights.append(batch[f"active/{name}"][:, 0].to(loss.dtype))
+            weights.append(batch[f"active/{name}"].flatten(1, 2).to(loss.dtype))
         loss = masked_mean(torch.cat(losses, -1), torch.cat(weights, -1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()
@@ -204,7 +221,11 @@ class BCTrainer(Offline, Trainer):
         actions = {}
         for name, net in self.actor.items():
             group = self.groups[name]
-            out, _ = net(flat_obs(ob.obs[name], group))
+            rows = ob.obs[name].shape[1]
+            h = self.acting_state(name, net, first, rows) if self.recurrent else None
+            out, h = net(flat_obs(ob.obs[name], group), h)
+            if h is not None:
+                self._acting[name] = h
             if not group.discrete:
                 actions[name] = self.bounds[name].to_env(torch.tanh(out))
                 continue
