@@ -483,3 +483,43 @@ def test_sampled_evaluation_is_logged_beside_and_leaves_training_as_it_was(tmp_p
         assert len(drawn) == (len(history) if sampled == "true" else 0)
     # The sampled episodes draw from a forked random state: training is the same run.
     assert curves["true"] == curves["false"] and len(curves["true"]) >= 3
+
+
+def test_an_interrupted_cell_stops_the_suite_and_exits_130(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM ends `marlctl run`'s seeds as KILLED; `reproduce` then stops at that
+    cell instead of training the next one, and exits 130 as `run` does."""
+    import json
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from marlctl import launch
+    from marlctl.cli import app
+    from marlctl.launch import RunResult
+
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
+    suite = {
+        "name": "tiny",
+        "cells": {
+            "first": {"spec": "tiny.yaml", "seeds": 2, "reference": ref},
+            "second": {"spec": "tiny.yaml", "seeds": 2, "reference": ref},
+        },
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    trained = []
+
+    def interrupted(loaded, plan, tags=None, **_):  # as `run_plan` returns after Ctrl-C
+        trained.append(tags["marlctl.cell"])
+        runs = [RunResult(r.index, r.seed, f"{r.seed:032d}", "KILLED",
+                          error="interrupted by the user") for r in plan.runs]  # fmt: skip
+        return SimpleNamespace(runs=runs, parent_run_id=None)
+
+    monkeypatch.setattr(launch, "run_plan", interrupted)
+    result = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
+    assert result.exit_code == 130, result.output
+    assert trained == ["first"]  # the second cell never started
+    first, second = json.loads(result.stdout)["cells"]
+    assert first["kind"] == "interrupted" and "resumes it" in first["reason"]
+    assert second["kind"] == "interrupted" and "not started" in second["reason"]

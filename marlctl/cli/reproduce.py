@@ -108,7 +108,7 @@ def reproduce(
     if dry_run:
         _print_dry_run(rows, as_json)
         return
-    failed = any(o.kind == "failed" for o in outcomes)
+    failed = any(o.kind in ("failed", "interrupted") for o in outcomes)
     if as_json:
         emit_json(
             {
@@ -129,6 +129,8 @@ def reproduce(
                 say(output.out, f"{o.name} ({o.method}): {note}")
         if written:
             say(output.out, f"results: {written[0]}")
+    if any(o.kind == "interrupted" for o in outcomes):
+        raise typer.Exit(130)
     if failed:
         raise typer.Exit(1)
 

@@ -70,7 +70,9 @@ class CellPlan:
 @dataclass
 class CellOutcome:
     name: str
-    kind: str  # a verdict, `refused` (the reference cannot be compared) or `failed`
+    # a verdict, `refused` (the reference cannot be compared), `failed`, or `interrupted`
+    # (Ctrl-C or SIGTERM stopped its training, or came before it started)
+    kind: str
     method: str = ""  # the algorithm trained
     reason: str = ""
     ours: Estimate | None = None
@@ -212,7 +214,8 @@ def _pending(cp: CellPlan, rerun: bool):
 
 def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[str, str]):
     """Continue the stopped seeds' runs, then train the fresh seeds: the failed seeds'
-    reasons, and the parent run of the fresh seeds (None where none trained)."""
+    reasons, the parent run of the fresh seeds (None where none trained), and whether the
+    training was interrupted."""
     from marlctl.launch import resume, run_plan
 
     ended = []  # the runs of the seeds trained here (a resumed parent lists its others too)
@@ -225,7 +228,8 @@ def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[s
         summary = run_plan(loaded, plan, tags=tags)
         ended += summary.runs
         parent = summary.parent_run_id
-    return [f"seed {r.seed}: {r.error}" for r in ended if r.status != "FINISHED"], parent
+    failed = [f"seed {r.seed}: {r.error}" for r in ended if r.status != "FINISHED"]
+    return failed, parent, any(r.status == "KILLED" for r in ended)
 
 
 def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
@@ -251,8 +255,12 @@ def run_cell(cp: CellPlan, rerun: bool = False) -> CellOutcome:
     missing = [*stopped, *fresh]
     if missing:
         start = time.perf_counter()
-        failed, outcome.run_id = _train(cp, stopped, fresh, tags)
+        failed, outcome.run_id, interrupted = _train(cp, stopped, fresh, tags)
         outcome.wall_s = time.perf_counter() - start
+        if interrupted:
+            outcome.kind = "interrupted"
+            outcome.reason = "stopped by Ctrl-C or SIGTERM: the next `marlctl reproduce` resumes it"
+            return outcome
         if failed:
             outcome.reason = "; ".join(failed)
             return outcome
@@ -331,8 +339,17 @@ def selected(names: list[str], pattern: str | None) -> list[str]:
 
 def reproduce(planned: list[CellPlan], rerun: bool = False) -> list[CellOutcome]:
     """Run the planned cells one after another: every cell's outcome. Seeds whose finished
-    runs the store holds are not trained again unless `rerun`."""
-    return [run_cell(cp, rerun) for cp in planned]
+    runs the store holds are not trained again unless `rerun`. A cell interrupted (Ctrl-C,
+    SIGTERM) stops the suite: the cells after it are `interrupted` without starting."""
+    outcomes: list[CellOutcome] = []
+    for cp in planned:
+        if outcomes and outcomes[-1].kind == "interrupted":
+            outcome = CellOutcome(cp.name, "interrupted", cp.method or "", seeds=len(cp.seeds))
+            outcome.reason = "not started: the command was interrupted"
+            outcomes.append(outcome)
+            continue
+        outcomes.append(run_cell(cp, rerun))
+    return outcomes
 
 
 @dataclass
