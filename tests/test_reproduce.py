@@ -523,3 +523,37 @@ def test_an_interrupted_cell_stops_the_suite_and_exits_130(tmp_path, monkeypatch
     first, second = json.loads(result.stdout)["cells"]
     assert first["kind"] == "interrupted" and "resumes it" in first["reason"]
     assert second["kind"] == "interrupted" and "not started" in second["reason"]
+
+
+def test_an_interrupted_resume_starts_no_other_seed(tmp_path, monkeypatch):
+    import json
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from marlctl import launch
+    from marlctl.cli import app
+    from marlctl.launch import RunResult
+    from marlctl.reproduce import runner
+
+    (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
+    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
+    suite = {"name": "tiny", "cells": {"first": {"spec": "tiny.yaml", "seeds": 2,
+                                                 "reference": ref}}}  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    stopped = {0: "a" * 32, 1: "b" * 32}
+    monkeypatch.setattr(runner, "_pending", lambda cp, rerun: ({}, dict(stopped), []))
+    resumed = []
+
+    def interrupted(run_id, uri=None, **_):  # as `resume` returns after Ctrl-C
+        resumed.append(run_id)
+        seed = next(s for s, r in stopped.items() if r == run_id)
+        return SimpleNamespace(runs=[RunResult(seed, seed, run_id, "KILLED", error="stopped")])
+
+    monkeypatch.setattr(launch, "resume", interrupted)
+    result = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
+    assert result.exit_code == 130, result.output
+    assert resumed == ["a" * 32]  # the second stopped seed was not resumed
+    (cell,) = json.loads(result.stdout)["cells"]
+    assert cell["kind"] == "interrupted"

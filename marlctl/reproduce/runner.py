@@ -221,6 +221,8 @@ def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[s
     ended = []  # the runs of the seeds trained here (a resumed parent lists its others too)
     for run_id in stopped.values():
         ended += [r for r in resume(run_id, cp.loaded.spec.tracking.uri).runs if r.run_id == run_id]
+        if any(r.status == "KILLED" for r in ended):  # interrupted: no other seed starts
+            return [], None, True
     _tag_reused(cp.loaded, list(stopped.values()), tags)
     parent = None
     if fresh:
