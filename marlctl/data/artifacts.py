@@ -23,7 +23,7 @@ from marlctl.data.format import (
     DatasetError,
     Manifest,
     chunk_on_disk,
-    digest,
+    chunk_problem,
     manifest_text,
     read_manifest,
 )
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 SCHEME = "runs:/"
-DEFAULT_PATH = "dataset"
 
 
 def is_artifact(value: str) -> bool:
@@ -146,9 +145,7 @@ def log_dataset(client: MlflowClient, run_id: str, folder: Path, path: str) -> s
     checked against the manifest first, the manifest last; its `runs:/` URI."""
     manifest = read_manifest(folder)
     for chunk in manifest.chunks:
-        problem = chunk_on_disk(folder, chunk)
-        if problem is None and digest(folder / chunk.file) != chunk.sha256:
-            problem = f"{folder / chunk.file}: its SHA-256 differs from the manifest's: corrupt"
+        problem = chunk_problem(folder, chunk)
         if problem is not None:
             raise DatasetError(folder, f"not logged: {problem}")
     uri = artifact_uri(run_id, path)

@@ -163,17 +163,24 @@ def chunk_on_disk(folder: Path, chunk: Chunk) -> str | None:
     return None
 
 
+def chunk_problem(folder: Path, chunk: Chunk) -> str | None:
+    """What is wrong with a chunk's file (missing, truncated, or bytes other than the
+    manifest's SHA-256 says), or None."""
+    problem = chunk_on_disk(folder, chunk)
+    if problem is None and digest(folder / chunk.file) != chunk.sha256:
+        return f"{folder / chunk.file}: its SHA-256 differs from the manifest's: corrupt"
+    return problem
+
+
 def read_chunk(folder: Path, chunk: Chunk) -> dict[str, torch.Tensor]:
     """One chunk's tensors, checked against the manifest: its size, its SHA-256, and the
     transition and episode counts it holds."""
     import torch
 
     path = folder / chunk.file
-    problem = chunk_on_disk(folder, chunk)
+    problem = chunk_problem(folder, chunk)
     if problem is not None:
         raise DatasetError(path, problem.removeprefix(f"{path}: "))
-    if digest(path) != chunk.sha256:
-        raise DatasetError(path, "its SHA-256 differs from the manifest's: corrupt")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a chunk that matches its checksum but does not load
