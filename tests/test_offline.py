@@ -61,7 +61,7 @@ def mixed(tmp_path) -> Path:
 @pytest.mark.parametrize(
     ("algo", "recurrent"),
     [("bc", False), ("iql_cql", False), ("qmix_cql", False), ("maicq", False),
-     ("bc", True), ("iql_cql", True), ("qmix_cql", True)],
+     ("bc", True), ("iql_cql", True), ("qmix_cql", True), ("maicq", True)],
 )  # fmt: skip
 def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(
     tmp_path, algo, recurrent
@@ -144,7 +144,8 @@ def test_every_offline_algorithm_trains_through_the_cli(algo, backend, kind, tmp
     body = quick_spec("mappo", backend, continuous)
     body["algo"] = {"name": algo, "batch_size": 16, "updates": 10}
     if recurrent:
-        body["algo"] |= {"sequence_length": 8} | ({} if algo == "bc" else {"burn_in": 2})
+        burn_in = {"burn_in": 2} if algo in ("iql_cql", "qmix_cql") else {}
+        body["algo"] |= {"sequence_length": 8} | burn_in
         body["model"] = {**body.get("model", {}), "recurrent": "gru"}
     body["data"] = "data"
     body["train"] = {"total_updates": 40, "eval_every": 20, "eval_episodes": 2,

@@ -5,7 +5,8 @@ Behaviour cloning, and IQL and QMIX with Conservative Q-Learning's penalty (Kuma
 2020, "Conservative Q-Learning for Offline Reinforcement Learning"), as Off-the-Grid MARL
 (Formanek et al. 2023) runs them: its `discrete_bc`, `iql_cql` and `qmix_cql` systems and
 configs (instadeepai/og-marl, `og_marl/tf2/systems/`): feed-forward agents on transitions,
-or, for `bc`, `iql_cql` and `qmix_cql`, recurrent ones on sequences as OG-MARL trains them.
+or, for `bc`, `iql_cql`, `qmix_cql` and `maicq`, recurrent ones on sequences as OG-MARL
+trains them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ UPDATES = Field(
 )
 BATCH = Field(
     256, ge=1, le=1_000_000, description="Transitions sampled from the dataset per gradient step."
+)
+SEQUENCE = Field(
+    20,
+    ge=2,
+    le=10_000,
+    description="Recurrent agents (`model.recurrent`): consecutive steps per sampled window "
+    "(OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
 )
 
 
@@ -62,13 +70,7 @@ class BCConfig(OwnNetworksConfig):
 
     name: Literal["bc"] = "bc"
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate (OG-MARL: 1e-3).")
-    sequence_length: int = Field(
-        20,
-        ge=2,
-        le=10_000,
-        description="Recurrent agents (`model.recurrent`): consecutive steps per sampled "
-        "window (OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
-    )
+    sequence_length: int = SEQUENCE
 
 
 class OfflineQConfig(QLearningConfig):
@@ -185,7 +187,7 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
     continuous_actions=False,
     centralised_critic=True,
     on_policy=False,
-    recurrent=False,
+    recurrent=True,
     offline=True,
 )
 class MAICQConfig(OwnNetworksConfig):
@@ -195,6 +197,7 @@ class MAICQConfig(OwnNetworksConfig):
     hypernetworks of 64, advantage temperature 0.1 and target temperature 1000."""
 
     name: Literal["maicq"] = "maicq"
+    sequence_length: int = SEQUENCE
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     target_update_every: int = Field(

@@ -10,8 +10,11 @@ softmax of its advantage over `advantage_beta` (Q of the action less the policy'
 Q) and by the mixer's weight on the agent. The mixer's weights enter the actors' loss as
 constants here (Off-the-Grid MARL lets the actors' loss train them too).
 
-Samples are windows of two consecutive steps; where the next step opens another episode
-(the episode ended, by termination or time limit) nothing is bootstrapped.
+Samples are windows of two consecutive steps, or of `sequence_length` for recurrent agents
+(`model.recurrent`), which unroll each window from a zero state, reset where an episode
+starts; every step but the window's last is trained, its next step the one after. Where the
+next step opens another episode (the episode ended, by termination or time limit) nothing is
+bootstrapped. The batch softmaxes are taken per step of the window, as OG-MARL's are.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from marlctl.envs.batch import Observation
 from marlctl.train.actions import flat_obs, mask_logits, masked_mean
 from marlctl.train.base import Trainer, TrainerSetup, clip_grad_norm_per_seed
 from marlctl.train.core import adam
-from marlctl.train.offline import Offline
+from marlctl.train.offline import Offline, unroll_window
 from marlctl.train.qmix import QMixer
 
 
@@ -57,64 +60,78 @@ class MAICQTrainer(Offline, Trainer):
         self.params = [*self.actor.parameters(), *online.parameters()]
         self.optimizer = adam(self.params, cfg.lr, cfg.adam_eps)
         self.optimizers = {"adam": self.optimizer}
+        self.recurrent = setup.model.recurrent is not None
+
+    def hidden_sizes(self) -> dict[str, int]:
+        return {n: net.hidden_size for n, net in self.actor.items()} if self.recurrent else {}
 
     def sampled_batch(self) -> dict[str, torch.Tensor]:
-        return self.buffer.sample(self.cfg.batch_size, 2)  # each step and the next
+        return self.buffer.sample(self.cfg.batch_size, self.cfg.sequence_length
+                                  if self.recurrent else 2)  # fmt: skip
 
     def _agents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Per agent, across groups `[S, B, N]`: Q of the dataset action with gradient, its
-        advantage, the log-probability the policy gives it, whether it acts, and the target
-        networks' Q of the next step's dataset action."""
+        """Per agent, across groups, at every step of the window but its last `[S, T, B, N]`:
+        Q of the dataset action with gradient, its advantage, the log-probability the policy
+        gives it, whether it acts, and the target networks' Q of the next step's dataset
+        action."""
         parts: dict[str, list] = {k: [] for k in ("q", "adv", "logp", "active", "next_q")}
+        now, after = slice(0, -1), slice(1, None)
         for name, group in self.groups.items():
-            obs = flat_obs(batch[f"obs/{name}"], group)  # [S, 2, B, n, O]
+            obs = flat_obs(batch[f"obs/{name}"], group)  # [S, L, B, n, O]
             action = batch[f"action/{name}"].unsqueeze(-1)
-            q, _ = self.q[name](obs[:, 0])
+            q = unroll_window(self.q[name], obs, batch, name, now)
             mask = batch.get(f"mask/{name}")
-            logits = mask_logits(self.actor[name](obs[:, 0])[0], None if mask is None
-                                 else mask[:, 0])  # fmt: skip
-            taken = q.gather(-1, action[:, 0]).squeeze(-1)
+            logits = mask_logits(unroll_window(self.actor[name], obs, batch, name, now),
+                                 None if mask is None else mask[:, now])  # fmt: skip
+            taken = q.gather(-1, action[:, now]).squeeze(-1)
             with torch.no_grad():
                 expected = (torch.softmax(logits, -1) * q).sum(-1)
-                parts["next_q"].append(
-                    self.target["q"][name](obs[:, 1])[0].gather(-1, action[:, 1]).squeeze(-1)
-                )
+                target = unroll_window(self.target["q"][name], obs, batch, name, after)
+                parts["next_q"].append(target.gather(-1, action[:, after]).squeeze(-1))
             parts["q"].append(taken)
             parts["adv"].append(taken.detach() - expected)
-            parts["logp"].append(F.log_softmax(logits, -1).gather(-1, action[:, 0]).squeeze(-1))
-            parts["active"].append(batch[f"active/{name}"][:, 0].to(q.dtype))
+            parts["logp"].append(F.log_softmax(logits, -1).gather(-1, action[:, now]).squeeze(-1))
+            parts["active"].append(batch[f"active/{name}"][:, now].to(q.dtype))
         return {k: torch.cat(v, -1) for k, v in parts.items()}
+
+    def _mixed(self, mixer: QMixer, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Q_tot `[S, T, B]` of per-agent values `[S, T, B, N]` at states `[S, T, B, D]`."""
+        return mixer(q.flatten(1, 2), state.flatten(1, 2)).view(q.shape[:3])
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, agents = self.cfg, self._agents(batch)
-        B, active = agents["q"].shape[1], agents["active"]
-        state, next_state = batch["state"][:, 0], batch["state"][:, 1]
-        weight = B * torch.softmax(agents["adv"] / cfg.advantage_beta, 1)  # over the batch
-        slope = self.mixer.k(state).detach()
+        B, active = agents["q"].shape[2], agents["active"]
+        state, next_state = batch["state"][:, :-1], batch["state"][:, 1:]
+        weight = B * torch.softmax(agents["adv"] / cfg.advantage_beta, 2)  # over the batch
+        slope = self.mixer.k(state.flatten(1, 2)).view(active.shape).detach()
         policy = -masked_mean(slope * weight * agents["logp"], active)
-        q_tot = self.mixer(agents["q"] * active, state)
+        q_tot = self._mixed(self.mixer, agents["q"] * active, state)
         with torch.no_grad():
-            nxt = self.target["mixer"](agents["next_q"], next_state)
-            nxt = B * torch.softmax(nxt / cfg.target_beta, 1) * nxt
-            rewards = torch.cat([batch[f"reward/{n}"][:, 0] for n in self.groups], -1).mean(-1)
-            going = ~batch["terminated"][:, 0] & ~batch["first"][:, 1]
-            target = rewards + cfg.gamma * going.to(nxt.dtype) * nxt
-        critic = masked_mean((q_tot - target) ** 2, (active.sum(-1) > 0).to(q_tot.dtype))
+            nxt = self._mixed(self.target["mixer"], agents["next_q"], next_state)
+            nxt = B * torch.softmax(nxt / cfg.target_beta, 2) * nxt
+            rewards = torch.cat([batch[f"reward/{n}"][:, :-1] for n in self.groups], -1)
+            going = ~batch["terminated"][:, :-1] & ~batch["first"][:, 1:]
+            target = rewards.mean(-1) + cfg.gamma * going.to(nxt.dtype) * nxt
+        acting = (active.sum(-1) > 0).to(q_tot.dtype)
+        critic = masked_mean((q_tot - target) ** 2, acting)
         self.optimizer.zero_grad(set_to_none=True)
         (critic + policy).sum().backward()  # seeds share no parameter
         grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, len(self.seeds))
         self.optimizer.step()
         if (self.updates + 1) % cfg.target_update_every == 0:
             self.target.load_state_dict(self.policies["online"].state_dict())
-        q_mean = masked_mean(q_tot.detach(), (active.sum(-1) > 0).to(q_tot.dtype))
-        return {"critic": critic.detach(), "policy": policy.detach(), "q_taken": q_mean,
-                "grad_norm": grad}  # fmt: skip
+        return {"critic": critic.detach(), "policy": policy.detach(),
+                "q_taken": masked_mean(q_tot.detach(), acting), "grad_norm": grad}  # fmt: skip
 
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
         for name, net in self.actor.items():
-            logits = mask_logits(net(flat_obs(ob.obs[name], self.groups[name]))[0],
-                                 ob.masks[name])  # fmt: skip
+            rows = ob.obs[name].shape[1]
+            h = self.acting_state(name, net, first, rows) if self.recurrent else None
+            out, h = net(flat_obs(ob.obs[name], self.groups[name]), h)
+            if h is not None:
+                self._acting[name] = h
+            logits = mask_logits(out, ob.masks[name])
             actions[name] = (logits.argmax(-1) if deterministic
                              else self.sample_categorical(torch.softmax(logits, -1)))  # fmt: skip
         return actions

@@ -27,6 +27,28 @@ from marlctl.train.qmix import QLearningTrainer
 from marlctl.train.replay import storage_device
 
 
+def unroll_window(
+    net: nn.Module,
+    obs: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    name: str,
+    steps: slice = slice(None),
+) -> torch.Tensor:
+    """Group `name`'s network `net` on sampled windows `obs` `[S, L, B, n, O]`: its outputs
+    at the window's `steps`, `[S, T, B, n, A]`. A recurrent net (the batch holds its state,
+    `hidden/NAME`) unrolls the whole window from that state, reset where an episode starts;
+    a feed-forward one sees only those steps."""
+    hidden = batch.get(f"hidden/{name}")
+    if hidden is None:
+        x = obs[:, steps]
+        return net(x.flatten(1, 2))[0].unflatten(1, x.shape[1:3])
+    h, outs = hidden[:, 0], []
+    for t in range(obs.shape[1]):
+        out, h = net(obs[:, t], reset_where(h, batch["first"][:, t]))
+        outs.append(out)
+    return torch.stack(outs, 1)[:, steps]
+
+
 class DatasetSampler:
     """`[N, ...]` transitions (`marlctl.data.reader.load_transitions`) that `seeds` rows
     sample, each row with its generator: `sample` gives `[S, length, B, ...]` windows of
@@ -180,25 +202,14 @@ class BCTrainer(Offline, Trainer):
         length = self.cfg.sequence_length if self.recurrent else 1
         return self.buffer.sample(self.cfg.batch_size, length)
 
-    def _outputs(self, name: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Group `name`'s policy outputs at every sampled step, `[S, L * B, n, A]`: a
-        recurrent net unrolls each window from its state, reset at episode starts."""
-        net, obs = self.actor[name], flat_obs(batch[f"obs/{name}"], self.groups[name])
-        if not self.recurrent:
-            return net(obs.flatten(1, 2))[0]
-        h, outs = batch[f"hidden/{name}"][:, 0], []
-        for t in range(obs.shape[1]):
-            out, h = net(obs[:, t], reset_where(h, batch["first"][:, t]))
-            outs.append(out)
-        return torch.stack(outs, 1).flatten(1, 2)
-
     def clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
         return clip_grad_norm_per_seed(params, self.cfg.max_grad_norm, len(self.seeds))
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         losses, weights = [], []
         for name, group in self.groups.items():
-            out = self._outputs(name, batch)  # [S, X, n, A]
+            obs = flat_obs(batch[f"obs/{name}"], group)
+            out = unroll_window(self.actor[name], obs, batch, name).flatten(1, 2)  # [S, X, n, A]
             action = batch[f"action/{name}"].flatten(1, 2)
             if group.discrete:
                 mask = batch.get(f"mask/{name}")
