@@ -7,7 +7,7 @@ import multiprocessing as mp
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
-from marlctl.stored import SPEC_ARTIFACT
+from marlctl.stored import CHECKPOINT_STEP_TAG, SPEC_ARTIFACT
 from marlctl.train.lifecycle import Progress
 from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
@@ -240,15 +240,16 @@ def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
     return found
 
 
-def stopped_seeds(loaded, plan) -> dict[int, str]:
+def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
     """The seeds of this spec whose run in its store was stopped (KILLED: Ctrl-C or SIGTERM,
-    after a checkpoint), by seed: the newest such run's id, which `resume` continues. A run
-    left RUNNING is not among them: it may be training elsewhere (`run --resume` takes it)."""
-    found: dict[int, str] = {}
+    after a checkpoint), by seed: the newest such run's id, which `resume` continues, and its
+    parent's. A run left RUNNING is not among them: it may be training elsewhere (`run
+    --resume` takes it)."""
+    found: dict[int, tuple[str, str]] = {}
     for run in _seed_runs(loaded, plan, "KILLED"):
-        seed = run.data.tags.get("marlctl.seed")
+        seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
         if seed is not None:
-            found.setdefault(int(seed), run.info.run_id)
+            found.setdefault(int(seed), (run.info.run_id, parent or run.info.run_id))
     return found
 
 
@@ -260,8 +261,11 @@ def resume(
     run_id: str,
     tracking_uri: str | None,
     progress_factory: Callable[[Plan], Progress | None] | None = None,
+    others: Collection[str] = (),
 ) -> Summary:
-    """Continue an interrupted run: one seed's child run, or every unfinished seed of a parent.
+    """Continue an interrupted run: one seed's child run (with `others`, more seed runs of
+    its parent), or every unfinished seed of a parent. Seeds whose checkpoints stand at one
+    step train as one batch where the spec batches its seeds.
 
     The parent's summary, aggregate and status always cover all of its seeds.
     """
@@ -285,7 +289,9 @@ def resume(
     children = client.search_runs(
         [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent_id}'"
     )
-    wanted = {c.info.run_id for c in children} if parent_id == run_id else {run_id}
+    wanted = {c.info.run_id for c in children} if parent_id == run_id else {run_id, *others}
+    if strays := wanted - {c.info.run_id for c in children}:
+        raise problem(f"{', '.join(sorted(strays))}: not a seed run of {parent_id}")
     pending = [c for c in children if c.info.run_id in wanted and c.info.status != "FINISHED"]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)
@@ -293,13 +299,13 @@ def resume(
         loaded = load_spec(spec_path, stored=f"run {parent_id}")
     plan = compile_plan(loaded)
     by_seed = {r.seed: r for r in plan.runs}
-    requests = []
+    requests: dict[str | None, list[RunRequest]] = {}  # by the step of their checkpoints
     for child in pending:
         run_id = child.info.run_id
         tracking.reopen_run(client, run_id)
         if plan.threads_note:  # chosen again for this machine as it is now
             client.set_tag(run_id, THREADS_TAG, plan.threads_note)
-        requests.append(
+        requests.setdefault(child.data.tags.get(CHECKPOINT_STEP_TAG), []).append(
             RunRequest(
                 loaded.spec,
                 plan.env,
@@ -315,7 +321,8 @@ def resume(
         tracking.reopen_run(client, parent_id)
         progress = progress_factory(plan) if progress_factory else None
         with passive_wait(plan.passive_wait):
-            summary.runs = _execute_all(_jobs(requests, plan), plan.parallel_runs, progress)
+            jobs = [job for same in requests.values() for job in _jobs(same, plan)]
+            summary.runs = _execute_all(jobs, plan.parallel_runs, progress)
     done = {r.run_id for r in summary.runs}
     summary.runs += [_stored_result(client, c) for c in children if c.info.run_id not in done]
     summary.runs.sort(key=lambda r: r.seed)

@@ -15,6 +15,7 @@ CHECKPOINT = "checkpoints/latest.pt"
 POLICY = "policy/final.pt"
 LATEST = "latest"
 PRUNED_TAG = "marlctl.pruned_at_step"
+CHECKPOINT_STEP_TAG = "marlctl.checkpoint_step"  # the env step of the run's CHECKPOINT
 
 
 def seed_runs(client, run) -> list:

@@ -288,6 +288,27 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     assert result.exit_code == 2 and "no cell of tiny matches 'nothing*'" in result.output
 
 
+def reproduced_once(tmp_path: Path, spec: str, seeds: int) -> tuple[Path, dict]:
+    """A suite of one cell, `spec` trained for 2,000 steps with `seeds` seeds, reproduced
+    once: the suite's path and the cell's row of `--json`."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl.cli import app
+
+    (tmp_path / "tiny.yaml").write_text(spec)
+    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
+    suite = {"name": "tiny", "cells": {"spread": {"spec": "tiny.yaml", "seeds": seeds,
+                                                  "reference": ref}}}  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    first = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
+    assert first.exit_code == 0, first.output
+    (cell,) = json.loads(first.stdout)["cells"]
+    return path, cell
+
+
 def test_a_stopped_seed_resumes_its_run_and_a_finished_one_is_read_back(tmp_path):
     import json
 
@@ -298,18 +319,11 @@ def test_a_stopped_seed_resumes_its_run_and_a_finished_one_is_read_back(tmp_path
     from marlctl.train.runner import RESUMED_TAG
 
     spec = TINY_SPEC.replace("checkpoint_every: 0", "checkpoint_every: 1000")
-    (tmp_path / "tiny.yaml").write_text(spec.replace("batch_seeds: true", "batch_seeds: false"))
-    ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
-    suite = {
-        "name": "tiny",
-        "cells": {"spread": {"spec": "tiny.yaml", "seeds": 2, "reference": ref}},
-    }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    spec = spec.replace("batch_seeds: true", "batch_seeds: false")
+    path, cell = reproduced_once(tmp_path, spec, seeds=2)
+    suite = yaml.safe_load(path.read_text())
+    ref = suite["cells"]["spread"]["reference"]
     runner = CliRunner()
-    first = runner.invoke(app, ["reproduce", str(path), "--json"])
-    assert first.exit_code == 0, first.output
-    (cell,) = json.loads(first.stdout)["cells"]
     client = tracking.client_for(None)
     stopped = cell["run_ids"][1]
     client.set_terminated(stopped, "KILLED")  # as Ctrl-C or SIGTERM leaves a seed's run
@@ -542,18 +556,64 @@ def test_an_interrupted_resume_starts_no_other_seed(tmp_path, monkeypatch):
                                                  "reference": ref}}}  # fmt: skip
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
-    stopped = {0: "a" * 32, 1: "b" * 32}
+    stopped = {0: ("a" * 32, "p" * 32), 1: ("b" * 32, "q" * 32)}  # seeds of two parents
     monkeypatch.setattr(runner, "_pending", lambda cp, rerun: ({}, dict(stopped), []))
     resumed = []
 
     def interrupted(run_id, uri=None, **_):  # as `resume` returns after Ctrl-C
         resumed.append(run_id)
-        seed = next(s for s, r in stopped.items() if r == run_id)
+        seed = next(s for s, (r, _) in stopped.items() if r == run_id)
         return SimpleNamespace(runs=[RunResult(seed, seed, run_id, "KILLED", error="stopped")])
 
     monkeypatch.setattr(launch, "resume", interrupted)
     result = CliRunner().invoke(app, ["reproduce", str(path), "--json"])
     assert result.exit_code == 130, result.output
-    assert resumed == ["a" * 32]  # the second stopped seed was not resumed
+    assert resumed == ["a" * 32]  # the other parent's stopped seed was not resumed
     (cell,) = json.loads(result.stdout)["cells"]
     assert cell["kind"] == "interrupted"
+
+
+def test_a_cell_s_stopped_seeds_resume_as_one_batch_where_their_checkpoints_agree(
+    tmp_path, monkeypatch
+):
+    import json
+
+    from typer.testing import CliRunner
+
+    from marlctl import launch, tracking
+    from marlctl.cli import app
+    from marlctl.stored import CHECKPOINT_STEP_TAG
+    from marlctl.train.runner import RESUMED_TAG
+
+    spec = TINY_SPEC.replace("checkpoint_every: 0", "checkpoint_every: 1000")
+    path, cell = reproduced_once(tmp_path, spec, seeds=3)  # batched seeds
+    runner = CliRunner()
+    client = tracking.client_for(None)
+    runs = cell["run_ids"]
+    assert [client.get_run(r).data.tags[CHECKPOINT_STEP_TAG] for r in runs] == ["2000"] * 3
+    batches = []
+    execute = launch.execute_batch
+
+    def recorded(job, progress):
+        batches.append(sorted(request.run.seed for request in job))
+        return execute(job, progress)
+
+    monkeypatch.setattr(launch, "execute_batch", recorded)
+    for stopped in runs:
+        client.set_terminated(stopped, "KILLED")  # as Ctrl-C or SIGTERM leaves the batch
+    again = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert again.exit_code == 0, again.output
+    (resumed,) = json.loads(again.stdout)["cells"]
+    assert resumed["resumed"] == 3 and resumed["run_ids"] == runs
+    assert batches == [[0, 1, 2]]  # one batch, not a process per seed
+    for run_id in runs:
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.tags[RESUMED_TAG] == "2000"
+    # Seeds whose checkpoints stand at other steps cannot share a batch: each step its own.
+    for stopped in runs:
+        client.set_terminated(stopped, "KILLED")
+    client.set_tag(runs[2], CHECKPOINT_STEP_TAG, "1000")
+    batches.clear()
+    again = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert again.exit_code == 0, again.output
+    assert sorted(batches) == [[0, 1], [2]]

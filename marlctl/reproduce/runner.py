@@ -199,31 +199,37 @@ def plan_suite(
 def _pending(cp: CellPlan, rerun: bool):
     """`(done, stopped, fresh)`: the seeds the store holds finished with the cell's spec and
     versions, by seed (their value and run id); the seeds whose run there was stopped, by seed
-    (the run `resume` continues); the seeds to train from the start. With `rerun` every seed
-    trains from the start."""
+    (the run `resume` continues and its parent's); the seeds to train from the start. With
+    `rerun` every seed trains from the start."""
     if rerun:
         return {}, {}, list(cp.seeds)
     done = finished_seeds(cp.loaded, cp.plan, cp.metric)
     stopped = {
-        seed: run_id
-        for seed, run_id in stopped_seeds(cp.loaded, cp.plan).items()
+        seed: runs
+        for seed, runs in stopped_seeds(cp.loaded, cp.plan).items()
         if seed in cp.seeds and seed not in done
     }
     return done, stopped, [s for s in cp.seeds if s not in done and s not in stopped]
 
 
-def _train(cp: CellPlan, stopped: dict[int, str], fresh: list[int], tags: dict[str, str]):
+def _train(
+    cp: CellPlan, stopped: dict[int, tuple[str, str]], fresh: list[int], tags: dict[str, str]
+):
     """Continue the stopped seeds' runs, then train the fresh seeds: the failed seeds'
     reasons, the parent run of the fresh seeds (None where none trained), and whether the
     training was interrupted."""
     from marlctl.launch import resume, run_plan
 
     ended = []  # the runs of the seeds trained here (a resumed parent lists its others too)
-    for run_id in stopped.values():
-        ended += [r for r in resume(run_id, cp.loaded.spec.tracking.uri).runs if r.run_id == run_id]
+    by_parent: dict[str, list[str]] = {}
+    for run_id, parent in stopped.values():
+        by_parent.setdefault(parent, []).append(run_id)
+    for first, *others in by_parent.values():  # each parent's seeds together, batched
+        summary = resume(first, cp.loaded.spec.tracking.uri, others=others)
+        ended += [r for r in summary.runs if r.run_id in (first, *others)]
         if any(r.status == "KILLED" for r in ended):  # interrupted: no other seed starts
             return [], None, True
-    _tag_reused(cp.loaded, list(stopped.values()), tags)
+    _tag_reused(cp.loaded, [run_id for run_id, _ in stopped.values()], tags)
     parent = None
     if fresh:
         loaded, plan = (cp.loaded, cp.plan) if fresh == cp.seeds else _load(cp, fresh, cp.sized)

@@ -20,7 +20,7 @@ import torch
 
 from marlctl.atomic import staging
 from marlctl.spec.models import Spec
-from marlctl.stored import CHECKPOINT, POLICY, load_tensors
+from marlctl.stored import CHECKPOINT, CHECKPOINT_STEP_TAG, POLICY, load_tensors
 from marlctl.train.scores import eval_metrics, eval_seed
 
 Progress = Callable[[dict[str, Any]], None]
@@ -436,6 +436,7 @@ def save_checkpoints(run: RunState) -> None:
         if run.pool is not None:  # the snapshots, their win rates, the schedule
             state["pool"] = run.pool.seed_state(index)
         _log_torch(run.client, request.run_id, state, CHECKPOINT)
+        run.client.set_tag(request.run_id, CHECKPOINT_STEP_TAG, str(run.env_steps))
 
 
 def load_checkpoint(client, run_id: str) -> dict | None:
