@@ -36,7 +36,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine, marlctl_json, per_seed_values
+from common import machine, marlctl_json, per_seed_values, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "algorithms.md"
@@ -346,18 +346,6 @@ def suite_spec(algo: str, task: str, row: dict) -> dict:
     if "model" in family:
         spec["model"] = family["model"]
     return spec
-
-
-def t_interval(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% Student-t confidence interval."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
 
 
 def curves(

@@ -38,7 +38,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine, marlctl_json
+from common import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"

@@ -20,7 +20,7 @@ import statistics
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine, marlctl_json
+from common import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "lbf_grid.md"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from pettingzoo_mappo import machine, marlctl_json
+from common import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "magent2_battle.md"

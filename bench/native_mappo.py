@@ -21,7 +21,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import env_only, machine
+from common import machine
+from pettingzoo_mappo import env_only
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"

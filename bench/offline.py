@@ -35,7 +35,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine
+from common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 MARLCTL = ROOT / ".venv" / "bin" / "marlctl"

@@ -33,8 +33,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from algorithms import t_interval
-from pettingzoo_mappo import machine, marlctl_json, per_seed_values
+from common import machine, marlctl_json, per_seed_values, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-benchmarl"

@@ -26,8 +26,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from common import machine
 from peer_benchmarl import ON_POLICY, WORKDIR
-from pettingzoo_mappo import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "peer_cost.md"

@@ -34,7 +34,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine, per_seed_values
+from common import machine, per_seed_values
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-jaxmarl"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,63 +20,12 @@ import time
 from datetime import date
 from pathlib import Path
 
+from common import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_2m.yaml"
 OUT = ROOT / "bench" / "results" / "pettingzoo_mappo.md"
 WORKDIR = ROOT / "bench" / "runs"  # the MLflow store of benchmark runs (not committed)
-
-
-def machine(device: str = "cpu") -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    import os
-
-    import torch
-
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{cpu}, {len(os.sched_getaffinity(0))} cores, {memory:.0f} GiB RAM, "
-        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, "
-        + (
-            f"{torch.cuda.get_device_name(device)} used"
-            if device.startswith("cuda") and torch.cuda.is_available()
-            else "no GPU used"
-        )
-    )
-
-
-def per_seed_values(values: list[float]) -> dict:
-    """A suite reference's per-seed values as the bench scripts write them: rounded to four
-    decimals, with the `precision` that says so (the verdict widens the interval by half)."""
-    return {"per_seed": [round(v, 4) for v in values], "precision": 0.0001}
-
-
-def marlctl_json(
-    args: list[str], cwd: Path, what: str, env: dict | None = None
-) -> tuple[dict, float]:
-    """Run `marlctl ARGS --json` in `cwd` (with environment `env`, or this process's): its JSON
-    summary and the wall-clock seconds."""
-    import json
-    import subprocess
-    import sys
-    import time
-
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", *args, "--json"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    wall = time.perf_counter() - start
-    if "{" not in done.stdout:
-        raise SystemExit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout[done.stdout.index("{") :]), wall
 
 
 def env_only(seconds: float = 10.0) -> tuple[float, float]:

@@ -91,7 +91,7 @@ def random_play(episodes: int) -> dict:
 
 
 def train(steps: int) -> dict:
-    from pettingzoo_mappo import marlctl_json
+    from common import marlctl_json
 
     folder = WORKDIR / "mappo"
     folder.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def main() -> None:
         print(json.dumps(original(STEPS)))
         return
     sys.path.insert(0, str(ROOT / "bench"))
-    from pettingzoo_mappo import machine
+    from common import machine
 
     theirs = None
     if args.pogema_python:

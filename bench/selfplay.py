@@ -41,8 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from algorithms import t_interval
-from pettingzoo_mappo import machine, marlctl_json
+from common import machine, marlctl_json, t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKDIR = ROOT / "bench" / "runs" / "selfplay"

@@ -25,7 +25,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine
+from common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "smax.md"

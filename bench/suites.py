@@ -33,7 +33,7 @@ from collections import Counter
 from datetime import date
 from pathlib import Path
 
-from pettingzoo_mappo import machine
+from common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"

@@ -19,7 +19,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from pettingzoo_mappo import machine, marlctl_json
+from common import machine, marlctl_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "sweep.md"
