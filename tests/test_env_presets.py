@@ -274,6 +274,13 @@ def test_env_params_mapping_override_replaces_the_params() -> None:
     }
 
 
+def test_deleting_the_env_params_leaves_the_env_at_its_defaults() -> None:
+    # `~env.params` (no value) as the benchmark scripts switch env: each env's own defaults
+    assert resolved_env(str(SPREAD), "~env.params")["params"] == {}
+    switched = resolved_env(str(SPREAD), "env.id=hanabi/2p", "env.backend=native", "~env.params")
+    assert switched["id"] == "hanabi/2p" and switched["params"] == {}
+
+
 def test_env_params_mapping_override_applies_where_the_file_sets_no_params(tmp_path) -> None:
     bare = tmp_path / "bare.yaml"
     bare.write_text("env:\n  id: mpe/simple_adversary\nalgo:\n  name: mappo\n")

@@ -181,7 +181,10 @@ def test_random_overrides(data):
         if data.draw(st.booleans()):
             prefix = data.draw(st.sampled_from(["", "+", "++", "~"]))
             key = data.draw(st.sampled_from([*KEYS, "algos", "envs", "hydra.run.dir", "a.b"]))
-            overrides.append(f"{prefix}{key}={data.draw(HYDRA_VALUES)}")
+            value = (
+                "" if prefix == "~" and data.draw(st.booleans()) else "=" + data.draw(HYDRA_VALUES)
+            )
+            overrides.append(f"{prefix}{key}{value}")  # `~KEY` alone deletes whatever is there
         else:
             overrides.append(data.draw(WEIRD_TEXT))
     check([name, "--", *overrides], written)  # `--`: an override may start with a dash

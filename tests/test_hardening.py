@@ -124,6 +124,15 @@ def test_a_file_name_too_long_for_the_system(monkeypatch, capsys):
     assert "cannot read file: File name too long" in err
 
 
+def test_deleting_an_element_of_a_list_is_refused_where_it_is(monkeypatch, capsys):
+    Path("spec.yaml").write_text(MINIMAL)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "~train.eval_every", "~seeds.0")
+    assert err.splitlines()[0] == (
+        "<overrides>:2: ~seeds.0: an element of a list cannot be deleted: set the whole list "
+        "(seeds=[...])"
+    )
+
+
 def test_overrides_that_interpolate_each_other(monkeypatch, capsys):
     Path("spec.yaml").write_text(MINIMAL)
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", "+a=${b}", "+b=${a}")

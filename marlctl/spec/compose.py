@@ -133,6 +133,11 @@ def _parse_overrides(overrides: list[str], provenance: Provenance) -> list[Probl
         if parsed.key_or_group.split(".")[0] == "hydra":
             problems.append(Problem(OVERRIDES, index, text, NO_HYDRA))
             continue
+        parent, _, last = parsed.key_or_group.rpartition(".")
+        if parsed.is_delete() and parent and last.isdigit():  # Hydra deletes no list element
+            message = f"an element of a list cannot be deleted: set the whole list ({parent}=[...])"
+            problems.append(Problem(OVERRIDES, index, text, message))
+            continue
         provenance.overrides.append((parsed.key_or_group, text, index))
     return problems
 
@@ -307,7 +312,7 @@ def _replacing_params(text: str, key: str) -> str:
     file holds: params the file or its preset lacks are the env factory's open set of
     keywords, not unknown keys of a schema (`replace_env_params` then keeps the given keys
     only; the schema still checks every other key)."""
-    if key not in ("env", "env.params"):
+    if key not in ("env", "env.params") or "=" not in text:  # `~env.params`: a deletion
         return text
     value = text.split("=", 1)[1].lstrip()
     return f"++{text}" if value.startswith("{") else text
