@@ -284,6 +284,9 @@ def hardware_name(device: str) -> str:
 # An offline run's dataset: the mean return of its episodes (the policy that played them),
 # logged once as the run starts.
 DATA_RETURN = "data/return_mean"
+# A finished run's seconds of training over every process that trained it (a resumed run's
+# time stopped left out)
+TRAINED_S = "perf/trained_s"
 
 
 def package_versions() -> str:

@@ -390,6 +390,7 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
     assert "--trust-factory toy_envs:dying_spread" in message
     assert mlflow.get_run(seed_run.info.run_id).info.status == "RUNNING"
     trust = ["--trust-factory", "toy_envs:dying_spread"]
+    resumed_at = time.time() * 1000
     done = subprocess.run(
         [sys.executable, "-m", "marlctl", "run", "--resume", parent_id, *trust, "--json"],
         cwd=tmp_path,
@@ -417,6 +418,10 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
         m.step for m in mlflow.get_metric_history(seed_run.info.run_id, "eval/return_mean")
     )
     assert evals[-1] >= 16_000 and len(set(evals)) >= 4
+    # Its training time is both processes' training, not the time it lay stopped between.
+    span = (resumed.info.end_time - resumed.info.start_time) / 1000
+    stopped = (resumed_at - crashed_at) / 1000
+    assert 0 < resumed.data.metrics["perf/trained_s"] < span - stopped
 
 
 def test_parallel_seeds_log_child_runs_under_one_parent(tmp_path, monkeypatch):

@@ -58,6 +58,10 @@ class RunRecord:
 
     @property
     def wall_s(self) -> float | None:
+        """The seconds it trained, over every process that did (a resumed run's time
+        stopped left out), where the run says; else from its start to its end."""
+        if tracking.TRAINED_S in self.metrics:
+            return self.metrics[tracking.TRAINED_S]
         if self.start_ms is None or self.end_ms is None:
             return None
         return (self.end_ms - self.start_ms) / 1000

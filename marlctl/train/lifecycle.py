@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from marlctl import tracking
 from marlctl.atomic import staging
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, CHECKPOINT_STEP_TAG, POLICY, load_tensors
@@ -29,11 +30,18 @@ COMPILE_TAG = "marlctl.compile"  # how training iterations ran: eager, CUDA grap
 
 class Clock:
     """Training time: started once the first episodes reset; evaluations and checkpoints
-    are `paused()` out of the throughput between two logs, not out of the run's mean."""
+    are `paused()` out of the throughput between two logs, not out of the run's mean.
+    `before`: the seconds earlier processes trained the run (resumed), None where unknown."""
 
     def __init__(self) -> None:
         self.started = self.tick = time.perf_counter()
         self.start_steps, self.elapsed = 0, 0.0
+        self.before: float | None = 0.0
+
+    def trained_s(self) -> float | None:
+        """Seconds of training, evaluations and checkpoints included, over every process
+        that trained the run: the time it lay stopped between them is not counted."""
+        return None if self.before is None else self.before + time.perf_counter() - self.started
 
     def start(self, env_steps: int) -> None:
         self.started = self.tick = time.perf_counter()
@@ -312,11 +320,13 @@ class Evaluator(Part):
             run.next_eval = (steps // self.every + 1) * self.every
 
     def on_end(self, run: RunState) -> None:
-        rate = run.clock.mean_rate(run.env_steps)
+        rate, trained = run.clock.mean_rate(run.env_steps), run.clock.trained_s()
         scored = self.scores(run)
         for index in run.live:
             final = scored[index]
             final["perf/env_steps_per_s_mean"] = rate
+            if trained is not None:
+                final[tracking.TRAINED_S] = trained
             run.sinks[index].log(final, run.env_steps)
             result = run.results[index]
             result.steps_per_s = rate
@@ -433,6 +443,8 @@ def save_checkpoints(run: RunState) -> None:
             "next_checkpoint": run.next_checkpoint,
             "torch_rng": torch.get_rng_state(),
         }
+        if (trained := run.clock.trained_s()) is not None:
+            state["trained_s"] = trained
         if run.pool is not None:  # the snapshots, their win rates, the schedule
             state["pool"] = run.pool.seed_state(index)
         _log_torch(run.client, request.run_id, state, CHECKPOINT)

@@ -190,6 +190,7 @@ class _Resumed:
     next_eval: int = 0
     next_checkpoint: int = 0
     pool_states: list | None = None
+    trained_s: float | None = 0.0  # None: a checkpoint that does not say
 
 
 def _train(
@@ -238,6 +239,7 @@ def _train(
         run.progress, run.last_return = progress, [None] * len(seeds)
         run.env_steps = start.env_steps
         run.next_eval, run.next_checkpoint = start.next_eval, start.next_checkpoint
+        run.clock.before = start.trained_s
         run.compacts = compact_blocker(run) is None
         for sink in sinks if dataset else ():  # the behaviour's score, beside the learner's
             sink.log(dataset, run.env_steps)
@@ -319,7 +321,9 @@ def _resume(spec: Spec, requests, client, trainer, device) -> _Resumed | None:
     if device.type == "cuda" and state.get("cuda_rng"):
         torch.cuda.set_rng_state_all(list(state["cuda_rng"]))
     next_eval, next_checkpoint = int(state["next_eval"]), int(state["next_checkpoint"])
-    return _Resumed(env_steps, next_eval, next_checkpoint, pool_states)
+    trained = state.get("trained_s")
+    return _Resumed(env_steps, next_eval, next_checkpoint, pool_states,
+                    None if trained is None else float(trained))  # fmt: skip
 
 
 def _envs(
