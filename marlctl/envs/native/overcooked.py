@@ -121,6 +121,7 @@ class Overcooked(NativeEnv):
         # Comparisons with these make one-hots (`one_hot` checks its input on the host).
         self.cell_index = torch.arange(lay.height * lay.width, device=dev)
         self.dir_index = torch.arange(len(DIRECTIONS), device=dev)
+        self.obs_table = _obs_table().to(device=dev, dtype=self.dtype)
         size = lay.height * lay.width * CHANNELS
         cooks = replace(
             group("agent", 2, size, ACTIONS), obs_shape=(lay.height, lay.width, CHANNELS)
@@ -247,34 +248,51 @@ class Overcooked(NativeEnv):
     # ------------------------------------------------------------ observations
 
     def observe(self):
+        """Each cell's 26 layers are a row of `obs_table`, picked by what the cell shows (its
+        object code, its pot's status, the urgency) and by the cooks on it: one gather."""
         E, H, W = self.cells.shape[0], self.height, self.width
         on = self.agent_cell.unsqueeze(-1) == self.cell_index  # [E, 2, HW]
-        cooks = on.any(1)
         # Where a cook stands, the grid shows what it holds.
         in_hand = (on * self.held.unsqueeze(-1)).sum(1)
-        shown = torch.where(cooks, in_hand, self.cells)
-        status, pot = self.pots, self.pot_map.expand(E, -1)
-        soup = (self.cells == DISH) | (cooks & (in_hand == DISH))
-        filling = (POT_EMPTY - status).clamp(max=3) * (status >= POT_FULL)
-        cooked = pot & (status < POT_FULL)
-        left = (self.max_cycles - self.steps < URGENCY).unsqueeze(-1).expand(E, H * W)
-        zeros = torch.zeros_like(cooks)
-        shared = torch.stack(
-            [pot, shown == WALL, shown == ONION_PILE, zeros, shown == PLATE_PILE,
-             shown == GOAL, filling, zeros, 3 * (cooked | soup), zeros,
-             status * (status < POT_FULL), (pot & (status == 0)) | soup, shown == PLATE,
-             shown == ONION, zeros, left],
-            1,
-        ).to(self.dtype)  # fmt: skip
-        facing = self.agent_dir.unsqueeze(-1) == self.dir_index
-        headings = (facing.unsqueeze(-1) & on.unsqueeze(2)).flatten(1, 2)  # [E, 8, HW]
-        # Each cook's view lists itself first, then the other.
-        own = torch.cat([on, headings], 1).to(self.dtype)  # [E, 10, HW]
-        flipped = torch.cat([on.flip(1), headings.view(E, 2, -1, H * W).flip(1).flatten(1, 2)], 1)
-        own = torch.stack([own, flipped.to(self.dtype)], 1)  # [E, 2, 10, HW]
-        obs = torch.cat([own, shared.unsqueeze(1).expand(-1, 2, -1, -1)], 2)
-        obs = obs.view(E, 2, CHANNELS, H, W).permute(0, 1, 3, 4, 2).contiguous()
+        shown = torch.where(on.any(1), in_hand, self.cells)
+        urgent = (self.max_cycles - self.steps < URGENCY).long().unsqueeze(-1)
+        cell = (shown * (POT_EMPTY + 1) + self.pots) * 2 + urgent  # [E, HW]
+        who = on * (1 + self.agent_dir).unsqueeze(-1)  # 0: no cook; 1 + its direction
+        views = torch.stack([who[:, 0] * 5 + who[:, 1], who[:, 1] * 5 + who[:, 0]], 1)
+        index = views * SHOWN + cell.unsqueeze(1)  # [E, 2, HW]: each cook's view
+        obs = self.obs_table.index_select(0, index.flatten()).view(E, 2, H, W, CHANNELS)
         return {"agent": obs}, obs[:, 0].flatten(1), {"agent": None}
+
+
+def _obs_table() -> torch.Tensor:
+    """JaxMARL's 26 layers of a cell `[25 * SHOWN, 26]`, by (the viewing cook, the other:
+    5 x 5, each absent or there facing one of 4 ways) x (the object code the cell shows, its
+    pot's status, whether the episode is in its last `URGENCY` steps: `SHOWN`)."""
+    code = torch.arange(DISH + 1).view(-1, 1, 1)
+    status = torch.arange(POT_EMPTY + 1).view(1, -1, 1)
+    urgent = torch.arange(2).view(1, 1, -1)
+    pot, soup, none = code == POT, code == DISH, torch.tensor(0)
+    layers = [
+        pot, code == WALL, code == ONION_PILE, none, code == PLATE_PILE, code == GOAL,
+        (POT_EMPTY - status).clamp(max=3) * (status >= POT_FULL), none,
+        3 * ((pot & (status < POT_FULL)) | soup), none, status * (status < POT_FULL),
+        (pot & (status == 0)) | soup, code == PLATE, code == ONION, none, urgent,
+    ]  # fmt: skip
+    shape = (DISH + 1, POT_EMPTY + 1, 2)
+    shared = torch.stack([layer.expand(shape).float() for layer in layers], -1).view(-1, 16)
+    cooks = torch.zeros(5, 5, 10)
+    for own in range(5):
+        for other in range(5):
+            cooks[own, other, 0], cooks[own, other, 1] = own > 0, other > 0
+            if own:
+                cooks[own, other, 1 + own] = 1.0  # its heading: layers 2 to 5
+            if other:
+                cooks[own, other, 5 + other] = 1.0  # the other's: layers 6 to 9
+    cooks = cooks.view(25, 1, 10).expand(-1, SHOWN, -1)
+    return torch.cat([cooks, shared.expand(25, -1, -1)], -1).reshape(-1, CHANNELS)
+
+
+SHOWN = (DISH + 1) * (POT_EMPTY + 1) * 2
 
 
 # One class per layout (`overcooked/cramped_room` is `Overcooked_cramped_room`), as the
