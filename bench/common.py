@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the machine line of every results table, the run of
-`marlctl ... --json`, the suites' per-seed reference values and a Student-t interval."""
+`marlctl ... --json`, the suites' per-seed reference values, a Markdown table and a
+Student-t interval."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ def marlctl_json(
     if "{" not in done.stdout:
         raise SystemExit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout[done.stdout.index("{") :]), wall
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    """A Markdown table's lines."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:

@@ -38,7 +38,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json
+from common import machine, marlctl_json, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -157,11 +157,6 @@ def first_eval_under(limit: float = -15.0) -> dict:
         "first": None if first is None else (first.step, first.timestamp / 1000 - start),
         "wall_s": time.time() - start,
     }
-
-
-def table(rows: list[list[str]], header: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def rate(value: float | None) -> str:

@@ -15,13 +15,10 @@ to a per-agent eval return better than -15; (6) 8 seeds trained as one batch
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from datetime import date
 from pathlib import Path
 
-from common import machine
+from common import machine, marlctl_json, table
 from pettingzoo_mappo import env_only
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,14 +34,7 @@ TWO_THREADS = ("hardware.threads_per_run=2",)
 
 
 def marlctl(*args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "marlctl", *args, "--json"],
-        cwd=WORKDIR,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout)
+    return marlctl_json(list(args), WORKDIR, f"marlctl {args[0]}")[0]
 
 
 def env_sweep(threads: int) -> dict:
@@ -110,11 +100,6 @@ def full_run() -> dict:
         if first is None
         else (first.step, (first.timestamp - run.info.start_time) / 1000),
     }
-
-
-def table(rows: list[list[str]], header: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from datetime import date
 from importlib.metadata import version
 from pathlib import Path
 
-from common import machine, marlctl_json
+from common import machine, marlctl_json, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -141,9 +141,7 @@ def main() -> None:
         "--env-only` (2 s after warm-up), eager and with `hardware.compile=true`; the ratio "
         "takes the faster.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|---" * len(header) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *table(rows, header),
         "",
     ]
     OUT.write_text("\n".join(lines))

@@ -15,7 +15,7 @@ import argparse
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json
+from common import machine, marlctl_json, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -78,9 +78,7 @@ def main() -> None:
         "generator per seed block. `tests/test_capture.py` checks that every compiled env "
         "steps like its eager self.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|---" * len(header) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *table(rows, header),
         "",
     ]
     OUT.write_text("\n".join(lines))

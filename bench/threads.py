@@ -36,7 +36,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json
+from common import machine, marlctl_json, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "spread_mappo_native.yaml"
@@ -261,11 +261,6 @@ def neighbour_text(cell: dict) -> str:
         f"{seen['alone']:,.0f} alone; log windows {seen['low']:,.0f}–{seen['high']:,.0f})"
     )
     return text + (f", threads {threads}" if threads else "")
-
-
-def table(rows: list[list[str]], header: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def write(cells: list[dict], load_before, load_after, started: float) -> None:
