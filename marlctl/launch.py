@@ -243,8 +243,7 @@ def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
 def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
     """The seeds of this spec whose run in its store was stopped (KILLED: Ctrl-C or SIGTERM,
     after a checkpoint), by seed: the newest such run's id, which `resume` continues, and its
-    parent's. A run left RUNNING is not among them: it may be training elsewhere (`run
-    --resume` takes it)."""
+    parent's. A run left RUNNING may be training elsewhere: `run --resume` takes it."""
     found: dict[int, tuple[str, str]] = {}
     for run in _seed_runs(loaded, plan, "KILLED"):
         seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
@@ -290,8 +289,6 @@ def resume(
         [run.info.experiment_id], f"tags.`{tracking.PARENT_TAG}` = '{parent_id}'"
     )
     wanted = {c.info.run_id for c in children} if parent_id == run_id else {run_id, *others}
-    if strays := wanted - {c.info.run_id for c in children}:
-        raise problem(f"{', '.join(sorted(strays))}: not a seed run of {parent_id}")
     pending = [c for c in children if c.info.run_id in wanted and c.info.status != "FINISHED"]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent_id, SPEC_ARTIFACT, tmp)

@@ -203,6 +203,18 @@ class Trainer:
             return net.initial_state(len(self.seeds), rows, device=self.device)
         return reset_where(h, first)
 
+    def acting_output(
+        self, name: str, net: AgentNet, x: torch.Tensor, first: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`net`'s output on inputs `x` `[S, E, ...]` for this acting step: a recurrent one
+        (`model.recurrent`) goes on from group `name`'s state and keeps its new one."""
+        recurrent = self.model.recurrent is not None
+        h = self.acting_state(name, net, first, x.shape[1]) if recurrent else None
+        out, h = net(x, h)
+        if h is not None:
+            self._acting[name] = h
+        return out
+
     # ------------------------------------------------------------ compile
 
     def compile(self) -> None:

@@ -126,11 +126,7 @@ class MAICQTrainer(Offline, Trainer):
     def act_step(self, ob: Observation, deterministic: bool, first: torch.Tensor | None):
         actions = {}
         for name, net in self.actor.items():
-            rows = ob.obs[name].shape[1]
-            h = self.acting_state(name, net, first, rows) if self.recurrent else None
-            out, h = net(flat_obs(ob.obs[name], self.groups[name]), h)
-            if h is not None:
-                self._acting[name] = h
+            out = self.acting_output(name, net, flat_obs(ob.obs[name], self.groups[name]), first)
             logits = mask_logits(out, ob.masks[name])
             actions[name] = (logits.argmax(-1) if deterministic
                              else self.sample_categorical(torch.softmax(logits, -1)))  # fmt: skip

@@ -232,11 +232,7 @@ class BCTrainer(Offline, Trainer):
         actions = {}
         for name, net in self.actor.items():
             group = self.groups[name]
-            rows = ob.obs[name].shape[1]
-            h = self.acting_state(name, net, first, rows) if self.recurrent else None
-            out, h = net(flat_obs(ob.obs[name], group), h)
-            if h is not None:
-                self._acting[name] = h
+            out = self.acting_output(name, net, flat_obs(ob.obs[name], group), first)
             if not group.discrete:
                 actions[name] = self.bounds[name].to_env(torch.tanh(out))
                 continue

@@ -200,12 +200,7 @@ class QLearningTrainer(OffPolicyTrainer):
         epsilon = 0.0 if deterministic else self.values.of("epsilon_end")
         actions = {}
         for name, net in self.q.items():
-            h = None
-            if self.recurrent:
-                h = self.acting_state(name, net, first, ob.state.shape[1])
-            q, h = net(flat_obs(ob.obs[name], self.groups[name]), h)
-            if h is not None:
-                self._acting[name] = h
+            q = self.acting_output(name, net, flat_obs(ob.obs[name], self.groups[name]), first)
             actions[name] = self._greedy_or_random(q, ob.masks[name], epsilon)
         return actions
 

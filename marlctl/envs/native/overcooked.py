@@ -57,6 +57,9 @@ INTERACT = 5
 CHANNELS = 26
 DIRECTIONS = ((0, -1), (0, 1), (1, 0), (-1, 0))  # (x, y) steps of up, down, right, left
 HELD_AT_RANDOM = (EMPTY, ONION, PLATE, DISH)
+# What a cell shows, as a row block of the observation table: object code x pot status x
+# urgency.
+SHOWN = (DISH + 1) * (POT_EMPTY + 1) * 2
 
 # JaxMARL's `overcooked_layouts`: W counter, O onion pile, B plate pile, X serving counter,
 # P pot, 0 and 1 the cooks' start cells.
@@ -118,9 +121,8 @@ class Overcooked(NativeEnv):
         self.steps_xy = torch.tensor(DIRECTIONS, device=dev)
         self.corner = torch.tensor([lay.width - 1, lay.height - 1], device=dev)
         self.held_at_random = torch.tensor(HELD_AT_RANDOM, device=dev)
-        # Comparisons with these make one-hots (`one_hot` checks its input on the host).
+        # Comparisons with it make one-hots (`one_hot` checks its input on the host).
         self.cell_index = torch.arange(lay.height * lay.width, device=dev)
-        self.dir_index = torch.arange(len(DIRECTIONS), device=dev)
         self.obs_table = _obs_table().to(device=dev, dtype=self.dtype)
         size = lay.height * lay.width * CHANNELS
         cooks = replace(
@@ -290,9 +292,6 @@ def _obs_table() -> torch.Tensor:
                 cooks[own, other, 5 + other] = 1.0  # the other's: layers 6 to 9
     cooks = cooks.view(25, 1, 10).expand(-1, SHOWN, -1)
     return torch.cat([cooks, shared.expand(25, -1, -1)], -1).reshape(-1, CHANNELS)
-
-
-SHOWN = (DISH + 1) * (POT_EMPTY + 1) * 2
 
 
 # One class per layout (`overcooked/cramped_room` is `Overcooked_cramped_room`), as the
