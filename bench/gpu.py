@@ -5,8 +5,10 @@ Measures on the first CUDA device, in one run:
    eager and captured (`marlctl bench --env-only`), and JaxMARL's `MPE_simple_spread_v3`
    stepped in a jitted scan (`bench/gpu_jaxmarl.py --work env_only`);
 2. IPPO with JaxMARL's hyperparameters (its `baselines/IPPO/ippo_ff_mpe.py`, translated
-   field by field in `JAXMARL_IPPO`): eager and captured (`marlctl bench`), and JaxMARL's
-   own (`bench/gpu_jaxmarl.py --work ippo`), whose compile time is reported apart;
+   field by field in `JAXMARL_IPPO`): eager and captured (`marlctl bench`), compiled, and
+   compiled in TF32 (`hardware.tf32=true`, JAX's default precision for float32 matrix
+   products on these GPUs), and JaxMARL's own (`bench/gpu_jaxmarl.py --work ippo`), whose
+   compile time is reported apart;
 3. the replay-based algorithms at 1,024 envs with the reproduction benchmark's
    update-to-data ratio (`bench/algorithms.py`: 2 gradient steps per 32 env steps): eager,
    captured as a CUDA graph (`hardware.compile: auto`), and captured with their gradient
@@ -16,7 +18,11 @@ Measures on the first CUDA device, in one run:
    seconds and the seconds from the command to its first env step (`perf/startup_s`);
 5. `marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
    hardware.num_envs=4096`: seconds from the command's start to the first evaluation at
-   -15 or better.
+   -15 or better (`first_eval_tf32`: the same in TF32).
+Each measurement is kept in the results file with its date and machine; the table shows the
+latest of each (per algorithm and mode for the replay-based section), saying which is from
+where. Start-up figures need Python's bytecode compiled ahead: where the interpreter does not
+write it (`PYTHONDONTWRITEBYTECODE`), compile it first (`python -m compileall`).
 Writes `bench/results/gpu.md` and `bench/results/gpu.jsonl`. JaxMARL's rows need `jax` and
 the `jaxmarl` package importable (see `bench/gpu_jaxmarl.py`); without them they are left
 out and the table says so.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -102,7 +109,8 @@ def offpolicy(algo: str, device: str, seconds: str, compile_mode: str) -> dict:
         "bench", str(SPEC), f"algos={algo}", "~algo.epochs", "~algo.minibatches", "~algo.lr",
         "~model.activation", "algo.batch_size=256", "algo.updates=64", "algo.gamma=0.9",
         "--num-envs", "1024", "--seconds", seconds, f"hardware.device={device}",
-        f"hardware.compile={compile_mode}",
+        *(("hardware.compile=true", "hardware.tf32=true") if compile_mode == "tf32"
+          else (f"hardware.compile={compile_mode}",)),
     )  # fmt: skip
 
 
@@ -133,14 +141,18 @@ def startup(device: str, runs: int = 3) -> dict:
             rows.append({"fresh_store": index == 0, "wall_s": wall, "first_step_s": first})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"command": "marlctl " + " ".join(args).replace(str(ROOT) + "/", ""), "runs": rows}
+    return {
+        "command": "marlctl " + " ".join(args).replace(str(ROOT) + "/", ""),
+        "runs": rows,
+        "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"),
+    }
 
 
-def first_eval_under(limit: float = -15.0) -> dict:
+def first_eval_under(limit: float = -15.0, extra: tuple[str, ...] = ()) -> dict:
     from mlflow.tracking import MlflowClient
 
     start = time.time()
-    summary = marlctl("run", str(SPEC), "hardware.device=cuda", "hardware.num_envs=4096")
+    summary = marlctl("run", str(SPEC), "hardware.device=cuda", "hardware.num_envs=4096", *extra)
     if "error" in summary:
         return summary
     run_id = summary["runs"][0]["run_id"]
@@ -172,31 +184,43 @@ def ratio(ours: float | None, theirs: float | None) -> str:
 GRAPH, COMPILED = "CUDA graph", "CUDA graph, torch.compile"
 
 
-def compare(ours: dict, theirs: list[dict], sizes) -> list[list[str]]:
+def compare(ours: dict, theirs: list[dict], sizes, tf32: dict | None = None) -> list[list[str]]:
+    """Rows of eager, graph and graph + compile beside JaxMARL; with `tf32` (the points of the
+    same bench in TF32), its graph + compile too."""
     peer = {r["num_envs"]: r for r in theirs if "env_steps_per_s" in r}
     rows = []
     for n in sizes:
         eager, graph, both = (ours.get((n, mode), {}) for mode in ("eager", GRAPH, COMPILED))
+        modes = [eager, graph, both]
         jax = peer.get(n, {}).get("env_steps_per_s")
-        rows.append(
-            [
-                f"{n:,}",
-                rate(eager.get("env_steps_per_s")),
-                rate(graph.get("env_steps_per_s")),
-                f"{graph['compile_s']:.1f}" if graph else "—",
-                rate(both.get("env_steps_per_s")),
-                f"{both['compile_s']:.1f}" if both else "—",
-                rate(jax),
-                f"{peer[n]['compile_s']:.1f}" if n in peer else "—",
-                " / ".join(ratio(p.get("env_steps_per_s"), jax) for p in (eager, graph, both)),
-            ]
-        )
+        row = [
+            f"{n:,}",
+            rate(eager.get("env_steps_per_s")),
+            rate(graph.get("env_steps_per_s")),
+            f"{graph['compile_s']:.1f}" if graph else "—",
+            rate(both.get("env_steps_per_s")),
+            f"{both['compile_s']:.1f}" if both else "—",
+        ]
+        if tf32 is not None:
+            fast = tf32.get((n, COMPILED), {})
+            row.append(rate(fast.get("env_steps_per_s")))
+            modes.append(fast)
+        row += [
+            rate(jax),
+            f"{peer[n]['compile_s']:.1f}" if n in peer else "—",
+            " / ".join(ratio(p.get("env_steps_per_s"), jax) for p in modes),
+        ]
+        rows.append(row)
     return rows
 
 
 HEADER = [
     "num_envs", "marlctl eager", "CUDA graph", "its capture s", "CUDA graph + torch.compile",
     "its compile s", "JaxMARL", "JaxMARL compile s", "× JaxMARL (eager / graph / + compile)",
+]  # fmt: skip
+TF32_HEADER = [
+    *HEADER[:6], "graph + compile, TF32", *HEADER[6:8],
+    "× JaxMARL (eager / graph / + compile / + TF32)",
 ]  # fmt: skip
 
 
@@ -209,7 +233,18 @@ def main() -> None:
     parser.add_argument("--seconds", default="3")
     parser.add_argument("--offpolicy-algos", nargs="+", default=list(OFF_POLICY))
     parser.add_argument(
-        "--offpolicy-modes", nargs="+", default=["auto", "true"], choices=["auto", "true"]
+        "--ippo-modes",
+        nargs="+",
+        default=["ippo", "ippo_compiled", "ippo_tf32"],
+        choices=["ippo", "ippo_compiled", "ippo_tf32"],
+        help="ippo: eager and graph; ippo_compiled: + torch.compile; ippo_tf32: + TF32",
+    )
+    parser.add_argument(
+        "--offpolicy-modes",
+        nargs="+",
+        default=["auto", "true"],
+        choices=["auto", "true", "tf32"],
+        help="tf32: compiled, in TF32 (hardware.tf32=true)",
     )
     parser.add_argument(
         "--merge",
@@ -256,8 +291,13 @@ def main() -> None:
         results["env_compiled"] = marlctl("bench", str(SPEC), "--env-only", *timing, compiled)
         results["env_jaxmarl"] = jaxmarl("env_only", sizes)
     if "ippo" in args.sections:
-        results["ippo"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing)
-        results["ippo_compiled"] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing, compiled)
+        modes = {
+            "ippo": (),
+            "ippo_compiled": (compiled,),
+            "ippo_tf32": (compiled, "hardware.tf32=true"),
+        }
+        for key in args.ippo_modes:
+            results[key] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing, *modes[key])
         results["ippo_jaxmarl"] = jaxmarl("ippo", sizes)
     if "startup" in args.sections:
         results["startup"] = startup(args.device)
@@ -271,41 +311,69 @@ def main() -> None:
                 write_table(results, sizes, out)  # what is measured stays if the rest cannot finish
     if "first_eval" in args.sections:
         results["first_eval"] = first_eval_under()
+    if "first_eval_tf32" in args.sections:
+        results["first_eval_tf32"] = first_eval_under(extra=("hardware.tf32=true",))
     with jsonl.open("a") as sink:
         sink.write(json.dumps(results) + "\n")
-    write_table(results, sizes, out)
+    write_table(latest_sections(jsonl), sizes, out)  # with what this run did not measure
     print(out.read_text())
 
 
 # The sections of a record, each with the keys that hold it.
 SECTIONS = {
     "env": ("env", "env_compiled", "env_jaxmarl"),
-    "ippo": ("ippo", "ippo_compiled", "ippo_jaxmarl"),
+    "ippo": ("ippo", "ippo_compiled", "ippo_tf32", "ippo_jaxmarl"),
     "offpolicy": ("offpolicy",),
     "startup": ("startup",),
     "first_eval": ("first_eval",),
+    "first_eval_tf32": ("first_eval_tf32",),
 }
 
 
 def latest_sections(jsonl: Path) -> dict:
-    """Every section from the latest record of `jsonl` that holds it, with where and when it
-    was measured (`provenance`). Records whose section failed entirely are passed over."""
+    """Each measurement from the latest record of `jsonl` that holds it (a section's keys one
+    by one, the replay-based section per algorithm and mode), with where and when it was
+    measured (`provenance`). Failed measurements are passed over."""
     merged: dict = {"provenance": {}}
     for line in jsonl.read_text().splitlines():
         record = json.loads(line)
+        where = f"{record['date']} on {record['machine']}"
+        found = False
         for section, keys in SECTIONS.items():
-            if section not in record or _failed(record[section]):
-                continue
-            merged.update({k: record[k] for k in keys if k in record})
-            merged["provenance"][section] = f"{record['date']} on {record['machine']}"
+            for key in keys:
+                value = record.get(key)
+                if value is None or _failed(value):
+                    continue
+                if isinstance(value, list):  # JaxMARL's rows: the latest of each size
+                    sizes = {row.get("num_envs") for row in value}
+                    kept = [r for r in merged.get(key, []) if r.get("num_envs") not in sizes]
+                    value = sorted(kept + value, key=lambda row: row.get("num_envs") or 0)
+                if key != "offpolicy":
+                    merged[key] = value
+                    merged["provenance"][f"{section} {key}"] = where
+                    found = True
+                    continue
+                for algo, modes in value.items():
+                    if "points" in modes or "error" in modes:  # an earlier layout: one mode
+                        continue
+                    for mode, data in modes.items():
+                        if "error" not in data:
+                            merged.setdefault(key, {}).setdefault(algo, {})[mode] = data
+                            merged["provenance"][f"{section} {algo} {mode}"] = where
+                            found = True
+        if found:
             merged["machine"], merged["date"] = record["machine"], record["date"]
     return merged
 
 
 def _failed(section) -> bool:
-    if not isinstance(section, dict):
+    """Nothing measured: an error, or a dict or list of nothing but errors."""
+    if isinstance(section, dict):
+        values = [section] if "error" in section else list(section.values())
+    elif isinstance(section, list):
+        values = section
+    else:
         return False
-    values = list(section.values())
     return bool(values) and all(isinstance(v, dict) and "error" in v for v in values)
 
 
@@ -314,7 +382,14 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
     where = f"{results['date']} on {results['machine']}"
 
     def measured(section: str) -> list[str]:
-        return [f"Measured {provenance.get(section, where)}.", ""]
+        places: dict[str, list[str]] = {}
+        for key, place in provenance.items():  # offpolicy: per algorithm and mode
+            if key.startswith(f"{section} "):
+                places.setdefault(place, []).append(key.split(" ", 1)[1])
+        if len(places) > 1:
+            parts = [f"{place} ({', '.join(sorted(keys))})" for place, keys in places.items()]
+            return ["Measured " + "; ".join(parts) + ".", ""]
+        return [f"Measured {provenance.get(section, next(iter(places), where))}.", ""]
 
     lines = [
         "# marlctl on the CPU: the baseline of the GPU table"
@@ -338,36 +413,48 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
         ]
     if "ippo" in results:
         settings = " ".join(JAXMARL_IPPO)
+        tf32 = points(results["ippo_tf32"], "train") if "ippo_tf32" in results else None
         lines += [
             "## IPPO with JaxMARL's hyperparameters (its `ippo_ff_mpe.py`)",
             "",
             *measured("ippo"),
             f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
+            "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call. JAX multiplies "
+            "float32 matrices in TF32 on this GPU by default (its default matmul precision); "
+            "marlctl in full float32 unless `hardware.tf32=true` (the TF32 column)."
+            if tf32 is not None
+            else f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
             "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call.",
             "",
             *table(
-                compare(merged(results, "ippo", "train"), results["ippo_jaxmarl"], sizes), HEADER
-            ),  # fmt: skip
+                compare(merged(results, "ippo", "train"), results["ippo_jaxmarl"], sizes, tf32),
+                HEADER if tf32 is None else TF32_HEADER,
+            ),
             "",
         ]
     if "offpolicy" in results:
         cpu = _cpu_baseline() if not results["machine"].endswith("no GPU used") else {}
+        any_tf32 = any("tf32" in modes for modes in results["offpolicy"].values())
         rows = []
         for algo, modes in results["offpolicy"].items():
             auto = points(modes.get("auto", {}), "train")
             compiled = points(modes.get("true", {}), "train")
+            fast = points(modes.get("tf32", {}), "train")
             cells = [
                 auto.get((1024, "eager"), {}),
                 auto.get((1024, "CUDA graph"), {}),
                 compiled.get((1024, "torch.compile"), {}),
                 compiled.get((1024, "CUDA graph, torch.compile"), {}),
+                fast.get((1024, "CUDA graph, torch.compile"), {}),
             ]
             errors = [m["error"] for m in modes.values() if "error" in m]
             failed = [
-                p["mode"] for p in (*auto.values(), *compiled.values()) if "failed" in p["mode"]
+                p["mode"]
+                for p in (*auto.values(), *compiled.values(), *fast.values())
+                if "failed" in p["mode"]
             ]
             best = max((c.get("env_steps_per_s", 0) for c in cells), default=0)
-            row = [algo, *(rate(c.get("env_steps_per_s")) for c in cells)]
+            row = [algo, *(rate(c.get("env_steps_per_s")) for c in cells[: 5 if any_tf32 else 4])]
             row += [
                 f"{cells[1]['compile_s']:.1f}" if cells[1] else "—",
                 f"{cells[2]['fill_s']:.1f}" if cells[2].get("fill_s") else "—",
@@ -376,7 +463,7 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
                 row += [rate(cpu.get(algo)), ratio(best, cpu.get(algo))]
             rows.append(row + ["; ".join(e[-200:] for e in errors + failed)])
         header = ["algorithm", "eager", "CUDA graph", "compiled", "CUDA graph + compiled",
-                  "capture s", "compile s"]  # fmt: skip
+                  *(["same, TF32"] if any_tf32 else []), "capture s", "compile s"]  # fmt: skip
         if cpu:
             header += ["2 CPU cores", "best / CPU"]
         lines += [
@@ -389,8 +476,14 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
             "--num-envs 1024` with `hardware.compile` auto, then true). Timed after the "
             "buffer holds `learning_starts` transitions and the iteration is captured. "
             "'compiled': the gradient steps' losses as compiled regions "
-            "(`marlctl.train.regions`); 'compile s': the iterations before timing with "
-            "them, compiling included; '—': not measured."
+            "(`marlctl.train.regions`); "
+            + (
+                "'same, TF32': with `hardware.tf32=true` too (`--offpolicy-modes ... tf32`); "
+                if any_tf32
+                else ""
+            )
+            + "'compile s': the iterations before timing with them, compiling included; "
+            "'—': not measured."
             + (
                 " '2 CPU cores': the same command on the CPU (`bench/results/"
                 "cpu_offpolicy.md`), its best mode."
@@ -408,7 +501,14 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
         else:
             text = [
                 f"`{data['command']}`, three times in a new folder (the first creates its "
-                "MLflow store):",
+                "MLflow store)"
+                + (
+                    ", Python's bytecode compiled ahead into `PYTHONPYCACHEPREFIX` (the "
+                    "installed packages' folders are read-only on this machine)"
+                    if data.get("pycache_prefix")
+                    else ""
+                )
+                + ":",
                 "",
                 *table(
                     [
@@ -424,26 +524,32 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
             ]
         lines += ["## Start-up", "", *measured("startup"), *text, ""]
     if "first_eval" in results:
-        first = results["first_eval"]
-        if "error" in first:
-            text = f"failed: {first['error'][-300:]}"
-        elif first["first"] is None:
-            text = f"no evaluation reached -15 (evaluations: {first['evals']})"
-        else:
-            step, seconds = first["first"]
-            text = (
-                f"{seconds:.1f} s after the command started, at {step:,} env steps "
-                f"(iterations: {first['compile']}; step, return, seconds: {first['evals']})"
-            )
+        lines += ["## Time to a good policy", "", *measured("first_eval")]
         lines += [
-            "## Time to a good policy",
-            "",
-            *measured("first_eval"),
             "`marlctl run specs/spread_mappo_native.yaml hardware.device=cuda "
-            f"hardware.num_envs=4096`: first evaluation at -15 or better {text}.",
+            f"hardware.num_envs=4096`: first evaluation at -15 or better "
+            f"{_first_eval(results['first_eval'])}.",
             "",
         ]
+        if "first_eval_tf32" in results:
+            lines += [
+                *measured("first_eval_tf32"),
+                f"The same with `hardware.tf32=true`: {_first_eval(results['first_eval_tf32'])}.",
+                "",
+            ]
     out.write_text("\n".join(lines))
+
+
+def _first_eval(first: dict) -> str:
+    if "error" in first:
+        return f"failed: {first['error'][-300:]}"
+    if first["first"] is None:
+        return f"no evaluation reached -15 (evaluations: {first['evals']})"
+    step, seconds = first["first"]
+    return (
+        f"{seconds:.1f} s after the command started, at {step:,} env steps "
+        f"(iterations: {first['compile']}; step, return, seconds: {first['evals']})"
+    )
 
 
 def _cpu_baseline() -> dict[str, float]:

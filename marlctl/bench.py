@@ -90,9 +90,12 @@ def run_bench(
 ) -> BenchResult:
     import torch
 
+    from marlctl.train.build import set_float32_precision
+
     spec, info, run = loaded.spec, plan.env, plan.runs[0]
     device = torch.device(run.device)
     torch.set_num_threads(run.threads)
+    set_float32_precision(spec)
     torch.manual_seed(run.seed)
     sizes = sweep or default_sweep(spec.env.backend, run.device)
     result = BenchResult(

@@ -216,6 +216,33 @@ def test_a_captured_run_learns_and_reports_its_capture(tmp_path):
     assert 0 < data.metrics["perf/capture_s"] < 60
 
 
+@pytest.mark.parametrize("tf32", [True, False])
+def test_hardware_tf32_sets_the_float32_precision_of_cuda_matrix_products(tf32):
+    from marlctl.train.build import set_float32_precision
+
+    spec = Spec.model_validate(
+        {"env": {"id": "mpe/simple_spread"}, "algo": {"name": "mappo"}, "hardware": {"tf32": tf32}}
+    )
+    set_float32_precision(spec)
+    try:
+        want = "tf32" if tf32 else "ieee"
+        assert torch.backends.cuda.matmul.fp32_precision == want
+        assert torch.backends.cudnn.conv.fp32_precision == want
+    finally:
+        set_float32_precision(Spec.model_validate({**spec.model_dump(), "hardware": {}}))
+
+
+@cuda
+def test_a_captured_run_in_tf32_learns(tmp_path):
+    body = native_spec(tmp_path, hardware={"device": "cuda", "num_envs": 256, "tf32": True})
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    (run,) = out["runs"]
+    assert run["final_return"] > random_policy_return({"N": 2, "max_cycles": 10}) + 0.6, run
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # the run trained in this process
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+
+
 @cuda
 def test_a_captured_replay_based_run_finishes_and_says_so(tmp_path):
     body = native_spec(tmp_path, hardware={"device": "cuda", "num_envs": 64, "compile": True})

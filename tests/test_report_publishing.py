@@ -536,6 +536,27 @@ def test_the_env_package_is_the_distribution_that_holds_the_envs_code():
     assert env_package("yaml:safe_load") == f"PyYAML=={metadata.version('PyYAML')}"
 
 
+def test_the_env_package_scan_reads_only_the_folder_the_module_comes_from(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from marlctl.envs import registry
+
+    def everything():
+        raise AssertionError("scanned every installed distribution")
+
+    monkeypatch.setattr(metadata, "packages_distributions", everything)
+    registry._distributions.cache_clear()
+    (tmp_path / "toy_checkout").mkdir()
+    (tmp_path / "toy_checkout" / "__init__.py").write_text("def make():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # A package run from a checkout, with no distribution beside it (a module on the path).
+    assert registry.env_package("toy_checkout:make") == (
+        "toy_checkout (not an installed distribution: no version)"
+    )
+    assert registry.env_package("yaml:safe_load") == f"PyYAML=={metadata.version('PyYAML')}"
+    registry._distributions.cache_clear()
+
+
 def test_a_run_outside_a_git_checkout_records_why_it_has_no_commit(tmp_path):
     assert tracking.git_state() == (None, "not run in a git checkout")
 

@@ -397,6 +397,11 @@ CASES = {
         "spec.yaml:10: hardware.env_workers:",
         "4 workers for hardware.num_envs=2 environments",
     ),
+    "tf32-on-the-cpu": Case(
+        {"spec.yaml": BASE + "hardware:\n  device: cpu\n  tf32: true\n"},
+        "spec.yaml:10: hardware.tf32:",
+        "TF32 is a precision of CUDA devices and this run trains on the CPU",
+    ),
     "cuda-ordinal-beyond-visible-devices": Case(
         {"spec.yaml": BASE + "hardware:\n  device: cuda:99\n"},
         "spec.yaml:9: hardware.device:",

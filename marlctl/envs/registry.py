@@ -73,17 +73,50 @@ def lookup(env_id: str) -> EnvEntry:
 
 
 @functools.cache
-def _distributions() -> dict[str, list[str]]:
-    """Top-level modules → the installed distributions that provide them: a scan of every
-    installed package (half a second or more), done once a process."""
+def _distributions(where: tuple[str, ...] | None) -> dict[str, list[str]]:
+    """Top-level modules -> the installed distributions that provide them, from the
+    distributions recorded in the folders `where` (all of `sys.path` for None): a scan, done
+    once a process per folder set."""
     from importlib import metadata
 
-    return metadata.packages_distributions()
+    if where is None:
+        return metadata.packages_distributions()
+    found: dict[str, list[str]] = {}
+    for dist in metadata.distributions(path=list(where)):
+        tops = (dist.read_text("top_level.txt") or "").split()
+        if not tops:
+            tops = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
+        for top in tops:
+            found.setdefault(top, []).append(dist.metadata["Name"])
+    return found
+
+
+def _folder_of(module: str) -> tuple[str, ...] | None:
+    """The `sys.path` folder `module` is imported from (found, not imported), where a
+    distribution holding it would be recorded; None where it cannot be found."""
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    from pathlib import Path
+
+    if found.submodule_search_locations is not None:  # a package: the folders holding it
+        folders = {str(Path(p).parent) for p in found.submodule_search_locations}
+    elif found.has_location and found.origin:  # a module file
+        folders = {str(Path(found.origin).parent)}
+    else:
+        return None
+    return tuple(sorted(folders)) or None
 
 
 def _distribution_names(module: str) -> list[str]:
     """The distributions that may hold top-level `module`: the one of its own name unless its
-    record names other modules only (a lookup: most env packages), else the scan's."""
+    record names other modules only (a lookup: most env packages), else those recorded
+    beside the module (a module on the path with no distribution beside it has none)."""
     from importlib import metadata
 
     try:
@@ -93,7 +126,7 @@ def _distribution_names(module: str) -> list[str]:
     # No record (an editable install, a wheel not built by setuptools): its own name.
     if top is None or module in top.split():
         return [module]
-    return _distributions().get(module) or [module]  # recorded nowhere: its own name
+    return _distributions(_folder_of(module)).get(module) or [module]  # recorded nowhere
 
 
 def env_package(env_id: str, backend: str = "pettingzoo") -> str:

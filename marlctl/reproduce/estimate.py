@@ -39,7 +39,7 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
 
     from marlctl import tracking
     from marlctl.plan import learner_info
-    from marlctl.train.build import build_trainer
+    from marlctl.train.build import build_trainer, set_float32_precision
     from marlctl.train.opponents import with_opponents
     from marlctl.train.runner import make_env, make_eval_env, prepare_iterations
     from marlctl.train.scores import eval_metrics
@@ -52,6 +52,7 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
     seeds = [r.seed for r in plan.runs[: len(plan.runs) // processes]]
     device = torch.device(run.device)
     torch.set_num_threads(run.threads)
+    set_float32_precision(spec)
     torch.manual_seed(run.seed)
     began = time.perf_counter()
     trainer = build_trainer(spec, learner_info(info, spec), hw.num_envs, device, 1_000, seeds)

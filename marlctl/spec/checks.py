@@ -245,6 +245,14 @@ def _hardware_problems(spec, prov: Provenance, gpus: int) -> list[Problem]:
                 "set device: auto or list it in hardware.devices",
             )
         )
+    if hw.tf32 and all(d == "cpu" for d in (hw.devices or [hw.device])):
+        problems.append(
+            prov.problem(
+                "hardware.tf32",
+                "TF32 is a precision of CUDA devices and this run trains on the CPU; drop "
+                "tf32 or train on cuda",
+            )
+        )
     if hw.batch_seeds and spec.env.backend not in ("native", "vmas"):
         problems.append(
             prov.problem(

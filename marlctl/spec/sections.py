@@ -360,6 +360,14 @@ class HardwareSpec(Strict):
         "CPU; false = eager everywhere. Compare with `marlctl bench SPEC`.",
     )
 
+    tf32: bool = Field(
+        False,
+        description="On a GPU: float32 matrix products and convolutions in TensorFloat-32 "
+        "(10-bit mantissa, float32 range) on the tensor cores, as JAX does by default; several "
+        "times faster matrix products at large batches. false = full float32 (IEEE) "
+        "everywhere. No effect on a CPU.",
+    )
+
     @field_validator("threads_per_run", mode="before")
     @classmethod
     def _threads(cls, value: Any) -> Any:

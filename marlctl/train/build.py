@@ -69,6 +69,21 @@ def build_trainer(
     return trainer
 
 
+def set_float32_precision(spec: Spec) -> None:
+    """This process's float32 matrix products and convolutions on CUDA: TensorFloat-32 where
+    `hardware.tf32` asks for it, full float32 otherwise. Set by what trains a spec in its
+    process (a run, a bench point, a dry run's estimate), not by `build_trainer`, which also
+    builds frozen opponents' trainers from specs of their own."""
+    precision = "tf32" if spec.hardware.tf32 else "ieee"
+    backends = torch.backends
+    if hasattr(backends.cuda.matmul, "fp32_precision"):
+        backends.cuda.matmul.fp32_precision = precision
+        backends.cudnn.conv.fp32_precision = precision
+    else:  # torch before 2.9
+        backends.cuda.matmul.allow_tf32 = spec.hardware.tf32
+        backends.cudnn.allow_tf32 = spec.hardware.tf32
+
+
 # What two runs' specs may differ in and still train as rows of one batch, besides the
 # trainer's `row_fields`: nothing training reads.
 _NOT_TRAINED = frozenset({"name", "label", "seeds", "sweep"})

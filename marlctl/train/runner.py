@@ -25,7 +25,7 @@ from marlctl.envs.info import EnvInfo
 from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, PRUNED_TAG
-from marlctl.train.build import batch_rows, build_trainer
+from marlctl.train.build import batch_rows, build_trainer, set_float32_precision
 from marlctl.train.compact import compact, compact_blocker
 from marlctl.train.lifecycle import (
     COMPILE_TAG,
@@ -131,6 +131,7 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
     try:
         spec = requests[0].spec
         torch.set_num_threads(plan.threads)
+        set_float32_precision(spec)
         random.seed(plan.seed)
         np.random.seed(plan.seed % 2**32)
         torch.manual_seed(plan.seed)
