@@ -20,7 +20,7 @@ from marlctl.errors import SpecError
 from marlctl.plan import Plan, compile_plan
 from marlctl.redact import redact_all
 from marlctl.spec import LoadedSpec, load_spec
-from marlctl.stored import CHECKPOINT_STEP_TAG, SPEC_ARTIFACT
+from marlctl.stored import CHECKPOINT_STEP_TAG, SPEC_ARTIFACT, identity_tags
 from marlctl.train.lifecycle import Progress
 from marlctl.train.runner import RunRequest, RunResult, execute_batch
 
@@ -181,19 +181,6 @@ def _create_runs(item: Planned, tags: dict[str, str] | None) -> tuple[str, list[
     return parent_id, requests
 
 
-def identity_tags(loaded: LoadedSpec) -> dict[str, str]:
-    """What makes two runs of a spec the same experiment: the spec's hash (seeds aside), the
-    versions of marlctl and torch, and the env package with its version."""
-    from marlctl.envs.registry import env_package
-
-    env = loaded.spec.env
-    return {
-        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
-        "marlctl.versions": tracking.package_versions(),
-        tracking.ENV_PACKAGE_TAG: env_package(env.id, env.backend),
-    }
-
-
 def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     """Tags every run of a spec carries: what it trains and with which code."""
     from marlctl.plan import unused_fields
@@ -213,47 +200,6 @@ def run_tags(loaded: LoadedSpec, plan: Plan) -> dict[str, str]:
     else:
         tags[tracking.NO_COMMIT_TAG] = why_not or "unknown"
     return tags
-
-
-def _seed_runs(loaded, plan, status: str) -> list:
-    """The seed runs of this spec (`identity_tags`) in its store with `status`, newest first."""
-    client = tracking.client_for(loaded.spec.tracking.uri)
-    experiment = client.get_experiment_by_name(plan.experiment)
-    if experiment is None:
-        return []
-    query = " and ".join(f"tags.`{k}` = '{_quoted(v)}'" for k, v in identity_tags(loaded).items())
-    return client.search_runs(
-        [experiment.experiment_id],
-        f"{query} and status = '{status}'",
-        order_by=["attributes.start_time DESC"],
-    )
-
-
-def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
-    """The seeds of this spec (`identity_tags`) that finished in its store with a final
-    `metric`, by seed: their value and run id, the newest run of a seed trained more than once."""
-    found: dict[int, tuple[float, str]] = {}
-    for run in _seed_runs(loaded, plan, "FINISHED"):
-        seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
-        if seed is not None and value is not None:
-            found.setdefault(int(seed), (value, run.info.run_id))
-    return found
-
-
-def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
-    """The seeds of this spec whose run in its store was stopped (KILLED: Ctrl-C or SIGTERM,
-    after a checkpoint), by seed: the newest such run's id, which `resume` continues, and its
-    parent's. A run left RUNNING may be training elsewhere: `run --resume` takes it."""
-    found: dict[int, tuple[str, str]] = {}
-    for run in _seed_runs(loaded, plan, "KILLED"):
-        seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
-        if seed is not None:
-            found.setdefault(int(seed), (run.info.run_id, parent or run.info.run_id))
-    return found
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def resume(

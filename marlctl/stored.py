@@ -1,6 +1,7 @@
 """What a run keeps in the tracking store, read back: its seed runs, its spec's artifact
-name, its policy weights. A leaf: evaluation, resuming, frozen opponents and cross-play read
-runs through it, and it imports none of them."""
+name, its policy weights, and which of a spec's seeds the store holds finished or stopped.
+A leaf: evaluation, resuming, frozen opponents and cross-play read runs through it, and it
+imports none of them."""
 
 from __future__ import annotations
 
@@ -118,3 +119,65 @@ def load_into(trainer, policies: Any, artifact: str) -> None:
     except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
         message = f"'{artifact}' does not fit this run's networks: {one_line(str(err))}"
         raise SpecError.at("--checkpoint", message) from None
+
+
+def identity_tags(loaded) -> dict[str, str]:
+    """What makes two runs of a spec the same experiment: the spec's hash (seeds aside), the
+    versions of marlctl and torch, and the env package with its version."""
+    from marlctl.envs.registry import env_package
+
+    env = loaded.spec.env
+    return {
+        "marlctl.spec_hash": tracking.spec_hash(loaded.resolved),
+        "marlctl.versions": tracking.package_versions(),
+        tracking.ENV_PACKAGE_TAG: env_package(env.id, env.backend),
+    }
+
+
+def _seed_runs(loaded, plan, status: str) -> list:
+    """The seed runs of this spec (`identity_tags`) in its store with `status`, newest first."""
+    client = tracking.client_for(loaded.spec.tracking.uri)
+    experiment = client.get_experiment_by_name(plan.experiment)
+    if experiment is None:
+        return []
+    query = " and ".join(f"tags.`{k}` = '{_quoted(v)}'" for k, v in identity_tags(loaded).items())
+    return client.search_runs(
+        [experiment.experiment_id],
+        f"{query} and status = '{status}'",
+        order_by=["attributes.start_time DESC"],
+    )
+
+
+def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
+    """The seeds of this spec (`identity_tags`) that finished in its store with a final
+    `metric`, by seed: their value and run id, the newest run of a seed trained more than once."""
+    found: dict[int, tuple[float, str]] = {}
+    for run in _seed_runs(loaded, plan, "FINISHED"):
+        seed, value = run.data.tags.get("marlctl.seed"), run.data.metrics.get(metric)
+        if seed is not None and value is not None:
+            found.setdefault(int(seed), (value, run.info.run_id))
+    return found
+
+
+def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
+    """The seeds of this spec whose run in its store was stopped, by seed: the newest such
+    run's id, which `resume` continues, and its parent's. Stopped: KILLED (Ctrl-C or SIGTERM,
+    after a checkpoint), or left RUNNING by a process of this machine that has ended without
+    a word (`marlctl.processes`); a run RUNNING elsewhere may be training: `run --resume`."""
+    from marlctl.processes import PROCESS_TAG, ended
+
+    running = [
+        r for r in _seed_runs(loaded, plan, "RUNNING") if ended(r.data.tags.get(PROCESS_TAG))
+    ]
+    found: dict[int, tuple[str, str]] = {}
+    for run in sorted(
+        [*_seed_runs(loaded, plan, "KILLED"), *running], key=lambda r: -r.info.start_time
+    ):
+        seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
+        if seed is not None:
+            found.setdefault(int(seed), (run.info.run_id, parent or run.info.run_id))
+    return found
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")

@@ -573,6 +573,66 @@ def test_an_interrupted_resume_starts_no_other_seed(tmp_path, monkeypatch):
     assert cell["kind"] == "interrupted"
 
 
+def test_a_process_is_known_ended_only_on_its_own_machine_and_boot():
+    import os
+    import socket
+    import subprocess
+
+    from marlctl import processes
+
+    assert not processes.ended(processes.identity())  # this process lives
+    child = subprocess.Popen(["sleep", "30"])
+    recorded = processes.identity(child.pid)
+    assert not processes.ended(recorded)
+    child.kill()
+    child.wait()
+    assert processes.ended(recorded)
+    host, boot, pid, start = processes.identity().split("/")
+    assert processes.ended(f"{host}/{boot}/{pid}/{int(start) + 1}")  # its pid, reused
+    assert processes.ended(f"{host}/{'0' * 8}/{pid}/{start}")  # the machine restarted since
+    assert not processes.ended(f"elsewhere-{socket.gethostname()}/{boot}/{child.pid}/{start}")
+    assert not processes.ended(None) and not processes.ended("garbled")
+    assert host == socket.gethostname() and pid == str(os.getpid())
+
+
+def test_a_seed_left_running_by_a_process_that_died_resumes_from_its_checkpoint(tmp_path):
+    import json
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from marlctl import processes, tracking
+    from marlctl.cli import app
+    from marlctl.train.runner import RESUMED_TAG
+
+    spec = TINY_SPEC.replace("checkpoint_every: 0", "checkpoint_every: 1000")
+    spec = spec.replace("batch_seeds: true", "batch_seeds: false")
+    path, cell = reproduced_once(tmp_path, spec, seeds=3)
+    client = tracking.client_for(None)
+    for run_id in cell["run_ids"]:  # every seed run says which process trained it
+        recorded = client.get_run(run_id).data.tags[processes.PROCESS_TAG]
+        assert recorded.count("/") == 3, recorded
+    child = subprocess.Popen(["sleep", "30"])
+    killed = processes.identity(child.pid)
+    child.kill()  # as SIGKILL, the out-of-memory killer or a power cut leaves a run
+    child.wait()
+    dead, alive = cell["run_ids"][1], cell["run_ids"][2]
+    for run_id, recorded in ((dead, killed), (alive, processes.identity())):
+        client.update_run(run_id, status="RUNNING")
+        client.set_tag(run_id, processes.PROCESS_TAG, recorded)
+    runner = CliRunner()
+    dry = runner.invoke(app, ["reproduce", str(path), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    (row,) = json.loads(dry.stdout)["cells"]
+    assert row["finished"] == 1 and row["resumed"] == 1  # the live one is left to its process
+    assert client.get_run(dead).info.status == "RUNNING"  # a dry run writes nothing
+    again = runner.invoke(app, ["reproduce", str(path), "--json"])
+    assert again.exit_code == 0, again.output
+    run = client.get_run(dead)
+    assert run.info.status == "FINISHED" and run.data.tags[RESUMED_TAG] == "2000"
+    assert client.get_run(alive).info.status == "RUNNING"
+
+
 def test_a_cell_s_stopped_seeds_resume_as_one_batch_where_their_checkpoints_agree(
     tmp_path, monkeypatch
 ):

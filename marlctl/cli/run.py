@@ -96,7 +96,7 @@ def run(
 def _unfinished(spec: str, overrides: list[str] | None, loaded, plan, as_json: bool):
     """The spec and plan of the seeds the store does not hold finished; (loaded, None) where
     every seed finished before, which it prints."""
-    from marlctl.launch import finished_seeds
+    from marlctl.stored import finished_seeds
 
     done = finished_seeds(loaded, plan, "eval/return_mean")
     todo = [r.seed for r in plan.runs if r.seed not in done]

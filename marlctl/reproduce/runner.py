@@ -14,12 +14,12 @@ from typing import Any
 
 from marlctl import tracking
 from marlctl.errors import SpecError
-from marlctl.launch import finished_seeds, stopped_seeds
 from marlctl.report.references import CellReference, Point
 from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
 from marlctl.reproduce.conventions import SAMPLED, Refused, Translated, translate
 from marlctl.reproduce.suite import Cell, load_suite
+from marlctl.stored import finished_seeds, stopped_seeds
 
 # Env parameters that fix an episode's length, by the names the env families use.
 EPISODE_LENGTH_PARAMS = ("max_cycles", "max_steps", "max_episode_steps")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marlctl import processes
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.info import EnvInfo
 from marlctl.plan import RunPlan, learner_info
@@ -139,7 +140,9 @@ def execute_batch(requests: list[RunRequest], progress: Progress | None = None) 
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {plan.device} requested but CUDA is not available")
         every = spec.tracking.flush_every_s
+        trainer_process = processes.identity()
         for request in requests:
+            client.set_tag(request.run_id, processes.PROCESS_TAG, trainer_process)
             sinks.append(tracking.MetricSink(client, request.run_id, every, request.logged_until))
         _train(spec, requests, client, sinks, device, results, progress, ended)
         for sink in sinks:
