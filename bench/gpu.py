@@ -61,8 +61,11 @@ JAXMARL_IPPO = (
     "algo.lr=2.5e-4", "algo.anneal_lr=true", "algo.max_grad_norm=0.5", "algo.value_coef=0.5",
     "algo.entropy_coef=0.01", "algo.clip=0.2", "algo.gamma=0.99", "algo.gae_lambda=0.95",
     "algo.huber_delta=null", "algo.value_norm=false", "model.activation=tanh",
-    "model.layer_norm=false",
+    "model.layer_norm=false", "algo.bootstrap_time_limit=false",
 )  # fmt: skip
+# What records measured before their settings were kept with them ran: the above but the time
+# limit, which JaxMARL's GAE treats as a termination and marlctl then bootstrapped through.
+EARLIER_IPPO = JAXMARL_IPPO[:-1]
 OFF_POLICY = ("qmix", "masac", "maddpg", "iql", "vdn", "matd3")
 
 
@@ -298,6 +301,7 @@ def main() -> None:
         }
         for key in args.ippo_modes:
             results[key] = marlctl("bench", str(SPEC), *JAXMARL_IPPO, *timing, *modes[key])
+            results[key]["settings"] = list(JAXMARL_IPPO)
         results["ippo_jaxmarl"] = jaxmarl("ippo", sizes)
     if "startup" in args.sections:
         results["startup"] = startup(args.device)
@@ -412,19 +416,20 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
             "",
         ]
     if "ippo" in results:
-        settings = " ".join(JAXMARL_IPPO)
         tf32 = points(results["ippo_tf32"], "train") if "ippo_tf32" in results else None
         lines += [
             "## IPPO with JaxMARL's hyperparameters (its `ippo_ff_mpe.py`)",
             "",
             *measured("ippo"),
-            f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
-            "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call. JAX multiplies "
-            "float32 matrices in TF32 on this GPU by default (its default matmul precision); "
-            "marlctl in full float32 unless `hardware.tf32=true` (the TF32 column)."
-            if tf32 is not None
-            else f"marlctl: `marlctl bench specs/spread_mappo_native.yaml {settings}`. JaxMARL: "
-            "`bench/gpu_jaxmarl.py --work ippo`, 10 updates per timed call.",
+            f"marlctl: {_ippo_settings(results)}. JaxMARL: `bench/gpu_jaxmarl.py --work ippo`, "
+            "10 updates per timed call."
+            + (
+                " JAX multiplies float32 matrices in TF32 on this GPU by default (its default "
+                "matmul precision); marlctl in full float32 unless `hardware.tf32=true` (the "
+                "TF32 column)."
+                if tf32 is not None
+                else ""
+            ),
             "",
             *table(
                 compare(merged(results, "ippo", "train"), results["ippo_jaxmarl"], sizes, tf32),
@@ -538,6 +543,19 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
                 "",
             ]
     out.write_text("\n".join(lines))
+
+
+def _ippo_settings(results: dict) -> str:
+    """The `marlctl bench` command of the IPPO columns, each group of columns with its own
+    where their records ran with different settings."""
+    by: dict[tuple[str, ...], list[str]] = {}
+    for key in ("ippo", "ippo_compiled", "ippo_tf32"):
+        if key in results:
+            by.setdefault(tuple(results[key].get("settings", EARLIER_IPPO)), []).append(key)
+    commands = {s: f"`marlctl bench specs/spread_mappo_native.yaml {' '.join(s)}`" for s in by}
+    if len(by) == 1:
+        return next(iter(commands.values()))
+    return "; ".join(f"{commands[s]} ({', '.join(keys)})" for s, keys in by.items())
 
 
 def _first_eval(first: dict) -> str:

@@ -88,6 +88,7 @@ def profile_case(label, overrides, num_envs, device_name, out: Path, capture=Tru
         "env_steps_per_s": trainer.steps_per_iteration / wall,
         "device_ms_per_iteration": busy_us / 1e3, "kernels_per_iteration": kernels,
         "setup_s": ready, "machine": machine(device_name), "date": date.today().isoformat(),
+        "overrides": list(overrides),
     }  # fmt: skip
     print(json.dumps(row), flush=True)
     with (out / "gpu_profile.jsonl").open("a") as sink:
@@ -120,6 +121,16 @@ def write_table(out: Path) -> None:
         "",
         "Measured " + "; ".join(where) + ".",
         "",
+        *(
+            [
+                "Rows without their overrides recorded ran IPPO with `bench/gpu.py`'s "
+                "`EARLIER_IPPO`: bootstrapping through MPE's time limit, which JaxMARL "
+                "does not.",
+                "",
+            ]
+            if any("overrides" not in r and r["label"].startswith("ippo") for r in rows)
+            else []
+        ),
         *table(
             body,
             ["case", "mode", "num_envs", "wall ms", "device ms", "busy", "kernels", "env steps/s"],
