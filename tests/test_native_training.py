@@ -11,6 +11,8 @@ import pytest
 import torch
 from test_training import client, random_policy_return, run_cli, run_json, write_spec
 
+from marlctl.spec.models import Spec
+
 SPREAD = {"N": 2, "max_cycles": 10}
 
 
@@ -212,6 +214,59 @@ def test_replay_based_iterations_never_sync_with_the_host_on_cuda(algo):
     with no_host_sync():
         for _ in range(3):
             ob, _ = trainer.train_iteration(env, ob)
+
+
+ROLLOUT_CASES = {
+    "mappo-spread-2-seeds": ("mappo", "mpe/simple_spread", (0, 1), {}),
+    "ippo-continuous": ("ippo", "mpe/simple_spread", (2,), {"continuous_actions": True}),
+    "mappo-recurrent-masked": ("mappo", "lbf/Foraging-8x8-2p-2f-coop-v3", (3,), "gru"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROLLOUT_CASES))
+def test_compiled_rollout_steps_collect_what_eager_ones_collect(case):
+    """`hardware.compile: true` runs each group's part of a rollout step, and the episode
+    statistics, compiled: from the same weights and env seeds, the same actions, and the
+    same log-probabilities, values and returns up to the rounding of fused kernels."""
+    from marlctl.envs.native import native_class
+    from marlctl.train.build import build_trainer
+
+    algo, env_id, seeds, extra = ROLLOUT_CASES[case]
+    params = extra if isinstance(extra, dict) else {}
+    model = {"recurrent": extra} if isinstance(extra, str) else {}
+    spec = Spec.model_validate(
+        {
+            "env": {"id": env_id, "backend": "native", "params": params},
+            "algo": {"name": algo, "rollout_steps": 6, "epochs": 1, "minibatches": 1},
+            "model": model,
+            "hardware": {"device": "cpu"},
+        }
+    )
+    device, num_envs = torch.device("cpu"), 16
+    runs = []
+    for compiled in (False, True):
+        env = native_class(env_id)(dict(spec.env.params), num_envs * len(seeds), device,
+                                   seeds=len(seeds))  # fmt: skip
+        trainer = build_trainer(spec, env.info, num_envs, device, 100, seeds)
+        if compiled:
+            trainer.compile()
+        runs.append((trainer, env, env.reset(list(seeds) if len(seeds) > 1 else seeds[0])))
+    (eager, env_e, ob_e), (fused, env_c, ob_c) = runs
+    fused.load_state_dict(eager.state_dict())
+    for _ in range(3):  # the regions' first call runs eagerly, the later ones compiled
+        ours, ob_e, _ = eager.collect(env_e, ob_e)
+        theirs, ob_c, _ = fused.collect(env_c, ob_c)
+        for name, rollout in ours.items():
+            if rollout.actions.is_floating_point():  # mean + std * noise, rounded apart
+                assert torch.allclose(rollout.actions, theirs[name].actions, atol=1e-5), name
+            else:
+                assert torch.equal(rollout.actions, theirs[name].actions), name
+            for field in ("log_probs", "values", "rewards"):
+                a, b = getattr(rollout, field), getattr(theirs[name], field)
+                assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (name, field)
+    assert torch.allclose(eager.stats.sums, fused.stats.sums, rtol=1e-4, atol=1e-5)
+    assert torch.equal(eager.stats.counts, fused.stats.counts)
+    assert all(region.draws is not None for region in fused._act.values())
 
 
 @pytest.mark.slow

@@ -76,6 +76,7 @@ class OnPolicyTrainer(Trainer):
         critic_params = [p for pol in self.policies.values() for p in pol.critic.parameters()]
         self.actor_params, self.critic_params = actor_params, critic_params
         self.optimizers = self.make_optimizers()
+        self._act: dict = {}  # compiled regions of a rollout step, by group (`compile`)
         S = len(self.seeds)
         self._hidden = {
             name: (
@@ -130,6 +131,30 @@ class OnPolicyTrainer(Trainer):
             actions[name] = pol.env_action(action)
         return actions
 
+    def _act_group(self, name: str, a_in, c_in, mask, h_a, h_c) -> tuple:
+        """Group `name`'s part of a rollout step: its sampled action, the action's
+        log-probability, the value (denormalised), the action as the env takes it
+        (`[S * envs, ...]`) and the next recurrent states. With `hardware.compile: true`,
+        one compiled region per group (`compile`)."""
+        pol = self.policies[name]
+        dist, h_a = pol.distribution(a_in, mask, h_a)
+        value, h_c = pol.value(c_in, h_c)
+        action = self._sample(pol, dist)
+        logp = log_prob(dist, action, pol.group.discrete)
+        env_action = pol.env_action(action).flatten(0, 1)
+        return action, logp, pol.value_norm.denormalize(value), env_action, h_a, h_c
+
+    def compile(self) -> None:
+        """The networks compiled, each group's part of a rollout step compiled whole
+        (`marlctl.train.regions`: its random draws made ahead of it), and the episode
+        statistics' bookkeeping: a step's policy, sampling, log-probability, value and
+        returns as a few fused kernels instead of dozens."""
+        super().compile()
+        from marlctl.train.regions import Region
+
+        self._act = {name: Region(self, self._act_group) for name in self.policies}
+        self.stats.record = torch.compile(self.stats.record, dynamic=False)
+
     def _sample(self, pol: GroupPolicy, dist) -> torch.Tensor:
         if pol.group.discrete:
             return self.sample_categorical(dist.probs)
@@ -157,22 +182,23 @@ class OnPolicyTrainer(Trainer):
                     h_a, h_c = (reset_where(h, self._first) for h in self._hidden[name])
                     if t == 0:
                         self._start_hidden[name] = (h_a, h_c)
-                dist, h_a = pol.distribution(a_in, split.masks[name], h_a)
-                value, h_c = pol.value(c_in, h_c)
+                act = self._act.get(name, self._act_group)
+                action, logp, value, env_action, h_a, h_c = act(
+                    name, a_in, c_in, split.masks[name], h_a, h_c
+                )
                 if self.recurrent:
                     self._hidden[name] = (h_a, h_c)
                 critic_h[name] = h_c
-                action = self._sample(pol, dist)
                 b = buf[name]
                 b["actor_in"].append(a_in)
                 b["critic_in"].append(split.state if pol.centralised else None)
                 b["actions"].append(action)
-                b["log_probs"].append(log_prob(dist, action, pol.group.discrete))
-                b["values"].append(pol.value_norm.denormalize(value))
+                b["log_probs"].append(logp)
+                b["values"].append(value)
                 b["active"].append(split.active[name])
                 b["masks"].append(split.masks[name])
                 b["first"].append(self._first)
-                actions[name] = pol.env_action(action).flatten(0, 1)
+                actions[name] = env_action
             tr = env.step(actions)
             done = (tr.terminated | tr.truncated).view(S, -1)
             rewards = {k: v.view(S, -1, *v.shape[1:]) for k, v in tr.rewards.items()}
