@@ -77,6 +77,41 @@ def count(algo: str, compiled: bool) -> dict:
     return {"dispatched": len(top) / STEPS, "all": len(events) / STEPS}
 
 
+def count_rollout(compiled: bool) -> dict:
+    """Operators per step of an on-policy rollout: IPPO with `bench/gpu.py`'s JaxMARL
+    settings, 64 envs, each group's acting, the env step and the episode statistics."""
+    import torch
+    from gpu import JAXMARL_IPPO
+    from torch.profiler import ProfilerActivity, profile
+
+    from marlctl.plan import compile_plan, learner_info
+    from marlctl.spec import load_spec
+    from marlctl.train.runner import build_trainer, make_env
+
+    overrides = [*JAXMARL_IPPO, "algo.rollout_steps=8", "hardware.num_envs=64",
+                 "hardware.device=cpu", "seeds=[0]"]  # fmt: skip
+    if compiled:
+        overrides.append("hardware.compile=true")
+    loaded = load_spec(SPEC, overrides)
+    plan = compile_plan(loaded)
+    spec, info = loaded.spec, plan.env
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    trainer = build_trainer(spec, learner_info(info, spec), 64, device, 1_000, (0,))
+    env = make_env(spec, info, 64, device)
+    if compiled:
+        env.compile()
+    ob = env.reset(0)
+    for _ in range(2):  # the first compiles
+        _, ob, _ = trainer.collect(env, ob)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.collect(env, ob)
+    steps = spec.algo.rollout_steps
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    return {"dispatched": len(top) / steps, "all": len(events) / steps}
+
+
 def commit() -> str:
     done = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -91,24 +126,37 @@ def main() -> None:
     parser.add_argument("--label", help="the rows' label (default: this checkout's commit)")
     parser.add_argument("--baseline", default="3ba90aa", help="the label to compare with")
     parser.add_argument("--table", action="store_true", help="only rewrite the table")
+    parser.add_argument(
+        "--rollout", action="store_true", help="IPPO's rollout steps instead of gradient steps"
+    )
+    parser.add_argument(
+        "--rollout-baseline", default="b6f3769", help="the label to compare rollout steps with"
+    )
     args = parser.parse_args()
     if not args.table:
         label = args.label or commit()
         with JSONL.open("a") as sink:
-            for algo in args.algos:
+            for algo in ["ippo"] if args.rollout else args.algos:
                 for mode in args.modes:
                     row = {"label": label, "algo": algo, "mode": mode}
-                    row |= count(algo, mode == "compiled")
+                    if args.rollout:
+                        row |= {"kind": "rollout"} | count_rollout(mode == "compiled")
+                    else:
+                        row |= count(algo, mode == "compiled")
                     print(json.dumps(row), flush=True)
                     sink.write(json.dumps(row) + "\n")
-    write_table(args.baseline)
+    write_table(args.baseline, args.rollout_baseline)
     print(OUT.read_text())
 
 
-def write_table(baseline: str) -> None:
+def write_table(baseline: str, rollout_baseline: str) -> None:
     rows: dict[tuple[str, str, str], dict] = {}
+    rollout: dict[tuple[str, str], dict] = {}
     for line in JSONL.read_text().splitlines():
         row = json.loads(line)
+        if row.get("kind") == "rollout":
+            rollout[(row["label"], row["mode"])] = row
+            continue
         rows[(row["label"], row["algo"], row["mode"])] = row  # the latest of each
     labels = list(dict.fromkeys(label for label, _, _ in rows if label != baseline))
     latest = labels[-1] if labels else baseline
@@ -126,22 +174,43 @@ def write_table(baseline: str) -> None:
         "| all, baseline | eager | compiled |",
         "|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(row: dict, key: str) -> str:
+        return f"{row[key]:,.0f}" if row else "—"
+
     for algo in ALGOS:
         base = rows.get((baseline, algo, "eager"), {})
         eager = rows.get((latest, algo, "eager"), {})
         comp = rows.get((latest, algo, "compiled"), {})
         if not (base or eager or comp):
             continue
-
-        def cell(row: dict, key: str) -> str:
-            return f"{row[key]:,.0f}" if row else "—"
-
         share = f"{comp['dispatched'] / base['dispatched']:.2f}" if base and comp else "—"
         lines.append(
             f"| {algo} | {cell(base, 'dispatched')} | {cell(eager, 'dispatched')} "
             f"| {cell(comp, 'dispatched')} | {share} | {cell(base, 'all')} "
             f"| {cell(eager, 'all')} | {cell(comp, 'all')} |"
         )
+    if rollout:
+        now = [label for label, _ in rollout if label != rollout_baseline][-1:] or [""]
+        lines += [
+            "",
+            "## Operators dispatched per on-policy rollout step",
+            "",
+            "`python bench/ops.py --rollout`: IPPO with `bench/gpu.py`'s JaxMARL settings, 64 "
+            "envs, one seed, per step of a rollout (each group's acting, the env step, the "
+            "episode statistics). 'compiled': `hardware.compile: true`, which compiles the "
+            "networks and the env step, and since " + now[0] + " each group's acting and the "
+            "episode statistics as regions of their own.",
+            "",
+            "| checkout | dispatched, eager | compiled | all, eager | compiled |",
+            "|---|---|---|---|---|",
+        ]
+        for label in dict.fromkeys(label for label, _ in rollout):
+            eager, comp = rollout.get((label, "eager"), {}), rollout.get((label, "compiled"), {})
+            lines.append(
+                f"| {label} | {cell(eager, 'dispatched')} | {cell(comp, 'dispatched')} "
+                f"| {cell(eager, 'all')} | {cell(comp, 'all')} |"
+            )
     OUT.write_text("\n".join(lines) + "\n")
 
 

@@ -355,7 +355,8 @@ class HardwareSpec(Strict):
         description="On a GPU: capture each training iteration (rollout, advantages, every "
         "minibatch update) as one CUDA graph and replay it, for on-policy algorithms on the "
         "native backend; capturing takes a second or two. true also torch.compiles the "
-        "networks and the native env's step, on any device (seconds of compilation first, "
+        "networks, the native env's step, an on-policy rollout step's acting and a "
+        "replay-based gradient step's losses, on any device (seconds of compilation first, "
         "fused kernels after). auto = capture on a GPU where the run allows it, eager on a "
         "CPU; false = eager everywhere. Compare with `marlctl bench SPEC`.",
     )
