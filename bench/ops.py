@@ -31,28 +31,41 @@ ALGOS = ("qmix", "vdn", "iql", "maddpg", "matd3", "masac", "hasac")
 STEPS = 10
 
 
-def count(algo: str, compiled: bool) -> dict:
+def _built(overrides: list[str]):
+    """The spec's trainer and env with `overrides`, 64 envs, one seed, on one CPU thread."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from marlctl.plan import compile_plan, learner_info
     from marlctl.spec import load_spec
     from marlctl.train.runner import build_trainer, make_env
 
-    overrides = [
-        f"algos={algo}", "~algo.epochs", "~algo.minibatches", "~algo.lr", "~model.activation",
-        "algo.batch_size=256", "algo.updates=8", "algo.gamma=0.9", "hardware.num_envs=64",
-        "hardware.device=cpu", "seeds=[0]",
-    ]  # fmt: skip
-    loaded = load_spec(SPEC, overrides)
+    fixed = ["hardware.num_envs=64", "hardware.device=cpu", "seeds=[0]"]
+    loaded = load_spec(SPEC, [*overrides, *fixed])
     plan = compile_plan(loaded)
     spec, info = loaded.spec, plan.env
     torch.set_num_threads(1)
     device = torch.device("cpu")
     trainer = build_trainer(spec, learner_info(info, spec), 64, device, 1_000, (0,))
+    return spec, trainer, make_env(spec, info, 64, device)
+
+
+def _per_step(prof, steps: int) -> dict:
+    """ATen operators per step: called from Python ('dispatched'), and all."""
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    return {"dispatched": len(top) / steps, "all": len(events) / steps}
+
+
+def count(algo: str, compiled: bool) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    overrides = [
+        f"algos={algo}", "~algo.epochs", "~algo.minibatches", "~algo.lr", "~model.activation",
+        "algo.batch_size=256", "algo.updates=8", "algo.gamma=0.9",
+    ]  # fmt: skip
+    _, trainer, env = _built(overrides)
     if compiled:
         trainer.compile()
-    env = make_env(spec, info, 64, device)
     ob = env.reset(0)
     while not trainer.ready():
         ob, _ = trainer.train_iteration(env, ob)
@@ -72,33 +85,17 @@ def count(algo: str, compiled: bool) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(STEPS):
             step()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
-    return {"dispatched": len(top) / STEPS, "all": len(events) / STEPS}
+    return _per_step(prof, STEPS)
 
 
 def count_rollout(compiled: bool) -> dict:
     """Operators per step of an on-policy rollout: IPPO with `bench/gpu.py`'s JaxMARL
-    settings, 64 envs, each group's acting, the env step and the episode statistics."""
-    import torch
+    settings, each group's acting, the env step and the episode statistics."""
     from gpu import JAXMARL_IPPO
     from torch.profiler import ProfilerActivity, profile
 
-    from marlctl.plan import compile_plan, learner_info
-    from marlctl.spec import load_spec
-    from marlctl.train.runner import build_trainer, make_env
-
-    overrides = [*JAXMARL_IPPO, "algo.rollout_steps=8", "hardware.num_envs=64",
-                 "hardware.device=cpu", "seeds=[0]"]  # fmt: skip
-    if compiled:
-        overrides.append("hardware.compile=true")
-    loaded = load_spec(SPEC, overrides)
-    plan = compile_plan(loaded)
-    spec, info = loaded.spec, plan.env
-    torch.set_num_threads(1)
-    device = torch.device("cpu")
-    trainer = build_trainer(spec, learner_info(info, spec), 64, device, 1_000, (0,))
-    env = make_env(spec, info, 64, device)
+    overrides = [*JAXMARL_IPPO, "algo.rollout_steps=8"]
+    spec, trainer, env = _built(overrides + ["hardware.compile=true"] * compiled)
     if compiled:
         env.compile()
     ob = env.reset(0)
@@ -106,10 +103,7 @@ def count_rollout(compiled: bool) -> dict:
         _, ob, _ = trainer.collect(env, ob)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainer.collect(env, ob)
-    steps = spec.algo.rollout_steps
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    top = [e for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
-    return {"dispatched": len(top) / steps, "all": len(events) / steps}
+    return _per_step(prof, spec.algo.rollout_steps)
 
 
 def commit() -> str:
