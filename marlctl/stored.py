@@ -134,18 +134,22 @@ def identity_tags(loaded) -> dict[str, str]:
     }
 
 
-def _seed_runs(loaded, plan, status: str) -> list:
-    """The seed runs of this spec (`identity_tags`) in its store with `status`, newest first."""
+def _seed_runs(loaded, plan, *statuses: str) -> list:
+    """The seed runs of this spec (`identity_tags`) in its store with one of `statuses`,
+    newest first."""
     client = tracking.client_for(loaded.spec.tracking.uri)
     experiment = client.get_experiment_by_name(plan.experiment)
     if experiment is None:
         return []
     query = " and ".join(f"tags.`{k}` = '{_quoted(v)}'" for k, v in identity_tags(loaded).items())
-    return client.search_runs(
-        [experiment.experiment_id],
-        f"{query} and status = '{status}'",
-        order_by=["attributes.start_time DESC"],
-    )
+    found = [
+        run
+        for status in statuses
+        for run in client.search_runs(
+            [experiment.experiment_id], f"{query} and status = '{status}'"
+        )
+    ]
+    return sorted(found, key=lambda run: -run.info.start_time)
 
 
 def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
@@ -166,13 +170,10 @@ def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
     a word (`marlctl.processes`); a run RUNNING elsewhere may be training: `run --resume`."""
     from marlctl.processes import PROCESS_TAG, ended
 
-    running = [
-        r for r in _seed_runs(loaded, plan, "RUNNING") if ended(r.data.tags.get(PROCESS_TAG))
-    ]
     found: dict[int, tuple[str, str]] = {}
-    for run in sorted(
-        [*_seed_runs(loaded, plan, "KILLED"), *running], key=lambda r: -r.info.start_time
-    ):
+    for run in _seed_runs(loaded, plan, "KILLED", "RUNNING"):
+        if run.info.status == "RUNNING" and not ended(run.data.tags.get(PROCESS_TAG)):
+            continue  # may be training still
         seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
         if seed is not None:
             found.setdefault(int(seed), (run.info.run_id, parent or run.info.run_id))

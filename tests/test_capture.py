@@ -220,16 +220,17 @@ def test_a_captured_run_learns_and_reports_its_capture(tmp_path):
 def test_hardware_tf32_sets_the_float32_precision_of_cuda_matrix_products(tf32):
     from marlctl.train.build import set_float32_precision
 
-    spec = Spec.model_validate(
-        {"env": {"id": "mpe/simple_spread"}, "algo": {"name": "mappo"}, "hardware": {"tf32": tf32}}
-    )
-    set_float32_precision(spec)
+    def spec(on: bool) -> Spec:
+        body = {"env": {"id": "mpe/simple_spread"}, "algo": {"name": "mappo"}}
+        return Spec.model_validate({**body, "hardware": {"tf32": on}})
+
+    set_float32_precision(spec(tf32))
     try:
         want = "tf32" if tf32 else "ieee"
         assert torch.backends.cuda.matmul.fp32_precision == want
         assert torch.backends.cudnn.conv.fp32_precision == want
     finally:
-        set_float32_precision(Spec.model_validate({**spec.model_dump(), "hardware": {}}))
+        set_float32_precision(spec(False))  # the default, for the tests after this one
 
 
 @cuda

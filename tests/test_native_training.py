@@ -220,6 +220,7 @@ ROLLOUT_CASES = {
     "mappo-spread-2-seeds": ("mappo", "mpe/simple_spread", (0, 1), {}),
     "ippo-continuous": ("ippo", "mpe/simple_spread", (2,), {"continuous_actions": True}),
     "mappo-recurrent-masked": ("mappo", "lbf/Foraging-8x8-2p-2f-coop-v3", (3,), "gru"),
+    "mappo-smax-wins": ("mappo", "smax/3m", (4,), {}),  # statistics with won battles
 }
 
 
@@ -266,6 +267,9 @@ def test_compiled_rollout_steps_collect_what_eager_ones_collect(case):
                 assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (name, field)
     assert torch.allclose(eager.stats.sums, fused.stats.sums, rtol=1e-4, atol=1e-5)
     assert torch.equal(eager.stats.counts, fused.stats.counts)
+    for field in ("wins", "count"):
+        ours, theirs = getattr(eager.stats, field), getattr(fused.stats, field)
+        assert (ours is None and theirs is None) or torch.equal(ours, theirs), field
     assert all(region.draws is not None for region in fused._act.values())
 
 
