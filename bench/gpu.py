@@ -10,7 +10,7 @@ Measures on the first CUDA device, in one run:
    products on these GPUs), and JaxMARL's own (`bench/gpu_jaxmarl.py --work ippo`), whose
    compile time is reported apart;
 3. the replay-based algorithms at 1,024 envs with the reproduction benchmark's
-   update-to-data ratio (`bench/algorithms.py`: 2 gradient steps per 32 env steps): eager,
+   update-to-data ratio (`suites/baseline-mpe.yaml`: 2 gradient steps per 32 env steps): eager,
    captured as a CUDA graph (`hardware.compile: auto`), and captured with their gradient
    steps' losses compiled (`hardware.compile: true`);
 4. start-up: a tiny run (`marlctl run specs/spread_mappo_native.yaml hardware.device=cuda

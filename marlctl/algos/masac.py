@@ -52,9 +52,9 @@ class MASACConfig(OffPolicyConfig):
         description="Agents of a group share one critic (their agent id appended), as "
         "`model.sharing` lets actors share; false = a critic per agent, as in MADDPG (Lowe et "
         "al. 2017). A critic that values each of its agent's own actions must then tell the "
-        "agents apart by id alone: shared, it did not learn MPE simple_spread (-20 per agent "
-        "at 250k env steps, 3 seeds; a critic per agent: -17 there, and -12.2 at 1M, 5 seeds, "
-        "`bench/results/algorithms.md`).",
+        "agents apart by id alone: shared, it did not learn MPE simple_spread (-20.5 per "
+        "agent at 250k env steps, 3 seeds, as `bench/results/algorithms.jsonl` records); a "
+        "critic per agent reaches -12.8 at 1M (5 seeds, `bench/results/baseline-mpe.md`).",
     )
     actor_joint_action: Literal["sampled", "current"] = Field(
         "sampled",
