@@ -1,26 +1,39 @@
-"""Peer reference: JaxMARL's own IPPO baseline on MPE simple_spread, run here, as a suite.
+"""Peer reference: JaxMARL's own IPPO baselines, run here, as suites: on MPE simple_spread
+(`--work mpe`) and on SMAX against its heuristic enemies (`--work smax`).
 
 JaxMARL ships its baselines beside its package, not in it: `--repo` is a checkout of
 FLAIROx/JaxMARL (its commit is recorded; `--commit` names it where the folder is not a git
-checkout). In `.venv-jaxmarl` (`--setup` makes it: the jaxmarl release and what the baseline
-imports), the script runs `baselines/IPPO/ippo_ff_mpe.py`'s own `make_train` with its own
-`config/ippo_ff_mpe.yaml`, its `NUM_SEEDS` seeds from its `SEED` vmapped as its `main` does,
-wandb disabled as the config's `WANDB_MODE` says; only `TOTAL_TIMESTEPS` is set (`--steps`).
+checkout). In `.venv-jaxmarl` (`--setup` makes it: the jaxmarl release and what the baselines
+import) the script runs the baseline's own `make_train` with its own config; wandb stays
+disabled as the config's `WANDB_MODE` says; only `TOTAL_TIMESTEPS` (`--steps`) and, on SMAX,
+`MAP_NAME` (`--map`) are set.
 
-A seed's result is JaxMARL's own metric at its last update, the one its `main` reports:
-`returned_episode_returns`, the return of each env's last finished episode averaged over the
-update's 128 steps and every actor. Its `MPELogWrapper` multiplies each agent's reward by the
-number of agents, so the value is a return summed over the agents, of the policy as it acts
-in training (sampled actions); episodes last 26 steps (`done` once the step counter reaches
-`max_steps` 25). The suite's conventions say so, and `marlctl reproduce` compares marlctl's
-`eval_sampled/return_mean` on 26-step episodes with the value divided by the agents.
+MPE: `baselines/IPPO/ippo_ff_mpe.py` with `config/ippo_ff_mpe.yaml`, its `NUM_SEEDS` seeds
+from its `SEED` vmapped as its `main` does. A seed's result is JaxMARL's own metric at its
+last update, the one its `main` reports: `returned_episode_returns`, the return of each env's
+last finished episode averaged over the update's 128 steps and every actor. Its
+`MPELogWrapper` multiplies each agent's reward by the number of agents, so the value is a
+return summed over the agents, of the policy as it acts in training (sampled actions);
+episodes last 26 steps (`done` once the step counter reaches `max_steps` 25). The suite's
+conventions say so, and `marlctl reproduce` compares marlctl's `eval_sampled/return_mean` on
+26-step episodes with the value divided by the agents.
 
-Writes `suites/jaxmarl-mpe.yaml`: one cell per budget recorded, its spec the config
-translated to marlctl (`suites/jaxmarl-mpe/ippo-simple_spread.yaml`), its reference the
-per-seed values; each peer run is appended to `bench/results/peer_jaxmarl.jsonl`.
+SMAX: `baselines/IPPO/ippo_rnn_smax.py` with `config/ippo_rnn_smax.yaml` (GRU agents, 128
+envs, 10M env steps, map 2s3z), `--seeds` seeds from its `SEED` one after another (its `main`
+trains one), the jitted `make_train` compiled once. The baseline reports what it measures
+through `wandb.log` inside a host callback; the driver records what that callback logs: the
+win rate of the episodes that ended in each update (128 steps of 128 envs, the sampled
+policy), and counts those episodes. A seed's result is the win rate of its last update; the
+suite compares marlctl's `eval_sampled/win_rate`.
+
+Writes `suites/jaxmarl-mpe.yaml` and `suites/jaxmarl-smax.yaml`: one cell per budget (and
+map) recorded, its spec the config translated to marlctl (`suites/jaxmarl-*/`), its
+reference the per-seed values; each peer run is appended to
+`bench/results/peer_jaxmarl.jsonl`.
 
     .venv/bin/python bench/peer_jaxmarl.py --setup
     .venv/bin/python bench/peer_jaxmarl.py --repo PATH/TO/JaxMARL --steps 2000000
+    .venv/bin/python bench/peer_jaxmarl.py --work smax --repo PATH/TO/JaxMARL --seeds 3
     .venv/bin/marlctl reproduce suites/jaxmarl-mpe.yaml
 """
 
@@ -42,11 +55,15 @@ DONE = ROOT / "bench" / "results" / "peer_jaxmarl.jsonl"
 SUITE = ROOT / "suites" / "jaxmarl-mpe.yaml"
 SPEC = "jaxmarl-mpe/ippo-simple_spread.yaml"
 BASELINE = "baselines/IPPO/ippo_ff_mpe.py"
+SMAX_SUITE = ROOT / "suites" / "jaxmarl-smax.yaml"
+SMAX_BASELINE = "baselines/IPPO/ippo_rnn_smax.py"
 # The jaxmarl release and the baseline's own imports (its `algs` extra, less what it does not
 # import): the versions measured are recorded with each run.
 PINS = ["jaxmarl==0.2.0", "distrax", "wandb", "hydra-core>=1.3.2", "optax"]
 AGENTS = 3  # MPE_simple_spread_v3's default
 EPISODE_LENGTH = 26
+
+VERSIONS = ("jaxmarl", "jax", "jaxlib", "flax", "optax", "distrax", "wandb")
 
 # Runs inside .venv-jaxmarl: argv = baseline folder, TOTAL_TIMESTEPS. Prints one JSON line.
 DRIVER = """
@@ -71,8 +88,60 @@ print(json.dumps({
     "curve": returns[:, ::every].tolist(),
     "steps_per_update": config["NUM_ENVS"] * config["NUM_STEPS"],
     "wall_s": seconds,
-    "versions": {p: md.version(p) for p in ("jaxmarl", "jax", "jaxlib", "flax", "optax",
-                                             "distrax", "wandb")},
+    "versions": {p: md.version(p) for p in VERSIONS},
+}))
+"""
+
+# Runs inside .venv-jaxmarl: argv = baseline folder, TOTAL_TIMESTEPS, MAP_NAME, seeds. The
+# baseline logs each update through `wandb.log` in a host callback (`io_callback`): the driver
+# keeps what it logs, and beside it counts the episodes that ended in the update, read from the
+# same metrics the callback receives. Prints one JSON line.
+SMAX_DRIVER = """
+import importlib.metadata as md, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import jax, numpy as np, wandb
+from omegaconf import OmegaConf
+import ippo_rnn_smax as baseline
+config = OmegaConf.to_container(OmegaConf.load(sys.argv[1] + "/config/ippo_rnn_smax.yaml"))
+config["TOTAL_TIMESTEPS"] = float(sys.argv[2])
+config["MAP_NAME"] = sys.argv[3]
+wandb.init(mode=config["WANDB_MODE"], config=config)
+logged, ended = [], {}
+baseline.wandb.log = lambda row: logged.append({k: float(v) for k, v in row.items()})
+io_callback = jax.experimental.io_callback
+
+def counting(callback, result_shape, metric, *args, **kwargs):
+    def both(m):
+        ended[int(m["update_steps"])] = int(np.asarray(m["returned_episode"])[:, :, 0].sum())
+        return callback(m)
+    return io_callback(both, result_shape, metric, *args, **kwargs)
+
+jax.experimental.io_callback = counting
+train = jax.jit(baseline.make_train(config))
+seeds = []
+for seed in range(config["SEED"], config["SEED"] + int(sys.argv[4])):
+    logged.clear(); ended.clear()
+    start = time.perf_counter()
+    jax.block_until_ready(train(jax.random.PRNGKey(seed)))
+    seconds = time.perf_counter() - start
+    rows = sorted(logged, key=lambda row: row["env_step"])
+    every = max(1, len(rows) // 50)
+    seeds.append({
+        "seed": seed,
+        "final": rows[-1]["win_rate"],
+        "final_returns": rows[-1]["returns"],
+        "episodes": ended[max(ended)],
+        "curve_steps": [row["env_step"] for row in rows[::every]],
+        "curve": [row["win_rate"] for row in rows[::every]],
+        "wall_s": seconds,
+    })
+print(json.dumps({
+    "config": config,
+    "final": [s["final"] for s in seeds],
+    "seeds": seeds,
+    "steps_per_update": config["NUM_ENVS"] * config["NUM_STEPS"],
+    "wall_s": sum(s["wall_s"] for s in seeds),
+    "versions": {p: md.version(p) for p in VERSIONS},
 }))
 """
 
@@ -93,12 +162,16 @@ def commit_of(repo: Path, given: str | None) -> str:
     return found.stdout.strip()
 
 
-def peer_run(repo: Path, steps: int, commit: str) -> dict:
-    folder = repo / Path(BASELINE).parent
-    if not (repo / BASELINE).exists():
-        raise SystemExit(f"{repo / BASELINE}: not found; --repo is a JaxMARL checkout")
+def peer_run(repo: Path, steps: int, commit: str, smax: tuple[str, int] | None = None) -> dict:
+    """JaxMARL's MPE baseline, or with `smax` (map, seeds) its SMAX one, at `steps`."""
+    baseline = SMAX_BASELINE if smax else BASELINE
+    folder = repo / Path(baseline).parent
+    if not (repo / baseline).exists():
+        raise SystemExit(f"{repo / baseline}: not found; --repo is a JaxMARL checkout")
+    driver = f"VERSIONS = {VERSIONS!r}\n" + (SMAX_DRIVER if smax else DRIVER)
+    extra = [smax[0], str(smax[1])] if smax else []
     done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", DRIVER, str(folder), str(steps)],
+        [str(VENV / "bin" / "python"), "-c", driver, str(folder), str(steps), *extra],
         capture_output=True,
         text=True,
     )
@@ -106,6 +179,7 @@ def peer_run(repo: Path, steps: int, commit: str) -> dict:
         raise SystemExit(f"JaxMARL's baseline failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return {
+        **({"work": "smax", "map": smax[0]} if smax else {}),
         "steps": steps,
         "commit": commit,
         "machine": machine(),
@@ -118,9 +192,22 @@ def cell_name(steps: int) -> str:
     return f"ippo-simple_spread-{steps / 1e6:g}m"
 
 
+def source(run: dict, baseline: str, seeds: str) -> dict:
+    config = Path(baseline).parent / "config" / f"{Path(baseline).stem}.yaml"
+    return {
+        "kind": "peer",
+        "citation": "JaxMARL (Rutherford et al., NeurIPS 2024 Datasets and Benchmarks, "
+        f"arXiv:2311.10090), {baseline} with {config.relative_to('baselines/IPPO')}, "
+        f"TOTAL_TIMESTEPS {run['steps']:g}, {seeds}",
+        "code": f"FLAIROx/JaxMARL {run['commit'][:7]}, "
+        + ", ".join(f"{k} {v}" for k, v in run["versions"].items()),
+        "machine": f"{run['machine']}; measured {run['measured']}",
+    }
+
+
 def write_suite(runs: list[dict]) -> None:
-    """The recorded peer runs as a suite: a cell per budget, the latest run of each."""
-    latest = {run["steps"]: run for run in runs}
+    """The recorded MPE peer runs as a suite: a cell per budget, the latest run of each."""
+    latest = {run["steps"]: run for run in runs if run.get("work", "mpe") == "mpe"}
     body: dict = {
         "name": SUITE.stem,
         "description": (
@@ -145,16 +232,11 @@ def write_suite(runs: list[dict]) -> None:
             "reference": {
                 **per_seed_values(run["final"]),
                 "budget": steps,
-                "source": {
-                    "kind": "peer",
-                    "citation": "JaxMARL (Rutherford et al., NeurIPS 2024 Datasets and "
-                    "Benchmarks, arXiv:2311.10090), baselines/IPPO/ippo_ff_mpe.py with "
-                    f"config/ippo_ff_mpe.yaml, TOTAL_TIMESTEPS {steps:g}, its "
-                    f"{run['config']['NUM_SEEDS']} seeds from SEED {run['config']['SEED']}",
-                    "code": f"FLAIROx/JaxMARL {run['commit'][:7]}, "
-                    + ", ".join(f"{k} {v}" for k, v in versions.items()),
-                    "machine": f"{run['machine']}; measured {run['measured']}",
-                },
+                "source": source(
+                    run,
+                    BASELINE,
+                    f"its {run['config']['NUM_SEEDS']} seeds from SEED {run['config']['SEED']}",
+                ),
                 "conventions": {
                     "metric": "eval_sampled/return_mean",
                     "aggregation": "sum",
@@ -172,12 +254,69 @@ def write_suite(runs: list[dict]) -> None:
     SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
 
 
+def smax_cell_name(run: dict) -> str:
+    return f"ippo-{run['map']}-{run['steps'] / 1e6:g}m"
+
+
+def write_smax_suite(runs: list[dict]) -> None:
+    """The recorded SMAX peer runs as a suite: a cell per map and budget, the latest run."""
+    latest = {smax_cell_name(run): run for run in runs if run.get("work") == "smax"}
+    if not latest:
+        return
+    body: dict = {
+        "name": SMAX_SUITE.stem,
+        "description": (
+            "JaxMARL's IPPO baseline on SMAX (baselines/IPPO/ippo_rnn_smax.py with its "
+            "config/ippo_rnn_smax.yaml: GRU agents, 128 envs of 128 steps per update, the "
+            "heuristic enemies), run with JaxMARL's own code here (bench/peer_jaxmarl.py --work "
+            "smax); each cell's spec is that config translated to marlctl, and its comment says "
+            "what does not translate (JaxMARL's actor and critic share a trunk; gradient "
+            "clipping, advantage standardisation, GRU resets and minibatches differ in detail). "
+            "The reference is the win rate the baseline logs at its last update: the battles "
+            "that ended in the update's 128 steps of 128 envs, the policy acting as it trains "
+            "(sampled actions, the learning rate annealed almost to zero). marlctl's value is "
+            "the final policy's win rate over fresh evaluation battles with sampled actions."
+        ),
+        "points": {"random": "random"},
+        "cells": {},
+    }
+    for name, run in sorted(latest.items()):
+        seeds = run["seeds"]
+        body["cells"][name] = {
+            "spec": f"jaxmarl-smax/ippo-{run['map']}.yaml",
+            "seeds": 3,
+            "reference": {
+                **per_seed_values(run["final"]),
+                # what it trained: whole updates (TOTAL_TIMESTEPS // NUM_STEPS // NUM_ENVS)
+                "budget": int(run["config"]["NUM_UPDATES"]) * run["steps_per_update"],
+                "source": source(
+                    run,
+                    SMAX_BASELINE,
+                    f"MAP_NAME {run['map']}, seeds {seeds[0]['seed']} to "
+                    f"{seeds[-1]['seed']} (one process, one after another)",
+                ),
+                "conventions": {
+                    "metric": "eval_sampled/win_rate",
+                    "aggregation": "mean",
+                    "evaluation": "stochastic",
+                    "episodes": round(sum(s["episodes"] for s in seeds) / len(seeds)),
+                    "step": "env",
+                },
+                "env_package": {"name": "jaxmarl", "version": run["versions"]["jaxmarl"]},
+            },
+        }
+    SMAX_SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", action="store_true", help=f"make {VENV.name} and stop")
     parser.add_argument("--repo", type=Path, help="a checkout of FLAIROx/JaxMARL")
     parser.add_argument("--commit", help="the checkout's commit, where it is not a git one")
+    parser.add_argument("--work", choices=("mpe", "smax"), default="mpe")
     parser.add_argument("--steps", type=int, default=2_000_000, help="TOTAL_TIMESTEPS")
+    parser.add_argument("--map", default="2s3z", help="SMAX's MAP_NAME")
+    parser.add_argument("--seeds", type=int, default=3, help="SMAX seeds, one after another")
     parser.add_argument("--suite", action="store_true", help="only write the suite")
     args = parser.parse_args()
     if args.setup:
@@ -189,13 +328,15 @@ def main() -> None:
             raise SystemExit("--repo is needed to run the baseline")
         if not (VENV / "bin" / "python").exists():
             raise SystemExit(f"no {VENV.name}: run with --setup first")
-        run = peer_run(args.repo, args.steps, commit_of(args.repo, args.commit))
+        smax = (args.map, args.seeds) if args.work == "smax" else None
+        run = peer_run(args.repo, args.steps, commit_of(args.repo, args.commit), smax)
         runs.append(run)
         with DONE.open("a") as out:
             out.write(json.dumps(run) + "\n")
-        print(f"{cell_name(args.steps)}: {[round(v, 2) for v in run['final']]}, "
-              f"{run['wall_s']:.0f} s")  # fmt: skip
+        name = smax_cell_name(run) if smax else cell_name(args.steps)
+        print(f"{name}: {[round(v, 2) for v in run['final']]}, {run['wall_s']:.0f} s")
     write_suite(runs)
+    write_smax_suite(runs)
 
 
 if __name__ == "__main__":
