@@ -65,15 +65,28 @@ EPISODE_LENGTH = 26
 
 VERSIONS = ("jaxmarl", "jax", "jaxlib", "flax", "optax", "distrax", "wandb")
 
-# Runs inside .venv-jaxmarl: argv = baseline folder, TOTAL_TIMESTEPS. Prints one JSON line.
-DRIVER = """
-import importlib.metadata as md, json, sys, time
-sys.path.insert(0, sys.argv[1])
+# Runs inside .venv-jaxmarl, before a baseline's own driver: argv = baseline folder, its module,
+# TOTAL_TIMESTEPS, then the driver's own. Loads the baseline and its config; `report` prints
+# one JSON line with the config and the versions measured.
+HEAD = """
+import importlib, importlib.metadata as md, json, sys, time
+folder, module = sys.argv[1], sys.argv[2]
+sys.path.insert(0, folder)
 import jax, numpy as np, wandb
 from omegaconf import OmegaConf
-import ippo_ff_mpe as baseline
-config = OmegaConf.to_container(OmegaConf.load(sys.argv[1] + "/config/ippo_ff_mpe.yaml"))
-config["TOTAL_TIMESTEPS"] = float(sys.argv[2])
+baseline = importlib.import_module(module)
+config = OmegaConf.to_container(OmegaConf.load(f"{folder}/config/{module}.yaml"))
+config["TOTAL_TIMESTEPS"] = float(sys.argv[3])
+
+def report(result):
+    versions = {p: md.version(p) for p in VERSIONS}
+    steps_per_update = config["NUM_ENVS"] * config["NUM_STEPS"]
+    print(json.dumps({"config": config, **result, "steps_per_update": steps_per_update,
+                      "versions": versions}))
+"""
+
+# MPE: the seeds vmapped, as the baseline's `main` runs them.
+DRIVER = """
 wandb.init(mode=config["WANDB_MODE"], config=config)
 start = time.perf_counter()
 rngs = jax.random.split(jax.random.PRNGKey(config["SEED"]), config["NUM_SEEDS"])
@@ -81,30 +94,19 @@ out = jax.vmap(jax.jit(baseline.make_train(config)))(rngs)
 returns = np.asarray(out["metrics"]["returned_episode_returns"])  # (seeds, updates)
 seconds = time.perf_counter() - start
 every = max(1, returns.shape[1] // 50)
-print(json.dumps({
-    "config": config,
+report({
     "final": returns[:, -1].tolist(),
     "curve_updates": list(range(0, returns.shape[1], every)),
     "curve": returns[:, ::every].tolist(),
-    "steps_per_update": config["NUM_ENVS"] * config["NUM_STEPS"],
     "wall_s": seconds,
-    "versions": {p: md.version(p) for p in VERSIONS},
-}))
+})
 """
 
-# Runs inside .venv-jaxmarl: argv = baseline folder, TOTAL_TIMESTEPS, MAP_NAME, seeds. The
-# baseline logs each update through `wandb.log` in a host callback (`io_callback`): the driver
-# keeps what it logs, and beside it counts the episodes that ended in the update, read from the
-# same metrics the callback receives. Prints one JSON line.
+# SMAX: argv adds MAP_NAME and the seeds. The baseline logs each update through `wandb.log` in a
+# host callback (`io_callback`): the driver keeps what it logs, and beside it counts the
+# episodes that ended in the update, read from the same metrics the callback receives.
 SMAX_DRIVER = """
-import importlib.metadata as md, json, sys, time
-sys.path.insert(0, sys.argv[1])
-import jax, numpy as np, wandb
-from omegaconf import OmegaConf
-import ippo_rnn_smax as baseline
-config = OmegaConf.to_container(OmegaConf.load(sys.argv[1] + "/config/ippo_rnn_smax.yaml"))
-config["TOTAL_TIMESTEPS"] = float(sys.argv[2])
-config["MAP_NAME"] = sys.argv[3]
+config["MAP_NAME"] = sys.argv[4]
 wandb.init(mode=config["WANDB_MODE"], config=config)
 logged, ended = [], {}
 baseline.wandb.log = lambda row: logged.append({k: float(v) for k, v in row.items()})
@@ -119,7 +121,7 @@ def counting(callback, result_shape, metric, *args, **kwargs):
 jax.experimental.io_callback = counting
 train = jax.jit(baseline.make_train(config))
 seeds = []
-for seed in range(config["SEED"], config["SEED"] + int(sys.argv[4])):
+for seed in range(config["SEED"], config["SEED"] + int(sys.argv[5])):
     logged.clear(); ended.clear()
     start = time.perf_counter()
     jax.block_until_ready(train(jax.random.PRNGKey(seed)))
@@ -135,14 +137,11 @@ for seed in range(config["SEED"], config["SEED"] + int(sys.argv[4])):
         "curve": [row["win_rate"] for row in rows[::every]],
         "wall_s": seconds,
     })
-print(json.dumps({
-    "config": config,
+report({
     "final": [s["final"] for s in seeds],
     "seeds": seeds,
-    "steps_per_update": config["NUM_ENVS"] * config["NUM_STEPS"],
     "wall_s": sum(s["wall_s"] for s in seeds),
-    "versions": {p: md.version(p) for p in VERSIONS},
-}))
+})
 """
 
 
@@ -168,10 +167,11 @@ def peer_run(repo: Path, steps: int, commit: str, smax: tuple[str, int] | None =
     folder = repo / Path(baseline).parent
     if not (repo / baseline).exists():
         raise SystemExit(f"{repo / baseline}: not found; --repo is a JaxMARL checkout")
-    driver = f"VERSIONS = {VERSIONS!r}\n" + (SMAX_DRIVER if smax else DRIVER)
+    driver = f"VERSIONS = {VERSIONS!r}\n" + HEAD + (SMAX_DRIVER if smax else DRIVER)
     extra = [smax[0], str(smax[1])] if smax else []
+    module = Path(baseline).stem
     done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", driver, str(folder), str(steps), *extra],
+        [str(VENV / "bin" / "python"), "-c", driver, str(folder), module, str(steps), *extra],
         capture_output=True,
         text=True,
     )
@@ -193,11 +193,10 @@ def cell_name(steps: int) -> str:
 
 
 def source(run: dict, baseline: str, seeds: str) -> dict:
-    config = Path(baseline).parent / "config" / f"{Path(baseline).stem}.yaml"
     return {
         "kind": "peer",
         "citation": "JaxMARL (Rutherford et al., NeurIPS 2024 Datasets and Benchmarks, "
-        f"arXiv:2311.10090), {baseline} with {config.relative_to('baselines/IPPO')}, "
+        f"arXiv:2311.10090), {baseline} with config/{Path(baseline).stem}.yaml, "
         f"TOTAL_TIMESTEPS {run['steps']:g}, {seeds}",
         "code": f"FLAIROx/JaxMARL {run['commit'][:7]}, "
         + ", ".join(f"{k} {v}" for k, v in run["versions"].items()),
