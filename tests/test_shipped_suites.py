@@ -66,8 +66,15 @@ def test_smax_cells_carry_jaxmarl_s_settings_where_the_algorithm_has_the_field()
     for name in ("mappo-2s3z", "mappo-3m", "ippo-3m"):
         spec = specs[name]
         assert spec["algo.rollout_steps"] == 128 and spec["algo.clip"] == 0.05, name
-        assert spec["algo.lr"] == 0.004 and spec["algo.anneal_lr"] is True, name
         assert spec["model.recurrent"] == "gru" and spec["model.hidden"] == [128, 128], name
+    for name in ("mappo-3m", "ippo-3m"):
+        assert specs[name]["algo.lr"] == 0.004 and specs[name]["algo.anneal_lr"] is True, name
+    # 2s3z's baseline stopped halfway through a 10M-step anneal: the cell's schedule is that
+    # anneal's line, to the step it stopped at.
+    stop = specs["mappo-2s3z"]["train.total_env_steps"]
+    assert specs["mappo-2s3z"]["algo.anneal_lr"] is False
+    line = specs["mappo-2s3z"]["train.schedule.algo.lr.linear"]
+    assert line == [[0, 0.004], [stop, pytest.approx(0.004 * (1 - stop / 10_000_000))]]
     # The replay family keeps its own settings, with SMAX's discount and no GRU.
     masac = specs["masac-3m"]
     assert masac["algo.gamma"] == 0.99 and masac["model.recurrent"] in (None, "none")
