@@ -224,7 +224,6 @@ def write_suite(runs: list[dict]) -> None:
         "cells": {},
     }
     for steps, run in sorted(latest.items()):
-        versions = run["versions"]
         body["cells"][cell_name(steps)] = {
             "spec": SPEC,
             "seeds": 5,
@@ -247,7 +246,7 @@ def write_suite(runs: list[dict]) -> None:
                     "step": "env",
                     "episode_length": EPISODE_LENGTH,
                 },
-                "env_package": {"name": "jaxmarl", "version": versions["jaxmarl"]},
+                "env_package": {"name": "jaxmarl", "version": run["versions"]["jaxmarl"]},
             },
         }
     SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
