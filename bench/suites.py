@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from common import machine
@@ -164,6 +164,15 @@ def recorded_verdicts(suite: Path) -> list[dict]:
     return rows
 
 
+def ended(store: Path, run_ids: list[str]) -> str:
+    """The UTC date the last of runs `run_ids` in the MLflow store of folder `store` ended."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+    last = max(client.get_run(run_id).info.end_time for run_id in run_ids)
+    return str(datetime.fromtimestamp(last / 1000, tz=UTC).date())
+
+
 def store_verdicts(suite: Path, store: Path, cells: list[str] | None = None) -> list[dict]:
     """Each cell's verdict from a full `marlctl reproduce SUITE` in the MLflow store of folder
     `store` (the cells it finished: `marlctl reproduce` judges their runs again and trains
@@ -187,8 +196,9 @@ def store_verdicts(suite: Path, store: Path, cells: list[str] | None = None) -> 
         rows.append({
             "kind": "verdict", "suite": suite.stem, "cell": cell["name"], "verdict": cell["kind"],
             "ours": [ours["value"], ours["low"], ours["high"]], "reference": cell["reference"],
-            "seeds": cell["seeds"], "budget": cell["budget"], "trained": str(date.today()),
-            "trained_on": machine(), "note": notes.get(cell["name"]),
+            "seeds": cell["seeds"], "budget": cell["budget"],
+            "trained": ended(store, cell["run_ids"]), "trained_on": machine(),
+            "note": notes.get(cell["name"]),
         })  # fmt: skip
     return rows
 
