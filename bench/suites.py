@@ -87,13 +87,18 @@ def measured_walls() -> dict[tuple[str, str], tuple[float, str]]:
     return out
 
 
+def store_client(store: Path):
+    """An MLflow client of the store `marlctl reproduce` keeps in folder `store`."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+
+
 def store_walls(suite: str, store: Path) -> dict[tuple[str, str], tuple[float, str]]:
     """(suite, cell) → the wall-clock `marlctl reproduce` took to train the cell's seeds in
     the MLflow store of folder `store` (the duration of the cell's parent run), on this
     machine."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+    client = store_client(store)
     experiments = [e.experiment_id for e in client.search_experiments()]
     query = (
         f"tags.`marlctl.suite` = '{suite}' and tags.`marlctl.role` = 'experiment' "
@@ -164,11 +169,8 @@ def recorded_verdicts(suite: Path) -> list[dict]:
     return rows
 
 
-def ended(store: Path, run_ids: list[str]) -> str:
-    """The UTC date the last of runs `run_ids` in the MLflow store of folder `store` ended."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{store.resolve() / 'mlflow.db'}")
+def ended(client, run_ids: list[str]) -> str:
+    """The UTC date the last of runs `run_ids` in `client`'s store ended."""
     last = max(client.get_run(run_id).info.end_time for run_id in run_ids)
     return str(datetime.fromtimestamp(last / 1000, tz=UTC).date())
 
@@ -188,6 +190,7 @@ def store_verdicts(suite: Path, store: Path, cells: list[str] | None = None) -> 
         return []
     document, _ = reproduce([str(suite), "--cells", ",".join(finished)], store)
     notes = {cp.name: cp.cell.note for cp in plan_suite(str(suite), [])}
+    client = store_client(store)
     rows = []
     for cell in document["cells"]:
         if cell["ours"] is None or cell["reference"] is None:
@@ -197,7 +200,7 @@ def store_verdicts(suite: Path, store: Path, cells: list[str] | None = None) -> 
             "kind": "verdict", "suite": suite.stem, "cell": cell["name"], "verdict": cell["kind"],
             "ours": [ours["value"], ours["low"], ours["high"]], "reference": cell["reference"],
             "seeds": cell["seeds"], "budget": cell["budget"],
-            "trained": ended(store, cell["run_ids"]), "trained_on": machine(),
+            "trained": ended(client, cell["run_ids"]), "trained_on": machine(),
             "note": notes.get(cell["name"]),
         })  # fmt: skip
     return rows
