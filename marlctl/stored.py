@@ -6,7 +6,7 @@ imports none of them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from marlctl import tracking
 from marlctl.errors import SpecError, one_line
@@ -163,20 +163,28 @@ def finished_seeds(loaded, plan, metric: str) -> dict[int, tuple[float, str]]:
     return found
 
 
-def stopped_seeds(loaded, plan) -> dict[int, tuple[str, str]]:
+class Stopped(NamedTuple):
+    run_id: str  # the run `resume` continues
+    parent: str  # its parent's id (its own where it has none)
+    step: int  # the env step its checkpoint holds (0 where it saved none)
+
+
+def stopped_seeds(loaded, plan) -> dict[int, Stopped]:
     """The seeds of this spec whose run in its store was stopped, by seed: the newest such
-    run's id, which `resume` continues, and its parent's. Stopped: KILLED (Ctrl-C or SIGTERM,
-    after a checkpoint), or left RUNNING by a process of this machine that has ended without
-    a word (`marlctl.processes`); a run RUNNING elsewhere may be training: `run --resume`."""
+    run, which `resume` continues. Stopped: KILLED (Ctrl-C or SIGTERM, after a checkpoint),
+    or left RUNNING by a process of this machine that has ended without a word
+    (`marlctl.processes`); a run RUNNING elsewhere may be training: `run --resume`."""
     from marlctl.processes import PROCESS_TAG, ended
 
-    found: dict[int, tuple[str, str]] = {}
+    found: dict[int, Stopped] = {}
     for run in _seed_runs(loaded, plan, "KILLED", "RUNNING"):
         if run.info.status == "RUNNING" and not ended(run.data.tags.get(PROCESS_TAG)):
             continue  # may be training still
-        seed, parent = run.data.tags.get("marlctl.seed"), run.data.tags.get(tracking.PARENT_TAG)
+        tags = run.data.tags
+        seed, parent = tags.get("marlctl.seed"), tags.get(tracking.PARENT_TAG)
         if seed is not None:
-            found.setdefault(int(seed), (run.info.run_id, parent or run.info.run_id))
+            step = int(tags.get(CHECKPOINT_STEP_TAG, 0))
+            found.setdefault(int(seed), Stopped(run.info.run_id, parent or run.info.run_id, step))
     return found
 
 

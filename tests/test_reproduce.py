@@ -549,6 +549,7 @@ def test_an_interrupted_resume_starts_no_other_seed(tmp_path, monkeypatch):
     from marlctl.cli import app
     from marlctl.launch import RunResult
     from marlctl.reproduce import runner
+    from marlctl.stored import Stopped
 
     (tmp_path / "tiny.yaml").write_text(TINY_SPEC)
     ref = {**REFERENCE, "value": -40.0, "interval": [-90.0, -5.0], "budget": 2_000}
@@ -556,13 +557,16 @@ def test_an_interrupted_resume_starts_no_other_seed(tmp_path, monkeypatch):
                                                  "reference": ref}}}  # fmt: skip
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
-    stopped = {0: ("a" * 32, "p" * 32), 1: ("b" * 32, "q" * 32)}  # seeds of two parents
+    stopped = {  # seeds of two parents
+        0: Stopped("a" * 32, "p" * 32, 1000),
+        1: Stopped("b" * 32, "q" * 32, 1000),
+    }
     monkeypatch.setattr(runner, "_pending", lambda cp, rerun: ({}, dict(stopped), []))
     resumed = []
 
     def interrupted(run_id, uri=None, **_):  # as `resume` returns after Ctrl-C
         resumed.append(run_id)
-        seed = next(s for s, (r, _) in stopped.items() if r == run_id)
+        seed = next(s for s, run in stopped.items() if run.run_id == run_id)
         return SimpleNamespace(runs=[RunResult(seed, seed, run_id, "KILLED", error="stopped")])
 
     monkeypatch.setattr(launch, "resume", interrupted)
@@ -642,6 +646,7 @@ def test_a_cell_s_stopped_seeds_resume_as_one_batch_where_their_checkpoints_agre
 
     from marlctl import launch, tracking
     from marlctl.cli import app
+    from marlctl.reproduce.estimate import PROCESS_START_S
     from marlctl.stored import CHECKPOINT_STEP_TAG
     from marlctl.train.runner import RESUMED_TAG
 
@@ -673,6 +678,15 @@ def test_a_cell_s_stopped_seeds_resume_as_one_batch_where_their_checkpoints_agre
     for stopped in runs:
         client.set_terminated(stopped, "KILLED")
     client.set_tag(runs[2], CHECKPOINT_STEP_TAG, "1000")
+    # A dry run prices the seeds at the steps their checkpoints leave: 0, 0 and 1,000 of 2,000.
+    dry = runner.invoke(app, ["reproduce", str(path), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    (row,) = json.loads(dry.stdout)["cells"]
+    cost = row["cost"]
+    assert row["resumed"] == 3 and cost["processes"] == 1 and cost["waves"] == 1
+    fixed = PROCESS_START_S + cost["setup_s"] + cost["evals"] * cost["eval_s"]
+    training_s = cost["total_s"] - fixed
+    assert training_s * cost["env_steps_per_s"] == pytest.approx(1_000)
     batches.clear()
     again = runner.invoke(app, ["reproduce", str(path), "--json"])
     assert again.exit_code == 0, again.output

@@ -5,6 +5,7 @@ timed on `seconds` of steady training (a replay-based learner past `learning_sta
 evaluation of its untrained policy; the run's wall-clock is then its set-up, its budget at the
 measured rate and its evaluations (every `train.eval_every` env steps, at step 0 and at the
 end), and the plan's is that times the waves of run processes `hardware.parallel_runs` allows.
+A seed resumed from a checkpoint is priced at the steps it has left, not its whole budget.
 An untrained policy's episodes may last longer or shorter than a trained one's, and a replay
 buffer fills faster than it trains: the estimate is for planning, not a measurement.
 """
@@ -34,7 +35,11 @@ class CostEstimate:
         return asdict(self)
 
 
-def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
+def estimate(
+    loaded, plan, seconds: float = 2.0, trained: dict[int, int] | None = None
+) -> CostEstimate:
+    """`trained`: the env steps seeds of the plan have trained already, by seed (a stopped
+    run's checkpoint, which it resumes from); the other seeds train their whole budget."""
     import torch
 
     from marlctl import tracking
@@ -72,9 +77,11 @@ def estimate(loaded, plan, seconds: float = 2.0) -> CostEstimate:
         env.close()
         if eval_env is not None:
             eval_env.close()
-    budget = train.budget
-    evals = (math.ceil(budget / train.eval_every) + 1) if train.eval_every else 1
-    one = PROCESS_START_S + setup + budget * len(seeds) / rate + evals * eval_s
+    trained = trained or {}
+    left = [max(train.budget - trained.get(r.seed, 0), 0) for r in plan.runs]
+    mean = sum(left) / len(left)  # a seed's env steps to train, on average
+    evals = (math.ceil(mean / train.eval_every) + 1) if train.eval_every else 1
+    one = PROCESS_START_S + setup + mean * len(seeds) / rate + evals * eval_s
     waves = math.ceil(processes / max(plan.parallel_runs, 1))
     return CostEstimate(setup, rate, eval_s, evals, processes, waves, waves * one)
 

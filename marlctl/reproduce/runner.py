@@ -19,7 +19,7 @@ from marlctl.report.reproduction import decide
 from marlctl.report.stats import Estimate
 from marlctl.reproduce.conventions import SAMPLED, Refused, Translated, translate
 from marlctl.reproduce.suite import Cell, load_suite
-from marlctl.stored import finished_seeds, stopped_seeds
+from marlctl.stored import Stopped, finished_seeds, stopped_seeds
 
 # Env parameters that fix an episode's length, by the names the env families use.
 EPISODE_LENGTH_PARAMS = ("max_cycles", "max_steps", "max_episode_steps")
@@ -199,22 +199,20 @@ def plan_suite(
 def _pending(cp: CellPlan, rerun: bool):
     """`(done, stopped, fresh)`: the seeds the store holds finished with the cell's spec and
     versions, by seed (their value and run id); the seeds whose run there was stopped, by seed
-    (the run `resume` continues and its parent's); the seeds to train from the start. With
+    (`Stopped`: the run `resume` continues); the seeds to train from the start. With
     `rerun` every seed trains from the start."""
     if rerun:
         return {}, {}, list(cp.seeds)
     done = finished_seeds(cp.loaded, cp.plan, cp.metric)
     stopped = {
-        seed: runs
-        for seed, runs in stopped_seeds(cp.loaded, cp.plan).items()
+        seed: run
+        for seed, run in stopped_seeds(cp.loaded, cp.plan).items()
         if seed in cp.seeds and seed not in done
     }
     return done, stopped, [s for s in cp.seeds if s not in done and s not in stopped]
 
 
-def _train(
-    cp: CellPlan, stopped: dict[int, tuple[str, str]], fresh: list[int], tags: dict[str, str]
-):
+def _train(cp: CellPlan, stopped: dict[int, Stopped], fresh: list[int], tags: dict[str, str]):
     """Continue the stopped seeds' runs, then train the fresh seeds: the failed seeds'
     reasons, the parent run of the fresh seeds (None where none trained), and whether the
     training was interrupted."""
@@ -222,14 +220,14 @@ def _train(
 
     ended = []  # the runs of the seeds trained here (a resumed parent lists its others too)
     by_parent: dict[str, list[str]] = {}
-    for run_id, parent in stopped.values():
-        by_parent.setdefault(parent, []).append(run_id)
+    for run in stopped.values():
+        by_parent.setdefault(run.parent, []).append(run.run_id)
     for first, *others in by_parent.values():  # each parent's seeds together, batched
         summary = resume(first, cp.loaded.spec.tracking.uri, others=others)
         ended += [r for r in summary.runs if r.run_id in (first, *others)]
         if any(r.status == "KILLED" for r in ended):  # interrupted: no other seed starts
             return [], None, True
-    _tag_reused(cp.loaded, [run_id for run_id, _ in stopped.values()], tags)
+    _tag_reused(cp.loaded, [run.run_id for run in stopped.values()], tags)
     parent = None
     if fresh:
         loaded, plan = (cp.loaded, cp.plan) if fresh == cp.seeds else _load(cp, fresh, cp.sized)
@@ -386,10 +384,11 @@ def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> lis
         done, stopped, fresh = _pending(cp, rerun)
         row = DryRow(cp.name, cp.plan.algo, cp.plan.env.id, len(cp.seeds), len(done), cp.budget,
                      None, resumed=len(stopped))  # fmt: skip
-        missing = [s for s in cp.seeds if s not in done]  # a stopped seed counted in full
+        missing = [s for s in cp.seeds if s not in done]
         if missing:
             whole = len(missing) == len(cp.seeds)
             loaded, plan = (cp.loaded, cp.plan) if whole else _load(cp, missing, cp.sized)
-            row.cost = estimate(loaded, plan, seconds)
+            trained = {seed: run.step for seed, run in stopped.items()}  # resumed from there
+            row.cost = estimate(loaded, plan, seconds, trained)
         rows.append(row)
     return rows
