@@ -278,6 +278,10 @@ def test_a_tiny_suite_runs_end_to_end_with_a_verdict_per_cell(tmp_path):
     client = tracking.client_for(None)
     budgets = {client.get_run(r).data.params["train.total_env_steps"] for r in grown["run_ids"]}
     assert budgets == {"2000"}
+    # A dry run of two seeds counts two finished, not the four the store holds.
+    args = ["reproduce", str(path), "--cells", "spread", "--seeds", "2", "--dry-run", "--json"]
+    (dry,) = json.loads(runner.invoke(app, args).stdout)["cells"]
+    assert dry["seeds"] == 2 and dry["finished"] == 2 and dry["cost"] is None
     # Fewer seeds or a scaled budget: inconclusive, whatever the numbers.
     args = ["reproduce", str(path), "--cells", "spread", "--seeds", "2", "--budget-scale", "0.5"]
     result = runner.invoke(app, [*args, "--json"])

@@ -382,9 +382,10 @@ def dry_run(planned: list[CellPlan], seconds: float, rerun: bool = False) -> lis
             rows.append(DryRow(cp.name, method, "—", len(cp.seeds), 0, 0, cp.refused))
             continue
         done, stopped, fresh = _pending(cp, rerun)
-        row = DryRow(cp.name, cp.plan.algo, cp.plan.env.id, len(cp.seeds), len(done), cp.budget,
-                     None, resumed=len(stopped))  # fmt: skip
         missing = [s for s in cp.seeds if s not in done]
+        finished = len(cp.seeds) - len(missing)  # the store may hold seeds beyond the cell's
+        row = DryRow(cp.name, cp.plan.algo, cp.plan.env.id, len(cp.seeds), finished, cp.budget,
+                     None, resumed=len(stopped))  # fmt: skip
         if missing:
             whole = len(missing) == len(cp.seeds)
             loaded, plan = (cp.loaded, cp.plan) if whole else _load(cp, missing, cp.sized)
