@@ -1,5 +1,6 @@
 """Peer reference: JaxMARL's own IPPO baselines, run here, as suites: on MPE simple_spread
-(`--work mpe`) and on SMAX against its heuristic enemies (`--work smax`).
+(`--work mpe`), on SMAX against its heuristic enemies (`--work smax`) and on Overcooked
+(`--work overcooked`).
 
 JaxMARL ships its baselines beside its package, not in it: `--repo` is a checkout of
 FLAIROx/JaxMARL (its commit is recorded; `--commit` names it where the folder is not a git
@@ -26,14 +27,26 @@ win rate of the episodes that ended in each update (128 steps of 128 envs, the s
 policy), and counts those episodes. A seed's result is the win rate of its last update; the
 suite compares marlctl's `eval_sampled/win_rate`.
 
-Writes `suites/jaxmarl-mpe.yaml` and `suites/jaxmarl-smax.yaml`: one cell per budget (and
-map) recorded, its spec the config translated to marlctl (`suites/jaxmarl-*/`), its
-reference the per-seed values; each peer run is appended to
-`bench/results/peer_jaxmarl.jsonl`.
+Overcooked: `baselines/IPPO/ippo_ff_overcooked.py` with `config/ippo_ff_overcooked.yaml`
+(16 envs of 128 steps per update, separate 64x64 tanh actor and critic on the flattened grid,
+the shaped reward annealed to zero over `REW_SHAPING_HORIZON`), `ENV_KWARGS.layout` set to
+`--layout` as its `main` sets it, `--seeds` seeds from its `SEED` vmapped as its `main` does.
+A seed's result is the metric its `wandb.log` receives at the last update:
+`returned_episode_returns`, the sparse return (20 per soup delivered; both cooks receive it) of
+each env's last finished 400-step episode, the policy acting as it trains, averaged over the
+update's 128 steps, the 16 envs and the two cooks. The config's `WANDB_MODE` (online) is set
+to disabled: nothing leaves the machine.
+
+Writes `suites/jaxmarl-mpe.yaml`, `suites/jaxmarl-smax.yaml` and
+`suites/jaxmarl-overcooked.yaml`: one cell per budget (and map or layout) recorded, its spec
+the config translated to marlctl (`suites/jaxmarl-*/`), its reference the per-seed values;
+each peer run is appended to `bench/results/peer_jaxmarl.jsonl`.
 
     .venv/bin/python bench/peer_jaxmarl.py --setup
     .venv/bin/python bench/peer_jaxmarl.py --repo PATH/TO/JaxMARL --steps 2000000
     .venv/bin/python bench/peer_jaxmarl.py --work smax --repo PATH/TO/JaxMARL --seeds 3
+    .venv/bin/python bench/peer_jaxmarl.py --work overcooked --repo PATH/TO/JaxMARL --seeds 3 \
+        --steps 5000000
     .venv/bin/marlctl reproduce suites/jaxmarl-mpe.yaml
 """
 
@@ -57,6 +70,9 @@ SPEC = "jaxmarl-mpe/ippo-simple_spread.yaml"
 BASELINE = "baselines/IPPO/ippo_ff_mpe.py"
 SMAX_SUITE = ROOT / "suites" / "jaxmarl-smax.yaml"
 SMAX_BASELINE = "baselines/IPPO/ippo_rnn_smax.py"
+OVERCOOKED_SUITE = ROOT / "suites" / "jaxmarl-overcooked.yaml"
+OVERCOOKED_BASELINE = "baselines/IPPO/ippo_ff_overcooked.py"
+OVERCOOKED_EPISODE = 400  # Overcooked's max_steps
 # The jaxmarl release and the baseline's own imports (its `algs` extra, less what it does not
 # import): the versions measured are recorded with each run.
 PINS = ["jaxmarl==0.2.0", "distrax", "wandb", "hydra-core>=1.3.2", "optax"]
@@ -144,6 +160,28 @@ report({
 })
 """
 
+# Overcooked: argv adds the layout's name and the seeds, vmapped as the baseline's `main` runs
+# them (the MPE driver). Its `main` puts the layout itself in ENV_KWARGS, which `make_train`
+# reads when called; the name goes back for the record.
+OVERCOOKED_DRIVER = (
+    """
+from jaxmarl.environments.overcooked import overcooked_layouts
+layout = sys.argv[4]
+config["ENV_KWARGS"]["layout"] = overcooked_layouts[layout]
+config["NUM_SEEDS"] = int(sys.argv[5])
+config["WANDB_MODE"] = "disabled"
+make_train = baseline.make_train
+
+def made(config):
+    train = make_train(config)
+    config["ENV_KWARGS"]["layout"] = layout
+    return train
+
+baseline.make_train = made
+"""
+    + DRIVER
+)
+
 
 def setup() -> None:
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -161,14 +199,23 @@ def commit_of(repo: Path, given: str | None) -> str:
     return found.stdout.strip()
 
 
-def peer_run(repo: Path, steps: int, commit: str, smax: tuple[str, int] | None = None) -> dict:
-    """JaxMARL's MPE baseline, or with `smax` (map, seeds) its SMAX one, at `steps`."""
-    baseline = SMAX_BASELINE if smax else BASELINE
+# Each work's baseline and the driver that runs it.
+WORKS = {
+    "mpe": (BASELINE, DRIVER),
+    "smax": (SMAX_BASELINE, SMAX_DRIVER),
+    "overcooked": (OVERCOOKED_BASELINE, OVERCOOKED_DRIVER),
+}
+
+
+def peer_run(repo: Path, steps: int, commit: str, work: str, where: tuple[str, int]) -> dict:
+    """JaxMARL's baseline of `work` at `steps`; SMAX and Overcooked: `where` is the map or
+    layout, and the seeds."""
+    baseline, body = WORKS[work]
     folder = repo / Path(baseline).parent
     if not (repo / baseline).exists():
         raise SystemExit(f"{repo / baseline}: not found; --repo is a JaxMARL checkout")
-    driver = f"VERSIONS = {VERSIONS!r}\n" + HEAD + (SMAX_DRIVER if smax else DRIVER)
-    extra = [smax[0], str(smax[1])] if smax else []
+    driver = f"VERSIONS = {VERSIONS!r}\n" + HEAD + body
+    extra = [where[0], str(where[1])] if work != "mpe" else []
     module = Path(baseline).stem
     done = subprocess.run(
         [str(VENV / "bin" / "python"), "-c", driver, str(folder), module, str(steps), *extra],
@@ -179,7 +226,8 @@ def peer_run(repo: Path, steps: int, commit: str, smax: tuple[str, int] | None =
         raise SystemExit(f"JaxMARL's baseline failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return {
-        **({"work": "smax", "map": smax[0]} if smax else {}),
+        **({"work": "smax", "map": where[0]} if work == "smax" else {}),
+        **({"work": "overcooked", "layout": where[0]} if work == "overcooked" else {}),
         "steps": steps,
         "commit": commit,
         "machine": machine(),
@@ -256,54 +304,114 @@ def smax_cell_name(run: dict) -> str:
     return f"ippo-{run['map']}-{run['steps'] / 1e6:g}m"
 
 
-def write_smax_suite(runs: list[dict]) -> None:
-    """The recorded SMAX peer runs as a suite: a cell per map and budget, the latest run."""
-    latest = {smax_cell_name(run): run for run in runs if run.get("work") == "smax"}
+def overcooked_cell_name(run: dict) -> str:
+    return f"ippo-{run['layout']}-{run['steps'] / 1e6:g}m"
+
+
+def peer_cell(run: dict, spec: str, baseline: str, seeds: str, conventions: dict) -> dict:
+    """A suite cell of 3 seeds of `spec` against a recorded peer run's per-seed values."""
+    return {
+        "spec": spec,
+        "seeds": 3,
+        "reference": {
+            **per_seed_values(run["final"]),
+            # what it trained: whole updates (TOTAL_TIMESTEPS // NUM_STEPS // NUM_ENVS)
+            "budget": int(run["config"]["NUM_UPDATES"]) * run["steps_per_update"],
+            "source": source(run, baseline, seeds),
+            "conventions": conventions,
+            "env_package": {"name": "jaxmarl", "version": run["versions"]["jaxmarl"]},
+        },
+    }
+
+
+def write_peer_suite(runs: list[dict], work: str, path: Path, description: str) -> None:
+    """The recorded peer runs of `work` as a suite: a cell per map or layout and budget, the
+    latest run of each; random play its reference point. No run: nothing written."""
+    name_of, parts_of = CELLS[work]
+    latest = {name_of(run): run for run in runs if run.get("work") == work}
     if not latest:
         return
-    body: dict = {
-        "name": SMAX_SUITE.stem,
-        "description": (
-            "JaxMARL's IPPO baseline on SMAX (baselines/IPPO/ippo_rnn_smax.py with its "
-            "config/ippo_rnn_smax.yaml: GRU agents, 128 envs of 128 steps per update, the "
-            "heuristic enemies), run with JaxMARL's own code here (bench/peer_jaxmarl.py --work "
-            "smax); each cell's spec is that config translated to marlctl, and its comment says "
-            "what does not translate (JaxMARL's actor and critic share a trunk; gradient "
-            "clipping, advantage standardisation, GRU resets and minibatches differ in detail). "
-            "The reference is the win rate the baseline logs at its last update: the battles "
-            "that ended in the update's 128 steps of 128 envs, the policy acting as it trains "
-            "(sampled actions, the learning rate annealed almost to zero). marlctl's value is "
-            "the final policy's win rate over fresh evaluation battles with sampled actions."
-        ),
-        "points": {"random": "random"},
-        "cells": {},
-    }
-    for name, run in sorted(latest.items()):
-        seeds = run["seeds"]
-        body["cells"][name] = {
-            "spec": f"jaxmarl-smax/ippo-{run['map']}.yaml",
-            "seeds": 3,
-            "reference": {
-                **per_seed_values(run["final"]),
-                # what it trained: whole updates (TOTAL_TIMESTEPS // NUM_STEPS // NUM_ENVS)
-                "budget": int(run["config"]["NUM_UPDATES"]) * run["steps_per_update"],
-                "source": source(
-                    run,
-                    SMAX_BASELINE,
-                    f"MAP_NAME {run['map']}, seeds {seeds[0]['seed']} to "
-                    f"{seeds[-1]['seed']} (one process, one after another)",
-                ),
-                "conventions": {
-                    "metric": "eval_sampled/win_rate",
-                    "aggregation": "mean",
-                    "evaluation": "stochastic",
-                    "episodes": round(sum(s["episodes"] for s in seeds) / len(seeds)),
-                    "step": "env",
-                },
-                "env_package": {"name": "jaxmarl", "version": run["versions"]["jaxmarl"]},
-            },
-        }
-    SMAX_SUITE.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
+    cells = {name: peer_cell(run, *parts_of(run)) for name, run in sorted(latest.items())}
+    body = {"name": path.stem, "description": description, "points": {"random": "random"},
+            "cells": cells}  # fmt: skip
+    path.write_text(yaml.safe_dump(body, sort_keys=False, width=100, allow_unicode=True))
+
+
+def sampled_conventions(metric: str, episodes: int, **extra) -> dict:
+    """The conventions of a value the baseline logs in training: the policy's sampled actions,
+    averaged over the agents, env steps."""
+    conventions = {"metric": metric, "aggregation": "mean", "evaluation": "stochastic"}
+    return {**conventions, "episodes": episodes, "step": "env", **extra}
+
+
+def smax_parts(run: dict) -> tuple[str, str, str, dict]:
+    """A SMAX cell's spec, baseline, seeds and conventions."""
+    seeds = run["seeds"]
+    episodes = round(sum(s["episodes"] for s in seeds) / len(seeds))
+    conventions = sampled_conventions("eval_sampled/win_rate", episodes)
+    seeds_text = (
+        f"MAP_NAME {run['map']}, seeds {seeds[0]['seed']} to {seeds[-1]['seed']} "
+        "(one process, one after another)"
+    )
+    return f"jaxmarl-smax/ippo-{run['map']}.yaml", SMAX_BASELINE, seeds_text, conventions
+
+
+def episodes_read(config: dict) -> int:
+    """The episodes the last update's `returned_episode_returns` averages: at each of the
+    update's steps every env holds its last finished episode's return, and the envs' episodes
+    end together (fixed length), so each env counts the episode held at the update's first step
+    and every one that ends later in the update."""
+    updates, steps = int(config["NUM_UPDATES"]), config["NUM_STEPS"]
+    first, last = (updates - 1) * steps + 1, updates * steps  # each env's steps at the reads
+    held = last // OVERCOOKED_EPISODE - first // OVERCOOKED_EPISODE + 1
+    return config["NUM_ENVS"] * held
+
+
+def overcooked_parts(run: dict) -> tuple[str, str, str, dict]:
+    """An Overcooked cell's spec, baseline, seeds and conventions."""
+    config = run["config"]
+    conventions = sampled_conventions(
+        "eval_sampled/return_mean", episodes_read(config), episode_length=OVERCOOKED_EPISODE
+    )
+    seeds_text = (
+        f"layout {run['layout']}, its {config['NUM_SEEDS']} seeds from SEED "
+        f"{config['SEED']} vmapped"
+    )
+    spec = f"jaxmarl-overcooked/ippo-{run['layout']}.yaml"
+    return spec, OVERCOOKED_BASELINE, seeds_text, conventions
+
+
+# Each work's cell name and cell parts.
+CELLS = {
+    "smax": (smax_cell_name, smax_parts),
+    "overcooked": (overcooked_cell_name, overcooked_parts),
+}
+
+SMAX_DESCRIPTION = (
+    "JaxMARL's IPPO baseline on SMAX (baselines/IPPO/ippo_rnn_smax.py with its "
+    "config/ippo_rnn_smax.yaml: GRU agents, 128 envs of 128 steps per update, the "
+    "heuristic enemies), run with JaxMARL's own code here (bench/peer_jaxmarl.py --work "
+    "smax); each cell's spec is that config translated to marlctl, and its comment says "
+    "what does not translate (JaxMARL's actor and critic share a trunk; gradient "
+    "clipping, advantage standardisation, GRU resets and minibatches differ in detail). "
+    "The reference is the win rate the baseline logs at its last update: the battles "
+    "that ended in the update's 128 steps of 128 envs, the policy acting as it trains "
+    "(sampled actions, the learning rate annealed almost to zero). marlctl's value is "
+    "the final policy's win rate over fresh evaluation battles with sampled actions."
+)
+OVERCOOKED_DESCRIPTION = (
+    "JaxMARL's IPPO baseline on Overcooked (baselines/IPPO/ippo_ff_overcooked.py with "
+    "its config/ippo_ff_overcooked.yaml: 16 envs of 128 steps per update, separate "
+    "64x64 tanh actor and critic on the flattened grid, the shaped reward annealed to "
+    "zero over the first 2.5M env steps), run with JaxMARL's own code here "
+    "(bench/peer_jaxmarl.py --work overcooked); each cell's spec is that config "
+    "translated to marlctl. The reference is the return the baseline logs at its last "
+    "update: the sparse return (20 per soup delivered, received by both cooks) of each "
+    "env's last finished 400-step episode, the policy acting as it trains (sampled "
+    "actions), averaged over the update's steps, envs and cooks. marlctl's value is the "
+    "final policy's sampled return over fresh evaluation episodes, the sparse reward "
+    "alone."
+)
 
 
 def main() -> None:
@@ -311,10 +419,13 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help=f"make {VENV.name} and stop")
     parser.add_argument("--repo", type=Path, help="a checkout of FLAIROx/JaxMARL")
     parser.add_argument("--commit", help="the checkout's commit, where it is not a git one")
-    parser.add_argument("--work", choices=("mpe", "smax"), default="mpe")
+    parser.add_argument("--work", choices=tuple(WORKS), default="mpe")
     parser.add_argument("--steps", type=int, default=2_000_000, help="TOTAL_TIMESTEPS")
     parser.add_argument("--map", default="2s3z", help="SMAX's MAP_NAME")
-    parser.add_argument("--seeds", type=int, default=3, help="SMAX seeds, one after another")
+    parser.add_argument("--layout", default="cramped_room", help="Overcooked's layout")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="SMAX's seeds (one after another), Overcooked's"
+    )
     parser.add_argument("--suite", action="store_true", help="only write the suite")
     args = parser.parse_args()
     if args.setup:
@@ -326,15 +437,17 @@ def main() -> None:
             raise SystemExit("--repo is needed to run the baseline")
         if not (VENV / "bin" / "python").exists():
             raise SystemExit(f"no {VENV.name}: run with --setup first")
-        smax = (args.map, args.seeds) if args.work == "smax" else None
-        run = peer_run(args.repo, args.steps, commit_of(args.repo, args.commit), smax)
+        where = (args.layout if args.work == "overcooked" else args.map, args.seeds)
+        run = peer_run(args.repo, args.steps, commit_of(args.repo, args.commit), args.work, where)
         runs.append(run)
         with DONE.open("a") as out:
             out.write(json.dumps(run) + "\n")
-        name = smax_cell_name(run) if smax else cell_name(args.steps)
+        names = {"smax": smax_cell_name, "overcooked": overcooked_cell_name}
+        name = names[args.work](run) if args.work in names else cell_name(args.steps)
         print(f"{name}: {[round(v, 2) for v in run['final']]}, {run['wall_s']:.0f} s")
     write_suite(runs)
-    write_smax_suite(runs)
+    write_peer_suite(runs, "smax", SMAX_SUITE, SMAX_DESCRIPTION)
+    write_peer_suite(runs, "overcooked", OVERCOOKED_SUITE, OVERCOOKED_DESCRIPTION)
 
 
 if __name__ == "__main__":
