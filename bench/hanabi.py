@@ -13,6 +13,7 @@ Writes `bench/results/hanabi.md`.
 
     .venv/bin/python bench/hanabi.py --steps 5000000
     .venv/bin/python bench/hanabi.py --steps 2000000 --envs 128   # more updates per step
+    .venv/bin/python bench/hanabi.py --steps 20000000 --device cuda
 """
 
 from __future__ import annotations
@@ -31,21 +32,27 @@ WORKDIR = ROOT / "bench" / "runs" / "hanabi"
 SEEDS = "[0,1,2]"
 
 
-def overrides(steps: int, envs: int) -> list[str]:
+def overrides(steps: int, envs: int, device: str = "cpu") -> list[str]:
     return [
         f"seeds={SEEDS}",
         f"train.total_env_steps={steps}",
         f"train.eval_every={max(steps // 5, 1)}",
         f"hardware.num_envs={envs}",
-        "hardware.device=cpu",
+        f"hardware.device={device}",
         "hardware.batch_seeds=true",
     ]
 
 
-def train(algo: str, steps: int, envs: int) -> dict:
+def train(algo: str, steps: int, envs: int, device: str) -> dict:
     folder = WORKDIR / algo
     folder.mkdir(parents=True, exist_ok=True)
-    args = ["run", str(SPEC), f"algos={algo}", f"name=hanabi-{algo}", *overrides(steps, envs)]
+    args = [
+        "run",
+        str(SPEC),
+        f"algos={algo}",
+        f"name=hanabi-{algo}",
+        *overrides(steps, envs, device),
+    ]
     summary, wall = marlctl_json(args, folder, algo)
     runs = summary["runs"]
     failed = [r for r in runs if r["status"] != "FINISHED"]
@@ -60,7 +67,8 @@ def train(algo: str, steps: int, envs: int) -> dict:
 
 
 def random_play(steps: int, envs: int) -> float:
-    """Random legal moves, scored as the runs' final evaluation: the mean over the seeds."""
+    """Random legal moves, scored as the runs' final evaluation (on the CPU, as `marlctl
+    reproduce`'s reference points are): the mean over the seeds."""
     from marlctl.plan import compile_plan
     from marlctl.reproduce.points import measure
     from marlctl.spec import load_spec
@@ -75,10 +83,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5_000_000, help="env steps per seed")
     parser.add_argument("--envs", type=int, default=1024, help="envs per seed")
     parser.add_argument("--algos", default="ippo,mappo")
+    parser.add_argument("--device", default="cpu", help="the runs' hardware.device")
     parser.add_argument("--busy", action="store_true", help="other work shares the machine")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    rows = [train(algo, args.steps, args.envs) for algo in args.algos.split(",")]
+    rows = [train(algo, args.steps, args.envs, args.device) for algo in args.algos.split(",")]
     rand = random_play(args.steps, args.envs)
     body = [
         [
@@ -95,8 +104,8 @@ def main() -> None:
         "# Hanabi, two players: IPPO and MAPPO against random play",
         "",
         f"Measured {date.today()} with `.venv/bin/python bench/hanabi.py --steps {args.steps} "
-        f"--envs {args.envs} --algos {args.algos}{' --busy' if args.busy else ''}` on "
-        f"{machine('cpu')}.",
+        f"--envs {args.envs} --algos {args.algos} --device {args.device}"
+        f"{' --busy' if args.busy else ''}` on {machine(args.device)}.",
         "",
         f"`specs/hanabi_2p_mappo.yaml` (JaxMARL's IPPO Hanabi hyperparameters), IPPO with "
         f"`algos=ippo`: 3 seeds as one batch, {args.envs:,} envs per seed, {args.steps:,} env "

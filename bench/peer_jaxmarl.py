@@ -199,7 +199,9 @@ def commit_of(repo: Path, given: str | None) -> str:
     return found.stdout.strip()
 
 
-# Each work's baseline and the driver that runs it.
+# Each work's baseline and the driver that runs it; the option that names a SMAX map or an
+# Overcooked layout, recorded under its name.
+PLACE = {"smax": "map", "overcooked": "layout"}
 WORKS = {
     "mpe": (BASELINE, DRIVER),
     "smax": (SMAX_BASELINE, SMAX_DRIVER),
@@ -215,7 +217,7 @@ def peer_run(repo: Path, steps: int, commit: str, work: str, where: tuple[str, i
     if not (repo / baseline).exists():
         raise SystemExit(f"{repo / baseline}: not found; --repo is a JaxMARL checkout")
     driver = f"VERSIONS = {VERSIONS!r}\n" + HEAD + body
-    extra = [where[0], str(where[1])] if work != "mpe" else []
+    extra = [where[0], str(where[1])] if work in PLACE else []
     module = Path(baseline).stem
     done = subprocess.run(
         [str(VENV / "bin" / "python"), "-c", driver, str(folder), module, str(steps), *extra],
@@ -226,8 +228,7 @@ def peer_run(repo: Path, steps: int, commit: str, work: str, where: tuple[str, i
         raise SystemExit(f"JaxMARL's baseline failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return {
-        **({"work": "smax", "map": where[0]} if work == "smax" else {}),
-        **({"work": "overcooked", "layout": where[0]} if work == "overcooked" else {}),
+        **({"work": work, PLACE[work]: where[0]} if work in PLACE else {}),
         "steps": steps,
         "commit": commit,
         "machine": machine(),
@@ -437,13 +438,12 @@ def main() -> None:
             raise SystemExit("--repo is needed to run the baseline")
         if not (VENV / "bin" / "python").exists():
             raise SystemExit(f"no {VENV.name}: run with --setup first")
-        where = (args.layout if args.work == "overcooked" else args.map, args.seeds)
+        where = (getattr(args, PLACE.get(args.work, "map")), args.seeds)
         run = peer_run(args.repo, args.steps, commit_of(args.repo, args.commit), args.work, where)
         runs.append(run)
         with DONE.open("a") as out:
             out.write(json.dumps(run) + "\n")
-        names = {"smax": smax_cell_name, "overcooked": overcooked_cell_name}
-        name = names[args.work](run) if args.work in names else cell_name(args.steps)
+        name = CELLS[args.work][0](run) if args.work in CELLS else cell_name(args.steps)
         print(f"{name}: {[round(v, 2) for v in run['final']]}, {run['wall_s']:.0f} s")
     write_suite(runs)
     write_peer_suite(runs, "smax", SMAX_SUITE, SMAX_DESCRIPTION)
