@@ -309,7 +309,11 @@ class MPEWorld(SeededBatch):
             dist = torch.linalg.vector_norm(delta, dim=-1)
             k = self.contact_margin
             overlap = -(dist - self._contact_size) / k
-            penetration = torch.logaddexp(torch.zeros_like(dist), overlap) * k
+            # `np.logaddexp(0, overlap) * k`, in float64 and rounded back: a float32
+            # transcendental rounds differently in the vectorized loop than in its scalar
+            # tail, which would make a row's step depend on where it sits in the batch.
+            wide = overlap.double()
+            penetration = torch.logaddexp(torch.zeros_like(wide), wide).to(dist.dtype) * k
             scale = self.contact_force * penetration / torch.where(self._contact, dist, 1.0)
             push = delta * (scale * self._contact)[..., None]
             force[:, first:last] += push.sum(2)
