@@ -240,3 +240,38 @@ def test_the_memory_estimate_counts_uint8_frames_as_a_quarter():
         return _estimate_memory_mb(SimpleNamespace(spec=spec), info, 128)
 
     assert estimate("uint8") < 0.4 * estimate("float32")
+
+
+@pytest.mark.parametrize(
+    "env_id, params",
+    [
+        ("butterfly/pistonball", {"n_pistons": 8, "continuous": False, "max_cycles": 40}),
+        ("butterfly/cooperative_pong", {"max_cycles": 40}),
+        ("butterfly/knights_archers_zombies", {"obs_method": "image", "max_cycles": 40}),
+    ],
+)
+def test_the_frames_an_agent_sees_move_with_the_episode(env_id, params):
+    # Pistonball and cooperative pong draw their screen only under a render mode: made
+    # without one, their agents would see the reset frame for the whole episode.
+    from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.envs.probe import probe
+
+    pytest.importorskip("pygame")
+    info = probe(env_id, params)
+    env = PettingZooEnv(env_id, params, info, 1, torch.device("cpu"))
+    first = env.reset(0)
+    generator = torch.Generator().manual_seed(0)
+    moved = dict.fromkeys(first.obs, 0)
+    ob = first
+    for _ in range(12):
+        actions = {g.name: torch.randint(g.n_actions, (1, g.n_agents), generator=generator)
+                   for g in info.groups}  # fmt: skip
+        step = env.step(actions)
+        if (step.terminated | step.truncated).any():  # the next frames are a new episode's
+            break
+        for name, frames in step.next.obs.items():
+            assert frames.dtype == torch.uint8 and frames.dim() == 5, name  # [E, n, H, W, C]
+            moved[name] += not torch.equal(frames, ob.obs[name])
+        ob = step.next
+    env.close()
+    assert all(count >= 3 for count in moved.values()), moved  # steps whose frames changed

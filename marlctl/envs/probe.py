@@ -13,7 +13,7 @@ import numpy as np
 
 from marlctl.callables import calling_user_code
 from marlctl.envs.info import EnvInfo, GroupInfo, group_name
-from marlctl.envs.registry import as_parallel, lookup, resolve_factory
+from marlctl.envs.registry import as_parallel, factory_kwargs, lookup, resolve_factory
 
 
 def _space_key(space: Any) -> str:
@@ -223,7 +223,7 @@ def _probe(env_id: str, params: dict[str, Any]) -> EnvInfo:
         elif entry.suite == "vmas":
             info = describe_vmas(entry.id, dict(entry.kwargs)["scenario"], params)
         else:
-            env = as_parallel(factory(**params))
+            env = as_parallel(factory(**factory_kwargs(entry, params)))
             try:
                 info = describe(env, entry.id, entry.factory, entry.teams_by_name)
                 _step_once(env, info)
