@@ -4,11 +4,12 @@ each, through the CLI (`marlctl run`, `eval --record`, `data`).
 
 Per task:
 1. MAPPO trains one seed with `train.keep_policies` (a policy every fortieth of its budget).
-2. Poor, Medium and Good: `eval --record --sampled` of the kept policies whose evaluation
-   stands nearest 25% and 60% of the way from random play's return to the final policy's,
-   and of the final policy (an untrained policy acting greedily can score below random
-   play: a Poor dataset is still a policy's, above random). Medium-Replay: `train.record`
-   of a second MAPPO run of the same seed up to the Medium policy's step.
+2. Poor, Medium and Good: `eval --record --sampled` of the kept policies whose return,
+   acting as in training (sampled actions, 128 episodes each), stands nearest 25% and 60%
+   of the way from random play's return to the final policy's, and of the final policy (an
+   early policy acting greedily can score below random play while its sampled actions, the
+   ones its dataset holds, score above it). Medium-Replay: `train.record` of a second MAPPO
+   run of the same seed up to the Medium policy's step.
 3. Every offline algorithm (3 seeds, trained as one batch) on every dataset; random play
    (uniform over the allowed actions) on the side.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -95,18 +97,35 @@ def eval_curve(cwd: Path, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "eval/return_mean")}
 
 
-def levels(curve: dict[int, float], every: int, budget: int, random: float) -> dict[str, int]:
-    """The kept policies (`policy/step-N.pt`, N a multiple of `every`) whose evaluation (the
-    first at or after N) stands nearest 25% and 60% of the way from random play's return
-    (`random`) to the final policy's; Poor before Medium."""
-    start, end = random, curve[max(curve)]
-    score = {n: curve[min(s for s in curve if s >= n)] for n in range(every, budget, every)}
+def sampled_returns(cwd: Path, run_id: str, steps: list[int], episodes: int = 128) -> dict:
+    """Each kept policy's return acting as in training (sampled actions), as a dataset it
+    recorded would score: `eval --record --sampled` into a scratch folder. None: the final
+    policy."""
+    out = {}
+    for n in steps:
+        scratch = cwd / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        args = ["eval", run_id, "--record", str(scratch), "--sampled", "--episodes", str(episodes)]
+        result = marlctl(args + (["--checkpoint", f"policy/step-{n}.pt"] if n else []), cwd)
+        out[n] = result["return_mean"]
+    shutil.rmtree(cwd / "scratch", ignore_errors=True)
+    return out
+
+
+def levels(score: dict, random: float) -> dict[str, int]:
+    """The kept policies (`score`: step -> sampled return, None the final policy) whose
+    sampled return stands nearest 25% and 60% of the way from random play's (`random`) to the
+    final policy's; Poor before Medium. Sampled, as the datasets are recorded: early in
+    training a policy acting greedily can score below random play while its sampled actions
+    score above it."""
+    start, end = random, score[None]
+    kept = sorted(n for n in score if n is not None)
 
     def nearest(share: float, steps) -> int:
         return min(steps, key=lambda n: abs(score[n] - (start + share * (end - start))))
 
-    medium = nearest(0.6, list(score)[1:])
-    return {"poor": nearest(0.25, [n for n in score if n < medium]), "medium": medium}
+    medium = nearest(0.6, kept[1:])
+    return {"poor": nearest(0.25, [n for n in kept if n < medium]), "medium": medium}
 
 
 def random_play(task: str, episodes: int = 1024) -> float:
@@ -140,7 +159,9 @@ def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
     budget, episodes = cfg["budget"], str(cfg["episodes"])
     run = behaviour(task, cwd, budget)["runs"][0]
     curve = eval_curve(cwd, run["run_id"])
-    steps = levels(curve, budget // 40, budget, random)
+    every = budget // 40
+    score = sampled_returns(cwd, run["run_id"], [*range(every, budget, every), None])
+    steps = levels(score, random)
     sources = {"poor": f"policy/step-{steps['poor']}.pt",
                "medium": f"policy/step-{steps['medium']}.pt", "good": None}  # fmt: skip
     out = {}
@@ -149,7 +170,8 @@ def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
         marlctl(args + (["--checkpoint", checkpoint] if checkpoint else []), cwd)
         step = steps.get(level, budget)
         evaluated = curve[min(s for s in curve if s >= step)]
-        out[level] = {"policy_step": step, "policy_eval": evaluated}
+        out[level] = {"policy_step": step, "policy_eval": evaluated,
+                      "policy_sampled": score[steps.get(level)]}  # fmt: skip
     behaviour(task, cwd, steps["medium"], record="replay")
     (cwd / "replay" / "seed-0").rename(cwd / "medium-replay")
     out["medium-replay"] = {"policy_step": steps["medium"], "policy_eval": None}
@@ -287,8 +309,8 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
     made = {lv: latest[("dataset", task, lv, None)] for lv in LEVELS
             if ("dataset", task, lv, None) in latest}  # fmt: skip
     where = "; ".join(
-        f"{lv}: the policy at {row['policy_step']:,} env steps (deterministic eval "
-        f"{row['policy_eval']:.2f})" if lv != "medium-replay" else
+        f"{lv}: the policy at {row['policy_step']:,} env steps ({_scores(row)})"
+        if lv != "medium-replay" else
         f"{lv}: every transition of a run of the same seed to {row['policy_step']:,} env steps"
         for lv, row in made.items()
     )  # fmt: skip
@@ -298,6 +320,13 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
     lines += ["", f"The behaviour: MAPPO, {budget:,} env steps. The datasets (sampled actions): "
               f"{where}. Machine ({at}), {load}."]  # fmt: skip
     return [*lines, ""]
+
+
+def _scores(row: dict) -> str:
+    deterministic = f"deterministic eval {row['policy_eval']:.2f}"
+    if row.get("policy_sampled") is None:
+        return deterministic
+    return f"sampled {row['policy_sampled']:.2f}, {deterministic}"
 
 
 def _verdict(level: str, scores: dict[str, float], data: float, random: float) -> str:
