@@ -101,14 +101,13 @@ def sampled_returns(cwd: Path, run_id: str, steps: list[int], episodes: int = 12
     """Each kept policy's return acting as in training (sampled actions), as a dataset it
     recorded would score: `eval --record --sampled` into a scratch folder. None: the final
     policy."""
-    out = {}
+    out, scratch = {}, cwd / "scratch"
     for n in steps:
-        scratch = cwd / "scratch"
         shutil.rmtree(scratch, ignore_errors=True)
         args = ["eval", run_id, "--record", str(scratch), "--sampled", "--episodes", str(episodes)]
         result = marlctl(args + (["--checkpoint", f"policy/step-{n}.pt"] if n else []), cwd)
         out[n] = result["return_mean"]
-    shutil.rmtree(cwd / "scratch", ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 

@@ -246,6 +246,10 @@ def test_the_memory_estimate_counts_uint8_frames_as_a_quarter():
     "env_id, params",
     [
         ("butterfly/pistonball", {"n_pistons": 8, "continuous": False, "max_cycles": 40}),
+        (
+            "pettingzoo.butterfly.pistonball_v6:parallel_env",  # the factory named directly
+            {"n_pistons": 8, "continuous": False, "max_cycles": 40},
+        ),
         ("butterfly/cooperative_pong", {"max_cycles": 40}),
         ("butterfly/knights_archers_zombies", {"obs_method": "image", "max_cycles": 40}),
     ],

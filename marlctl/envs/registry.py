@@ -282,11 +282,15 @@ def preset_name(env_id: str) -> str:
     return name
 
 
-# Envs that draw the screen their observations are cut from only under a render mode: made
-# without one, every agent sees the reset frame (or the bare background) for the whole
-# episode (PettingZoo 1.27's pistonball and cooperative pong). They are made with
-# `rgb_array`, which draws every step off screen.
-DRAWN_ONLY_WHEN_RENDERED = frozenset({"butterfly/pistonball", "butterfly/cooperative_pong"})
+# Modules of envs that draw the screen their observations are cut from only under a render
+# mode: made without one, every agent sees the reset frame (or the bare background) for the
+# whole episode (PettingZoo 1.27's pistonball and cooperative pong). Their factories, by
+# registered id or named directly, are called with `rgb_array`, which draws every step off
+# screen.
+DRAWN_ONLY_WHEN_RENDERED = (
+    "pettingzoo.butterfly.pistonball",
+    "pettingzoo.butterfly.cooperative_pong",
+)
 
 
 def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None) -> Any:
@@ -297,10 +301,10 @@ def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None
 def factory_kwargs(entry: EnvEntry, params: dict[str, Any], render_mode: str | None = None):
     """The keywords an env's factory gets: its params, and the render mode it needs."""
     kwargs = dict(params)
-    if render_mode is None and entry.id in DRAWN_ONLY_WHEN_RENDERED:
-        render_mode = "rgb_array"
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
+    elif entry.factory.startswith(DRAWN_ONLY_WHEN_RENDERED):
+        kwargs.setdefault("render_mode", "rgb_array")
     return kwargs
 
 
