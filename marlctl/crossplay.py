@@ -1,18 +1,31 @@
 """Cross-play: trained policies against each other's, seat by seat.
 
 `marlctl eval RUN --vs OTHER,...` pairs every finished seed run of RUN with every one of the
-OTHERs' (a parent run stands for its seeds). For each pair and each agent group one of the
-two learned (a seat), that run plays the seat with its policy and the other run plays every
-other group it learned with its own; groups neither learned keep the seat's run's players.
-Both directions are played, over the evaluation episodes of the seat's run (its eval seed),
-deterministically. Each match is stored with the seat's run, as the artifact
-`crossplay/<opponent run id>.json`, so that `marlctl report` reads the matrix from tracking
-alone and the same command reproduces every figure from the run ids.
+OTHERs' (a parent run stands for its seeds; RUN's own seeds play each other where RUN is named
+among the OTHERs). A seat is what one run of a pair plays while the other plays the rest:
+
+- a group seat (`--seats groups`): an agent group one of the two learned; that run plays the
+  seat with its policy and the other run plays every other group it learned with its own;
+  groups neither learned keep the seat's run's players.
+- an agent seat (`--seats agents`): one agent of a group both learned; that run plays the
+  agent and the other run plays the group's other agents and every other group it learned.
+  The seat's score is its group's return, which on a cooperative task is the team's: the
+  matrix of these scores is zero-shot coordination (Hu et al. 2020, "Other-Play"), with each
+  run's self-play on its diagonal.
+
+`--seats auto` plays group seats where the runs have a group to play against, else agent
+seats. Both directions are played, over the evaluation episodes of the seat's run (its eval
+seed), deterministically, or with `--sampled` as the policies act in training. Each match is
+stored with the seat's run, as the artifact `crossplay/<opponent run id>.json` (agent seats
+and self-play: `<id>-agents.json`; sampled: `-sampled` added), so that `marlctl report`
+reads the matrices from tracking alone and the same command reproduces every figure from
+the run ids.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass
 
 from pydantic import ConfigDict, TypeAdapter
@@ -22,21 +35,35 @@ from marlctl.atomic import staging
 from marlctl.errors import SpecError
 
 FOLDER = "crossplay"
+SEATS = ("auto", "groups", "agents")
 
 
 @dataclass
 class Match:
     run_id: str  # the seed run that plays `seat`
     seed: int
-    seat: str  # the group it plays
-    opponent: str  # the seed run that plays the other groups it learned
+    seat: str  # the group it plays (`agent`: one agent of it)
+    opponent: str  # the seed run that plays the rest it learned (itself: self-play)
     opponent_seed: int
     opponent_groups: list[str]
     episodes: int
     eval_seed: int
-    score: float  # the seat's return
+    score: float  # the seat's group's return
     returns: dict[str, float]  # every group's return
     win_rate: float | None = None  # the seat run's, where the env says who won
+    agent: str | None = None  # the one agent of `seat` the run plays; None: all of them
+    sampled: bool = False  # every policy acted as in training, not deterministically
+
+    @property
+    def self_play(self) -> bool:
+        return self.opponent == self.run_id
+
+    @property
+    def label(self) -> str:
+        """The seat, with its agent and how the policies acted: matches with one label
+        compare."""
+        seat = self.seat if self.agent is None else f"{self.seat}/{self.agent}"
+        return f"{seat} (sampled)" if self.sampled else seat
 
 
 # What a stored record must be, field by field (strict: a number stays a finite number), so
@@ -49,11 +76,15 @@ class CrossPlay:
     matches: list[Match]
 
     def to_dict(self) -> dict:
-        return {"matches": [asdict(m) for m in self.matches]}
+        return {
+            "matches": [asdict(m) for m in self.matches],
+            "coordination": [c.to_dict() for c in coordination(self.matches)],
+        }
 
 
-def learned_groups(client, run_id: str) -> list[str]:
-    """The groups a seed run's policy plays: the env's, less those its spec gave players."""
+def learned_groups(client, run_id: str) -> dict[str, tuple[str, ...]]:
+    """The groups a seed run's policy plays, each with its agents: the env's, less those its
+    spec gave players."""
     import tempfile
 
     from marlctl.envs.probe import probe
@@ -70,7 +101,78 @@ def learned_groups(client, run_id: str) -> list[str]:
             path, ["hardware.device=cpu", "hardware.devices=null"], stored=f"run {run_id}"
         ).spec
     info = learner_info(probe(spec.env.id, dict(spec.env.params)), spec)
-    return [g.name for g in info.groups]
+    return {g.name: g.agents for g in info.groups}
+
+
+@dataclass
+class _Seat:
+    """One match to play: `run` plays `seat` (or its `agent`), `other` the rest it learned."""
+
+    run: object  # mlflow Run
+    other: object
+    seat: str
+    agent: str | None
+    against: dict[str, str]  # groups -> the other run
+    partners: dict[str, tuple[str, list[str]]]  # the seat's group -> the other run, agents
+
+
+def _pairs(ours: list, theirs: list) -> list[tuple]:
+    """Each unordered pair of two different seed runs, one of RUN's and one of the OTHERs'."""
+    seen, out = set(), []
+    for a in ours:
+        for b in theirs:
+            key = frozenset((a.info.run_id, b.info.run_id))
+            if len(key) == 2 and key not in seen:
+                seen.add(key)
+                out.append((a, b))
+    return out
+
+
+def _group_seats(pairs: list[tuple], learned: dict) -> list[_Seat]:
+    out = []
+    for a, b in pairs:
+        for run, other in ((a, b), (b, a)):
+            theirs = learned[other.info.run_id]
+            for seat in learned[run.info.run_id]:
+                groups = [g for g in theirs if g != seat]
+                if groups:
+                    against = {g: other.info.run_id for g in groups}
+                    out.append(_Seat(run, other, seat, None, against, {}))
+    return out
+
+
+def _agent_seats(pairs: list[tuple], learned: dict) -> list[_Seat]:
+    out = []
+    for a, b in pairs:
+        for run, other in ((a, b), (b, a)):
+            mine, theirs = learned[run.info.run_id], learned[other.info.run_id]
+            for seat, agents in mine.items():
+                if len(agents) < 2 or theirs.get(seat) != agents:
+                    continue
+                against = {g: other.info.run_id for g in theirs if g != seat}
+                for agent in agents:
+                    rest = [x for x in agents if x != agent]
+                    partners = {seat: (other.info.run_id, rest)}
+                    out.append(_Seat(run, other, seat, agent, against, partners))
+    return out
+
+
+def _no_match(seats: str, learned: dict) -> SpecError:
+    groups = ", ".join(sorted({g for found in learned.values() for g in found}))
+    if seats == "agents":
+        return SpecError.at(
+            "--seats",
+            f"no agent seat to play: the runs learned group {groups}; an agent seat needs a "
+            "group of two or more agents that both runs learned",
+        )
+    hint = ""
+    if seats == "groups" and any(len(a) > 1 for found in learned.values() for a in found.values()):
+        hint = "; --seats agents plays one agent of a group beside the other run's others"
+    return SpecError.at(
+        "--vs",
+        f"no match to play: each run learned only group {groups}; a match needs an "
+        f"opponent that learned a group other than the seat{hint}",
+    )
 
 
 def cross_play(
@@ -79,13 +181,16 @@ def cross_play(
     tracking_uri: str | None,
     episodes: int | None,
     device: str | None,
+    seats: str = "auto",
+    sampled: bool = False,
 ) -> CrossPlay:
     """Every match between RUN's seeds and the OTHERs', both ways; stored with the runs."""
     from mlflow.exceptions import MlflowException
 
-    from marlctl.evaluation import _evaluate_one
     from marlctl.stored import finished, not_finished, seed_runs
 
+    if seats not in SEATS:
+        raise SpecError.at("--seats", f"'{seats}' is not one of {', '.join(SEATS)}")
     tracking.check_store(tracking_uri, writes=True)
     client = tracking.client_for(tracking_uri)
 
@@ -105,58 +210,126 @@ def cross_play(
 
     ours = seeds_of(run_id, "RUN_ID")
     theirs = [run for other in others for run in seeds_of(other, "--vs")]
-    mine = {r.info.run_id for r in ours}
-    unique = {r.info.run_id: r for r in theirs if r.info.run_id not in mine}
-    theirs = list(unique.values())
-    if not theirs:
-        raise SpecError.at("--vs", "name at least one run other than RUN_ID's own seeds")
-    learned = {r.info.run_id: learned_groups(client, r.info.run_id) for r in [*ours, *theirs]}
-    matches = []
-    for a in ours:
-        for b in theirs:
-            for seat_run, other in ((a, b), (b, a)):
-                for seat in learned[seat_run.info.run_id]:
-                    groups = [g for g in learned[other.info.run_id] if g != seat]
-                    if not groups:
-                        continue
-                    against = {g: other.info.run_id for g in groups}
-                    result = _evaluate_one(
-                        client, seat_run, None, episodes, None, device, None, None, against
-                    )
-                    matches.append(
-                        Match(
-                            seat_run.info.run_id,
-                            result.seed,
-                            seat,
-                            other.info.run_id,
-                            int(other.data.tags.get("marlctl.seed", 0)),
-                            groups,
-                            result.episodes,
-                            result.eval_seed,
-                            result.returns[seat],
-                            result.returns,
-                            result.win_rate,
-                        )
-                    )
-    if not matches:
-        groups = ", ".join(sorted({g for found in learned.values() for g in found}))
+    pairs = _pairs(ours, list({r.info.run_id: r for r in theirs}.values()))
+    if not pairs:
         raise SpecError.at(
             "--vs",
-            f"no match to play: each run learned only group {groups}; a match needs an "
-            "opponent that learned a group other than the seat",
+            "name at least one run other than RUN_ID's own seeds (its seeds play each other "
+            "where it has two or more)",
         )
+    runs = {r.info.run_id: r for pair in pairs for r in pair}
+    learned = {found: learned_groups(client, found) for found in runs}
+    found = [] if seats == "agents" else _group_seats(pairs, learned)
+    if not found and seats != "groups":
+        found = _agent_seats(pairs, learned)
+    if not found:
+        raise _no_match(seats, learned)
+    matches = [_play(client, s, episodes, device, sampled) for s in found]
+    if found[0].agent is not None:  # each run's self-play: the diagonal of coordination
+        for run in runs.values():
+            for seat in sorted({s.seat for s in found if s.run is run}):
+                alone = _Seat(run, run, seat, None, {}, {})
+                matches.append(_play(client, alone, episodes, device, sampled))
     _store(client, matches)
     return CrossPlay(matches)
 
 
+def _play(client, seat: _Seat, episodes: int | None, device: str | None, sampled: bool) -> Match:
+    from marlctl.evaluation import _evaluate_one
+
+    run, other = seat.run, seat.other
+    result = _evaluate_one(
+        client,
+        run,
+        None,
+        episodes,
+        None,
+        device,
+        None,
+        None,
+        seat.against or None,
+        partners=seat.partners or None,
+        sampled=sampled,
+    )
+    return Match(
+        run.info.run_id,
+        result.seed,
+        seat.seat,
+        other.info.run_id,
+        int(other.data.tags.get("marlctl.seed", 0)),
+        sorted({*seat.against, *seat.partners}),
+        result.episodes,
+        result.eval_seed,
+        result.returns[seat.seat],
+        result.returns,
+        result.win_rate,
+        seat.agent,
+        sampled,
+    )
+
+
+@dataclass
+class Coordination:
+    """Zero-shot coordination on group `seat`: `cells[(a, b)]` is the mean score of the
+    agent-seat matches between runs a and b, both ways and every agent; `cells[(a, a)]` is
+    a's self-play; `sampled`: the policies acted as in training."""
+
+    seat: str
+    sampled: bool
+    runs: list[str]
+    cells: dict[tuple[str, str], float]
+
+    @property
+    def self_play(self) -> float | None:
+        found = [v for (a, b), v in self.cells.items() if a == b]
+        return statistics.fmean(found) if found else None
+
+    @property
+    def cross_play(self) -> float | None:
+        found = [v for (a, b), v in self.cells.items() if a < b]
+        return statistics.fmean(found) if found else None
+
+    def to_dict(self) -> dict:
+        return {
+            "seat": self.seat,
+            "sampled": self.sampled,
+            "runs": self.runs,
+            "cells": [{"run": a, "with": b, "score": v} for (a, b), v in self.cells.items()],
+            "self_play": self.self_play,
+            "cross_play": self.cross_play,
+        }
+
+
+def coordination(matches: list[Match]) -> list[Coordination]:
+    """The zero-shot coordination matrix of every group with agent-seat matches among
+    `matches`: symmetric, each pair's cell the mean over both directions and every agent."""
+    out = []
+    for seat, sampled in sorted({(m.seat, m.sampled) for m in matches if m.agent is not None}):
+        scores: dict[tuple[str, str], list[float]] = {}
+        for m in matches:
+            if (m.seat, m.sampled) != (seat, sampled) or (m.agent is None and not m.self_play):
+                continue
+            key = tuple(sorted((m.run_id, m.opponent)))
+            scores.setdefault(key, []).append(m.score)
+        cells = {}
+        for (a, b), found in sorted(scores.items()):
+            cells[(a, b)] = cells[(b, a)] = statistics.fmean(found)
+        runs = sorted({run for key in cells for run in key})
+        out.append(Coordination(seat, sampled, runs, cells))
+    return out
+
+
 def _store(client, matches: list[Match]) -> None:
-    """One artifact per (seat run, opponent run), replaced when the pair is played again."""
-    pairs: dict[tuple[str, str], list[Match]] = {}
+    """One artifact per (seat run, opponent run, kind of seat), replaced when the pair is
+    played again with that kind of seat."""
+    pairs: dict[tuple[str, str, str], list[Match]] = {}
     for m in matches:
-        pairs.setdefault((m.run_id, m.opponent), []).append(m)
-    for (run_id, opponent), found in pairs.items():
+        kind = "" if m.agent is None and not m.self_play else "-agents"
+        kind += "-sampled" if m.sampled else ""
+        pairs.setdefault((m.run_id, m.opponent, kind), []).append(m)
+    for (run_id, opponent, kind), found in pairs.items():
         with staging() as tmp:
-            path = tmp / f"{opponent}.json"
+            path = tmp / f"{opponent}{kind}.json"
             path.write_text(json.dumps([asdict(m) for m in found], indent=1))
             client.log_artifact(run_id, str(path), artifact_path=FOLDER)
 
@@ -203,11 +376,16 @@ class Rating:
 
 
 def games(matches: list[Match]) -> list[tuple[str, str, str, int]]:
-    """(seat, run a, run b, outcome) for every seat two runs both played against each other:
+    """(seat, run a, run b, outcome) for every group seat (its label: sampled apart) two runs
+    both played against each other:
     each plays the seat against the other's other groups, and the one whose seat scores more
     (its win rate where the env says who won, else its return) wins it; outcome 1 = a won,
     0 = a draw, -1 = b won. In a fixed order (seat, then run ids), which the ratings follow."""
-    found = {(m.seat, m.run_id, m.opponent): m for m in matches}
+    found = {
+        (m.label, m.run_id, m.opponent): m
+        for m in matches
+        if m.agent is None and not m.self_play  # group seats only: agent seats cooperate
+    }
     out = []
     for (seat, a, b), first in sorted(found.items()):
         second = found.get((seat, b, a))

@@ -228,8 +228,12 @@ def _evaluate_one(
     against: dict[str, str] | None = None,
     scenario: str | None = None,
     recorder: _Recorder | None = None,
+    partners: dict[str, tuple[str, list[str]]] | None = None,
+    sampled: bool = False,
 ) -> EvalResult:
     """`against`: groups played by another run's policy instead (group -> its seed run);
+    `partners`: some agents of a group played by another run's policy (group -> its seed run
+    and the agents); `sampled`: every policy acts as in training, not deterministically;
     `scenario`: the Melting Pot scenario played instead of the run's substrate; `recorder`:
     where the episodes played are recorded."""
     import torch
@@ -274,7 +278,14 @@ def _evaluate_one(
     env = make_env(spec, plan.env, num_envs, torch_device, state=recorder is not None)
     try:
         env = with_opponents(
-            env, spec, plan.env, client, [chosen_seed], deterministic=True, against=against
+            env,
+            spec,
+            plan.env,
+            client,
+            [chosen_seed],
+            deterministic=not sampled,
+            against=against,
+            partners=partners,
         )
     except ValueError as err:
         env.close()
@@ -282,7 +293,7 @@ def _evaluate_one(
     except SpecError:
         env.close()
         raise
-    deterministic = recorder is None or not recorder.record.sampled
+    deterministic = not sampled and (recorder is None or not recorder.record.sampled)
     try:
         if recorder is not None:
             quota = episode_quota(episodes, 1, num_envs, torch_device)

@@ -378,7 +378,10 @@ def test_cross_play_refuses_options_it_does_not_use_and_runs_it_cannot_play():
     (a,) = seed_run_ids(first)
     code, out = invoke("eval", a, "--vs", a)
     assert code == 2
-    assert out["errors"] == ["--vs: name at least one run other than RUN_ID's own seeds"]
+    assert out["errors"] == [
+        "--vs: name at least one run other than RUN_ID's own seeds (its seeds play each other "
+        "where it has two or more)"
+    ]
     code, out = invoke("eval", a, "--vs", "ffff0000", "--seed", "3")
     assert code == 2 and out["errors"][0].startswith("--seed: cross-play plays")
     code, out = invoke("eval", a, "--vs", "ffff0000")
@@ -405,12 +408,25 @@ def test_cross_play_names_the_run_that_cannot_play_and_refuses_runs_with_nothing
     code, first = invoke("run", str(write(predators, "a.yaml")))
     assert code == 0, first
     a, b = seed_run_ids(first)
-    # Both learned the predators only: neither has a policy for the other group.
-    code, out = invoke("eval", a, "--vs", b)
+    # Both learned the predators only: neither has a policy for the other group, and an
+    # agent seat needs a group of two or more agents.
+    code, out = invoke("eval", a, "--vs", b, "--seats", "groups")
+    assert code == 2 and out["errors"][0].startswith("--vs: no match to play")
+    solo = tag_spec({"adversary": {"scripted": "random"}}, name="solo", seeds=[0, 1])
+    code, lone = invoke("run", str(write(solo, "solo.yaml")))
+    assert code == 0, lone
+    c, d = seed_run_ids(lone)
+    code, out = invoke("eval", c, "--vs", d)
     assert code == 2
     assert out["errors"] == [
-        "--vs: no match to play: each run learned only group adversary; a match needs an "
+        "--vs: no match to play: each run learned only group agent; a match needs an "
         "opponent that learned a group other than the seat"
+    ]
+    code, out = invoke("eval", c, "--vs", d, "--seats", "agents")
+    assert code == 2
+    assert out["errors"] == [
+        "--seats: no agent seat to play: the runs learned group agent; an agent seat needs a "
+        "group of two or more agents that both runs learned"
     ]
     code, second = invoke("run", str(write(tag_spec(name="tag-b", seeds=[0, 1, 2]), "b.yaml")))
     assert code == 0, second
@@ -484,3 +500,178 @@ def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
     assert rows[0].startswith("kind,seat,run_id")
     assert sum(r.startswith("match,") for r in rows) == 4
     assert sum(r.startswith("rating,") for r in rows) == 2
+
+
+# ---------------------------------------------------------------- zero-shot coordination
+
+
+def test_a_partner_replaces_only_its_agents_actions_from_the_observation_the_env_gave():
+    from marlctl.envs.batch import Transition
+    from marlctl.train.opponents import WithPartners
+
+    g = GroupInfo("g", ("a", "b", "c"), (4,), "float32", True, 5)
+    rows = 2
+
+    class Env:
+        num_envs, device, info = rows, torch.device("cpu"), None
+
+        def __init__(self):
+            self.played, self.t = [], 0
+
+        def reset(self, seed):
+            return observation(rows, g)
+
+        def step(self, actions):
+            self.played.append(actions["g"].clone())
+            self.t += 1
+            ob = observation(rows, g)
+            ob.obs["g"].fill_(self.t)
+            ended = torch.tensor([self.t == 1, False])
+            return Transition(ob, {"g": torch.zeros(rows, 3)}, ended, ended.clone(), ob)
+
+    class Partner:
+        def __init__(self):
+            self.seen = []
+
+        def act(self, ob, first, deterministic):
+            self.seen.append((ob.obs["g"][0, 0, 0].item(), first, deterministic))
+            return torch.tensor([[1, 2, 3], [4, 3, 2]])
+
+    env, partner = Env(), Partner()
+    wrapped = WithPartners(env, {"g": (partner, [0, 2])}, deterministic=True)
+    wrapped.reset(0)
+    learners = {"g": torch.zeros(rows, 3, dtype=torch.long)}
+    wrapped.step(learners)
+    wrapped.step(learners)
+    for played in env.played:
+        assert played.tolist() == [[1, 0, 3], [4, 0, 2]]
+    assert learners["g"].tolist() == [[0, 0, 0], [0, 0, 0]]  # the learners' own untouched
+    # The partner acts on the env's last observation, told where episodes began.
+    assert partner.seen[0][0] == 0 and partner.seen[0][1] is None and partner.seen[0][2]
+    assert partner.seen[1][0] == 1 and partner.seen[1][1].tolist() == [True, False]
+
+
+def predators_of_two_seeds() -> tuple[dict, str, str]:
+    """A run whose two seeds learned the predators, the prey random: its summary, its seed runs."""
+    predators = tag_spec({"agent": {"scripted": "random"}}, seeds=[0, 1])
+    code, first = invoke("run", str(write(predators, "a.yaml")))
+    assert code == 0, first
+    a, b = seed_run_ids(first)
+    return first, a, b
+
+
+def test_coordination_averages_each_pair_both_ways_with_self_play_on_the_diagonal():
+    from marlctl.crossplay import Match, coordination
+
+    def match(run, other, score, agent="p0", seat="team"):
+        return Match(run, 0, seat, other, 0, [seat], 4, 0, score, {seat: score}, None, agent)
+
+    matches = [
+        match("a", "b", 10.0, "p0"), match("a", "b", 20.0, "p1"),
+        match("b", "a", 30.0, "p0"), match("b", "a", 40.0, "p1"),
+        match("a", "a", 50.0, None), match("b", "b", 70.0, None),
+        match("a", "b", 999.0, None, seat="other"),  # a group seat: not coordination
+    ]  # fmt: skip
+    (found,) = coordination(matches)
+    assert found.seat == "team" and found.runs == ["a", "b"]
+    assert found.cells == {("a", "b"): 25.0, ("b", "a"): 25.0, ("a", "a"): 50.0, ("b", "b"): 70.0}
+    assert found.self_play == 60.0 and found.cross_play == 25.0
+
+
+def test_agent_seats_pair_a_runs_own_seeds_and_play_self_play_beside_them():
+    first, a, b = predators_of_two_seeds()
+    parent = first["parent_run_id"]
+    # The parent against itself: its two seeds play each other, one agent at a time.
+    code, out = invoke("eval", parent, "--vs", parent)
+    assert code == 0, out
+    seats = {(m["run_id"], m["agent"], m["opponent"]) for m in out["matches"]}
+    assert seats == {
+        (a, "adversary_0", b), (a, "adversary_1", b), (b, "adversary_0", a),
+        (b, "adversary_1", a), (a, None, a), (b, None, b),
+    }  # fmt: skip
+    for m in out["matches"]:
+        assert m["seat"] == "adversary" and m["score"] == m["returns"]["adversary"]
+        assert m["opponent_groups"] == ([] if m["agent"] is None else ["adversary"])
+    # Self-play repeats the run's own evaluation.
+    code, alone = invoke("eval", a)
+    assert code == 0, alone
+    own = next(m for m in out["matches"] if m["run_id"] == a and m["agent"] is None)
+    assert own["score"] == pytest.approx(alone["runs"][0]["returns"]["adversary"], abs=1e-6)
+    (found,) = out["coordination"]
+    assert found["seat"] == "adversary" and sorted(found["runs"]) == sorted([a, b])
+    # Group seats only: nothing to play, and the error says what would be.
+    code, out = invoke("eval", a, "--vs", b, "--seats", "groups")
+    assert code == 2
+    (error,) = out["errors"]
+    assert error.startswith("--vs: no match to play: each run learned only group adversary")
+    assert error.endswith("--seats agents plays one agent of a group beside the other run's others")
+    code, out = invoke("eval", a, "--seats", "agents")
+    assert code == 2 and out["errors"] == ["--seats: it chooses the seats of cross-play: add --vs"]
+
+
+def test_agent_seats_beside_a_copy_of_the_same_policy_score_its_self_play():
+    # Two runs of one spec and seed train the same weights: every agent seat of one beside
+    # the other plays exactly the policy's self-play, on the same episodes.
+    predators = tag_spec({"agent": {"scripted": "random"}}, seeds=[3])
+    code, first = invoke("run", str(write(predators, "a.yaml")))
+    assert code == 0, first
+    code, second = invoke("run", str(write(dict(predators, name="tag-b"), "b.yaml")))
+    assert code == 0, second
+    (a,), (b,) = seed_run_ids(first), seed_run_ids(second)
+    code, out = invoke("eval", a, "--vs", b, "--seats", "agents")
+    assert code == 0, out
+    scores = {m["score"] for m in out["matches"]}
+    assert len(out["matches"]) == 6 and len(scores) == 1
+
+
+def test_the_report_adds_the_coordination_matrix_in_every_format():
+    _, a, b = predators_of_two_seeds()
+    code, played = invoke("eval", a, "--vs", b)
+    assert code == 0, played
+    code, report = invoke("report")
+    assert code == 0, report
+    crossplay = report["crossplay"]
+    assert len(crossplay["matches"]) == 6 and crossplay["ratings"] == []
+    (found,) = crossplay["coordination"]
+    cells = {(c["run"], c["with"]): c["score"] for c in found["cells"]}
+    scores = {(m["run_id"], m["agent"], m["opponent"]): m["score"] for m in played["matches"]}
+    pair = [v for (run, agent, other), v in scores.items() if agent is not None]
+    assert cells[(a, b)] == cells[(b, a)] == pytest.approx(sum(pair) / len(pair))
+    assert cells[(a, a)] == scores[(a, None, a)] and found["self_play"] == pytest.approx(
+        (scores[(a, None, a)] + scores[(b, None, b)]) / 2
+    )
+    result = runner.invoke(app, ["report", "--out", "report.md"])
+    assert result.exit_code == 0, result.output
+    text = Path("report.md").read_text()
+    assert "Zero-shot coordination, group adversary" in text
+    assert "cross-play / self-play" in text
+    result = runner.invoke(app, ["report", "--out", "report.csv"])
+    assert result.exit_code == 0, result.output
+    rows = Path("report_crossplay.csv").read_text().splitlines()
+    assert rows[0].endswith(",agent")
+    assert sum(r.startswith("match,") and r.endswith(",adversary_0") for r in rows) == 2
+    result = runner.invoke(app, ["report"])
+    assert result.exit_code == 0, result.output
+    assert "zero-shot coordination" in result.output
+
+
+def test_sampled_cross_play_is_its_own_seat_and_plays_the_same_episodes_again():
+    _, a, b = predators_of_two_seeds()
+    code, greedy = invoke("eval", a, "--vs", b)
+    assert code == 0, greedy
+    code, sampled = invoke("eval", a, "--vs", b, "--sampled")
+    assert code == 0, sampled
+    assert {m["sampled"] for m in greedy["matches"]} == {False}
+    assert {m["sampled"] for m in sampled["matches"]} == {True}
+    code, again = invoke("eval", a, "--vs", b, "--sampled")
+    assert code == 0, again
+    assert [m["score"] for m in again["matches"]] == [m["score"] for m in sampled["matches"]]
+    # Both kinds stay stored side by side; the report keeps them apart.
+    code, report = invoke("report")
+    assert code == 0, report
+    kinds = {(c["seat"], c["sampled"]) for c in report["crossplay"]["coordination"]}
+    assert kinds == {("adversary", False), ("adversary", True)}
+    code, out = invoke("eval", a, "--vs", b, "--record", "data")
+    assert code == 2 and out["errors"] == [
+        "--record: cross-play is not recorded: leave it out with --vs"
+    ]

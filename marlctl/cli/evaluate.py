@@ -18,6 +18,12 @@ class Backend(StrEnum):
     pettingzoo = "pettingzoo"
 
 
+class Seats(StrEnum):
+    auto = "auto"
+    groups = "groups"
+    agents = "agents"
+
+
 BackendOpt = Annotated[
     Backend | None,
     typer.Option("--backend", help="Env backend to evaluate on (default: the run's)."),
@@ -61,8 +67,17 @@ VsOpt = Annotated[
         "--vs",
         metavar="RUN_ID,...",
         help="Cross-play: each group this run learned against the other runs' policies in "
-        "the other groups, and theirs against this run's; stored with the runs for the "
-        "report.",
+        "the other groups, and theirs against this run's (naming this run too pairs its own "
+        "seeds); stored with the runs for the report.",
+    ),
+]
+SeatsOpt = Annotated[
+    Seats,
+    typer.Option(
+        "--seats",
+        help="With --vs: groups (a run plays one group, the other run the others), agents (a "
+        "run plays one agent of a group, the other run its other agents: zero-shot "
+        "coordination) or auto (groups where the runs have groups to play against).",
     ),
 ]
 ScenarioOpt = Annotated[
@@ -87,7 +102,7 @@ SampledOpt = Annotated[
     bool,
     typer.Option(
         "--sampled",
-        help="With --record: act as the policy does in training (sampled actions; "
+        help="With --record or --vs: act as the policy does in training (sampled actions; "
         "epsilon-greedy for Q-learners) instead of its most probable actions.",
     ),
 ]
@@ -105,6 +120,7 @@ def eval_(
     device: DeviceOpt = None,
     tracking_uri: TrackingUriOpt = None,
     vs: VsOpt = None,
+    seats: SeatsOpt = Seats.auto,
     scenario: ScenarioOpt = None,
     record: RecordOpt = None,
     sampled: SampledOpt = False,
@@ -118,10 +134,10 @@ def eval_(
     stop_on_sigterm()
     trust(trust_factory)
     with exit_codes(as_json):
-        recording = _recording(record, sampled, scenario, vs)
+        recording = _recording(record, sampled, scenario, vs, seats)
     if vs is not None:
         _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
-                    device, as_json)  # fmt: skip
+                    device, seats, sampled, as_json)  # fmt: skip
         return
     with exit_codes(as_json):
         from marlctl.evaluation import Render, check_render, evaluate_runs
@@ -163,29 +179,33 @@ def eval_(
                         f"transitions) to {d['path']}")  # fmt: skip
 
 
-def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str | None):
-    """`--record` and `--sampled` as the evaluation takes them, or exit 2 where they conflict
-    with the other options."""
+def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str | None, seats: str):
+    """`--record` and `--sampled` as the evaluation takes them, or exit 2 where they or
+    `--seats` conflict with the other options."""
     from marlctl.errors import SpecError
     from marlctl.evaluation import Record, check_record
 
+    if vs is None and seats != "auto":
+        raise SpecError.at("--seats", "it chooses the seats of cross-play: add --vs")
     if vs is not None and scenario is not None:
         raise SpecError.at(
             "--scenario", "cross-play plays the runs' own env: leave it out with --vs"
         )
-    if vs is not None and (record is not None or sampled):
-        option = "--record" if record is not None else "--sampled"
-        raise SpecError.at(option, "cross-play is not recorded: leave it out with --vs")
-    if sampled and record is None:
-        raise SpecError.at("--sampled", "it chooses how recorded episodes act: add --record")
+    if vs is not None and record is not None:
+        raise SpecError.at("--record", "cross-play is not recorded: leave it out with --vs")
+    if sampled and record is None and vs is None:
+        raise SpecError.at(
+            "--sampled", "it chooses how recorded or cross-play episodes act: add --record or --vs"
+        )
     if record is not None and scenario is not None:
         raise SpecError.at("--record", "a scenario's episodes are not recorded")
     return None if record is None else Record(check_record(record), sampled)
 
 
 def _cross_play(
-    run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes, device, as_json
-) -> None:
+    run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes, device, seats,
+    sampled, as_json,
+) -> None:  # fmt: skip
     with exit_codes(as_json):
         from marlctl.errors import SpecError
 
@@ -203,15 +223,26 @@ def _cross_play(
             raise SpecError.at("--vs", "name one or more run ids, separated by commas")
         from marlctl.crossplay import cross_play
 
-        result = cross_play(run_id, others, tracking_uri, episodes, device)
+        result = cross_play(run_id, others, tracking_uri, episodes, device, str(seats), sampled)
     if as_json:
         emit_json(result.to_dict())
         return
     table = Table("seat", "run", "seed", "against", "seed", "seat return", "win rate")
     for m in result.matches:
         win = "—" if m.win_rate is None else f"{m.win_rate:.2f}"
+        against = "itself" if m.self_play else m.opponent[:8]
         table.add_row(
-            m.seat, m.run_id[:8], str(m.seed), m.opponent[:8], str(m.opponent_seed),
+            m.label, m.run_id[:8], str(m.seed), against, str(m.opponent_seed),
             f"{m.score:.2f}", win,
         )  # fmt: skip
     print_table(table)
+    from marlctl.crossplay import coordination
+
+    for found in coordination(result.matches):
+        shown = "—" if found.cross_play is None else f"{found.cross_play:.2f}"
+        say(
+            output.out,
+            f"zero-shot coordination, group {found.seat}"
+            f"{' (sampled actions)' if found.sampled else ''}: self-play {found.self_play:.2f}, "
+            f"cross-play {shown} (runs {len(found.runs)})",
+        )

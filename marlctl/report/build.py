@@ -76,7 +76,7 @@ def build(
 
 def _cross_play(client, seeds: list[RunRecord]) -> CrossPlayTable | None:
     """The matches the report's seed runs played against each other, or None."""
-    from marlctl.crossplay import ratings, stored_matches
+    from marlctl.crossplay import coordination, ratings, stored_matches
 
     chosen = {r.run_id: r for r in seeds}
     matches = [
@@ -93,7 +93,7 @@ def _cross_play(client, seeds: list[RunRecord]) -> CrossPlayTable | None:
         )
         for run_id, r in chosen.items()
     }
-    return CrossPlayTable(named, matches, ratings(matches))
+    return CrossPlayTable(named, matches, ratings(matches), coordination(matches))
 
 
 # ---------------------------------------------------------------- groups

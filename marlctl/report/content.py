@@ -285,15 +285,18 @@ def sweep_summary(sweep: Sweep) -> str:
 
 
 def crossplay_tables(report: Report) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows): per seat, the seat's return (win rate where the env has one)
-    of each run that played it (rows) against each other run (columns); then the ratings."""
+    """(title, header, rows): per group seat, the seat's return (win rate where the env has
+    one) of each run that played it (rows) against each other run (columns); then the
+    ratings; then per group with agent seats, its zero-shot coordination matrix and summary."""
     table = report.crossplay
     if table is None:
         return []
     out = []
     name = table.labels
     for seat in table.seats:
-        found = [m for m in table.matches if m.seat == seat]
+        found = [
+            m for m in table.matches if m.label == seat and m.agent is None and not m.self_play
+        ]
         players = sorted({m.run_id for m in found}, key=lambda r: name[r])
         opponents = sorted({m.opponent for m in found}, key=lambda r: name[r])
         cell = {(m.run_id, m.opponent): m for m in found}
@@ -322,7 +325,30 @@ def crossplay_tables(report: Report) -> list[tuple[str, list[str], list[list[str
                 body,
             )
         )
+    for found in table.coordination:
+        runs = sorted(found.runs, key=lambda r: name[r])
+        body = [[name[a], *(number(found.cells.get((a, b))) for b in runs)] for a in runs]
+        acted = ", sampled actions" if found.sampled else ""
+        title = (
+            f"zero-shot coordination, group {found.seat}{acted}: its return with one agent "
+            "played by the row's run and the others by the column's (self-play on the diagonal)"
+        )
+        out.append((title, [f"{found.seat}: ↓ with →", *(name[r] for r in runs)], body))
+    summary = [
+        [found.seat + (" (sampled)" if found.sampled else ""), number(found.self_play),
+         number(found.cross_play),
+         number(found.cross_play / found.self_play) if _ratio(found) else MISSING]
+        for found in table.coordination
+    ]  # fmt: skip
+    if summary:
+        head = ["group", "self-play", "cross-play", "cross-play / self-play"]
+        out.append(("zero-shot coordination: mean self-play and cross-play", head, summary))
     return out
+
+
+def _ratio(found) -> bool:
+    """Cross-play over self-play means something: both measured, self-play positive."""
+    return found.cross_play is not None and found.self_play is not None and found.self_play > 0
 
 
 CROSSPLAY_EXPLAINED = (
@@ -332,7 +358,12 @@ CROSSPLAY_EXPLAINED = (
     "Two runs that both played a seat against each other meet in a game on it; the higher "
     "seat score (win rate where the env says who won, else return) wins, equal scores draw. "
     "Ratings: openskill's Thurstone-Mosteller model (TrueSkill's) over those games in a fixed "
-    "order, without dynamics; mu − 3 sigma ranks conservatively."
+    "order, without dynamics; mu − 3 sigma ranks conservatively; `--sampled` matches, where "
+    "the policies act as in training, are seats of their own. Zero-shot coordination "
+    "(`--seats agents`): a run plays one agent of a group and the other run the group's other "
+    "agents; a cell is the group's return, the mean over both runs' seats and every agent, "
+    "and the diagonal is each run's self-play over the same episodes. Cross-play below "
+    "self-play means the runs learned conventions that do not work with each other's."
 )
 
 

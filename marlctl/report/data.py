@@ -153,12 +153,14 @@ def _crossplay_dict(report: Report) -> dict | None:
         "labels": table.labels,
         "matches": [asdict(m) for m in table.matches],
         "ratings": [{**asdict(r), "ordinal": r.ordinal, "games": r.games} for r in table.ratings],
+        "coordination": [c.to_dict() for c in table.coordination],
         "explained": CROSSPLAY_EXPLAINED,
     }
 
 
 def crossplay_csv(report: Report) -> str | None:
-    """The cross-play matches and ratings as one CSV (a row per match, then per rating)."""
+    """The cross-play matches and ratings as one CSV (a row per match, then per rating);
+    `agent` is the one agent of the seat a match's run played (empty: the whole group)."""
     table = report.crossplay
     if table is None:
         return None
@@ -166,13 +168,13 @@ def crossplay_csv(report: Report) -> str | None:
     writer = csv.writer(buffer)
     writer.writerow(
         ["kind", "seat", "run_id", "run", "opponent_id", "opponent", "score", "win_rate"]
-        + ["episodes", "mu", "sigma", "ordinal", "wins", "draws", "losses"]
+        + ["episodes", "mu", "sigma", "ordinal", "wins", "draws", "losses", "agent"]
     )
     for m in table.matches:
         writer.writerow(
             ["match", m.seat, m.run_id, table.labels[m.run_id], m.opponent,
              table.labels[m.opponent], m.score, m.win_rate, m.episodes]
-            + [None] * 6
+            + [None] * 6 + [m.agent]
         )  # fmt: skip
     for r in table.ratings:
         writer.writerow(

@@ -132,15 +132,18 @@ class Sweep:
 
 @dataclass
 class CrossPlayTable:
-    """The matches stored among the report's seed runs, and the runs' ratings from them."""
+    """The matches stored among the report's seed runs, the runs' ratings from their group
+    seats, and the zero-shot coordination matrices from their agent seats."""
 
     labels: dict[str, str]  # run id -> how the report names it
     matches: list  # marlctl.crossplay.Match
     ratings: list  # marlctl.crossplay.Rating, best first
+    coordination: list = field(default_factory=list)  # marlctl.crossplay.Coordination
 
     @property
     def seats(self) -> list[str]:
-        return sorted({m.seat for m in self.matches})
+        """The group seats played, by label (sampled matches apart)."""
+        return sorted({m.label for m in self.matches if m.agent is None and not m.self_play})
 
 
 @dataclass

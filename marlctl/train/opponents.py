@@ -148,6 +148,35 @@ class WithOpponents(Wrapper):
         return transition_for(tr, self._names)
 
 
+class WithPartners(Wrapper):
+    """`env` with some agents of the learners' own groups played by another run's policy
+    (zero-shot coordination): the learners act for every agent as they would alone, and each
+    partner agent takes the other policy's action instead, chosen from the same observation."""
+
+    def __init__(self, env, partners: dict[str, tuple[FrozenPlayer, list[int]]], deterministic):
+        super().__init__(env)
+        self.info, self.partners, self.deterministic = env.info, partners, deterministic
+        self._ob: Observation | None = None
+        self._first: torch.Tensor | None = None
+
+    graph_blocker = "agents played by another run's policy act on the host"
+
+    def reset(self, seed) -> Observation:
+        self._ob, self._first = self.env.reset(seed), None
+        return self._ob
+
+    def step(self, actions: dict[str, torch.Tensor]) -> Transition:
+        joint = dict(actions)
+        for name, (player, index) in self.partners.items():
+            theirs = player.act(self._ob, self._first, self.deterministic)
+            mixed = joint[name].clone()
+            mixed[:, index] = theirs[:, index].to(mixed.dtype)
+            joint[name] = mixed
+        tr = self.env.step(joint)
+        self._ob, self._first = tr.next, tr.terminated | tr.truncated
+        return tr
+
+
 # ---------------------------------------------------------------- building the players
 
 
@@ -290,10 +319,23 @@ def with_opponents(
     seeds: list[int],
     deterministic: bool,
     against: dict[str, str] | None = None,
+    partners: dict[str, tuple[str, list[str]]] | None = None,
 ):
     """`env` as the learners see it, or `env` itself when every group learns. `against`
     (group -> a seed run) puts other runs' policies in groups of the learners' own, whose
-    actions they then replace (cross-play: a run that cannot play is `--vs`'s problem)."""
+    actions they then replace; `partners` (group -> a seed run and agents of the group) does
+    so for some of a group's agents only (cross-play: a run that cannot play is `--vs`'s
+    problem)."""
+    if partners:
+        players = {}
+        for name, (run_id, agents) in partners.items():
+            try:
+                player = frozen_player(client, spec, info, name, run_id, env.device, env.num_envs)
+            except ValueError as err:
+                raise SpecError.at("--vs", f"group '{name}': {err}") from None
+            group = next(g for g in info.groups if g.name == name)
+            players[name] = (player, [group.agents.index(a) for a in agents])
+        env = WithPartners(env, players, deterministic)
     if not spec.opponents and not against:
         return env
     players = build_players(spec, info, client, env.device, seeds, env.num_envs)
