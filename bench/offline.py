@@ -22,6 +22,9 @@ Writes `bench/results/offline.md`; raw rows go to `bench/results/offline.jsonl`.
     .venv/bin/python bench/offline.py --tasks simple_spread
     .venv/bin/python bench/offline.py --tasks 3m --updates 20000
     .venv/bin/python bench/offline.py --overhead
+
+With `--work DIR` the datasets and each offline result are kept in DIR as they are made, and
+a rerun with the same DIR goes on from the first one missing.
 """
 
 from __future__ import annotations
@@ -153,7 +156,11 @@ def random_play(task: str, episodes: int = 1024) -> float:
 
 
 def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
-    """The four datasets of `task` in `cwd`, with their mean returns and sources."""
+    """The four datasets of `task` in `cwd`, with their mean returns and sources; kept in
+    `cwd` (`datasets.json`) once all are recorded, for a rerun with the same `--work`."""
+    kept = cwd / "datasets.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
     cfg = TASKS[task]
     budget, episodes = cfg["budget"], str(cfg["episodes"])
     run = behaviour(task, cwd, budget)["runs"][0]
@@ -178,10 +185,16 @@ def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
         described = marlctl(["data", "describe", level], cwd)
         row |= {"return": described["return_mean"], "episodes": described["episodes"],
                 "transitions": described["transitions"]}  # fmt: skip
+    kept.write_text(json.dumps(out))
     return out
 
 
 def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
+    """Its final returns and wall-clock, kept in `cwd` as they end: a rerun with the same
+    `--work` goes on from the first one missing."""
+    kept = cwd / f"{task}-{algo}-{level}-{updates}.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
     cfg = TASKS[task]
     body = {"seeds": [0, 1, 2], "env": cfg["env"], "algo": {"name": algo},
             "model": cfg.get("model", {}), "data": level,
@@ -191,7 +204,9 @@ def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
     start = time.perf_counter()
     out = marlctl(["run", write(cwd, f"{task}-{algo}-{level}.yaml", body)], cwd)
     finals = [r["final_return"] for r in out["runs"]]
-    return {"finals": finals, "wall_s": time.perf_counter() - start}
+    result = {"finals": finals, "wall_s": time.perf_counter() - start}
+    kept.write_text(json.dumps(result))
+    return result
 
 
 def overhead(cwd: Path) -> dict:

@@ -199,3 +199,53 @@ def test_multiwalker_episodes_end_when_a_walker_falls(terminate_on_fall: bool) -
     assert all(n < params["max_cycles"] for ended in seen["lengths"] for n in ended)
     if not terminate_on_fall:
         assert seen["left_early"]  # a fallen walker left while the others walked on
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_env_workers_send_final_observations_and_states_as_one_process_makes_them(state):
+    """Each worker sends final observations only where one of its episodes ended, and no
+    state where none is computed: rows that ended in one worker's slice and not another's
+    come out as the envs stepped in one process give them, state zeros where not read."""
+    from marlctl.envs.pettingzoo import PettingZooEnv
+
+    env_id = "sisl/multiwalker"
+    entry = lookup(env_id)
+    if not entry.installed:
+        pytest.skip(f"{env_id} is not installed: {entry.install_hint}")
+    params = {**preset_params(env_id), "terminate_on_fall": True}
+    info = probe(env_id, params)
+    (walkers,) = info.groups
+    made = [
+        PettingZooEnv(env_id, params, info, 4, torch.device("cpu"), workers=w, state=state)
+        for w in (0, 2)
+    ]
+    try:
+        local, remote = made
+        assert_same(local.reset(0), remote.reset(0))
+        draw = torch.Generator().manual_seed(0)
+        ends = []
+        for _ in range(160):
+            actions = {"walker": torch.rand(4, walkers.n_agents, 4, generator=draw) * 2 - 1}
+            x, y = local.step(actions), remote.step(actions)
+            done = x.terminated | x.truncated
+            assert torch.equal(done, y.terminated | y.truncated)
+            assert_same(x.next, y.next)
+            assert_same(x.final, y.final, rows=done)
+            assert torch.equal(x.rewards["walker"], y.rewards["walker"])
+            if not state:
+                assert not y.next.state.any() and y.next.state.shape == (4, info.state_dim)
+            ends.append(done.tolist())
+        # Some steps ended episodes in one worker's rows only.
+        assert any(any(d[:2]) != any(d[2:]) for d in ends)
+    finally:
+        for env in made:
+            env.close()
+
+
+def assert_same(a, b, rows=None) -> None:
+    """Observations `a` and `b` equal, in `rows` only where given."""
+    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+    assert torch.equal(pick(a.state), pick(b.state))
+    for key in a.obs:
+        assert torch.equal(pick(a.obs[key]), pick(b.obs[key]))
+        assert torch.equal(pick(a.active[key]), pick(b.active[key]))

@@ -58,7 +58,10 @@ class EnvSlice:
                     self.flatten[a] = space["observation"] if g.mask_source == "obs" else space
 
     def _blank(self) -> Arrays:
-        out: Arrays = {"state": np.zeros((self.k, self.info.state_dim), np.float32)}
+        # Without `state` none is sent: the batched env fills zeros on its device.
+        out: Arrays = {}
+        if self.state:
+            out["state"] = np.zeros((self.k, self.info.state_dim), np.float32)
         for g in self.info.groups:
             shape, dtype = (self.k, g.n_agents, *g.obs_shape), np.dtype(g.obs_storage)
             out[f"obs/{g.name}"] = np.zeros(shape, dtype)
@@ -110,8 +113,10 @@ class EnvSlice:
         if self.frames is not None and i == 0:
             self.frames.append(env.render())
 
-    def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays]:
-        nxt, final = self._blank(), self._blank()
+    def step(self, actions: Arrays) -> tuple[Arrays, Arrays, Arrays | None]:
+        """(next observations, rewards and ends, the final observations of the episodes that
+        ended: None where none did)."""
+        nxt, final = self._blank(), None
         k = self.info.objectives  # a reward vector of k objectives per agent, or a scalar
         rew: Arrays = {
             f"rew/{g.name}": np.zeros((self.k, g.n_agents, *((k,) if k else ())), np.float32)
@@ -134,6 +139,7 @@ class EnvSlice:
             if env.agents:
                 self._write(nxt, i, env, obs, infos)
                 continue
+            final = self._blank() if final is None else final
             self._write(final, i, env, obs, infos)
             if self.wins_for is not None:
                 rew["won"][i] = self._won(terms)
@@ -257,9 +263,13 @@ class PettingZooEnv:
             return torch.from_numpy(array).to(self.device)
 
         groups = self.info.groups
+        if "state" in parts[0]:
+            state = cat("state")
+        else:  # not computed (`state=False`): zeros, never sent between processes
+            state = torch.zeros(self.num_envs, self.info.state_dim, device=self.device)
         return Observation(
             obs={g.name: cat(f"obs/{g.name}") for g in groups},
-            state=cat("state"),
+            state=state,
             masks={g.name: cat(f"mask/{g.name}") if g.mask_source else None for g in groups},
             active={g.name: cat(f"active/{g.name}") for g in groups},
         )
@@ -280,7 +290,14 @@ class PettingZooEnv:
         ]
         results = self._gather("step", payloads)
         nxt = self._observation([r[0] for r in results])
-        final = self._observation([r[2] for r in results])
+        # A slice where no episode ended sends no final observations: its rows are read only
+        # where an episode ended, so the next ones stand in for them.
+        ended = [r[2] for r in results]
+        if all(part is None for part in ended):
+            final = nxt
+        else:
+            parts = [r[0] if f is None else f for r, f in zip(results, ended, strict=True)]
+            final = self._observation(parts)
         rew = [r[1] for r in results]
 
         def cat(key: str) -> torch.Tensor:

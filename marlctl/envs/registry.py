@@ -294,8 +294,11 @@ DRAWN_ONLY_WHEN_RENDERED = (
 
 
 def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None) -> Any:
+    from marlctl.envs.screens import share_screen
+
     entry = lookup(env_id)
-    return as_parallel(resolve_factory(entry)(**factory_kwargs(entry, params, render_mode)))
+    env = as_parallel(resolve_factory(entry)(**factory_kwargs(entry, params, render_mode)))
+    return share_screen(env, entry.factory)
 
 
 def factory_kwargs(entry: EnvEntry, params: dict[str, Any], render_mode: str | None = None):
@@ -310,11 +313,12 @@ def factory_kwargs(entry: EnvEntry, params: dict[str, Any], render_mode: str | N
 
 def as_parallel(env: Any) -> Any:
     """A factory's env as a ParallelEnv: a turn-based (AEC) env is wrapped so that each step
-    moves the one agent whose turn it is (`marlctl.envs.turns`)."""
+    moves the one agent whose turn it is, and PettingZoo's conversion of an AEC env whose
+    agents all act each cycle steps without observing twice (`marlctl.envs.turns`)."""
     from pettingzoo import AECEnv
 
-    if isinstance(env, AECEnv):
-        from marlctl.envs.turns import TurnBasedEnv
+    from marlctl.envs.turns import TurnBasedEnv, cycle_parallel
 
+    if isinstance(env, AECEnv):
         return TurnBasedEnv(env)
-    return env
+    return cycle_parallel(env)

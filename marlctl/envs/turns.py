@@ -16,6 +16,9 @@ algorithm trains on it and its return is the learner's score against that oppone
 tic-tac-toe, `opponent: minimax` plays perfectly instead (a solved game: the best a learner
 can do against it is a draw), picking among its best moves at random.
 
+`CycleParallel` steps PettingZoo's own parallel conversion of an AEC env whose agents all act
+each cycle (the butterfly and sisl envs) without computing each agent's observation twice.
+
 Pure: imports numpy and PettingZoo.
 """
 
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections import defaultdict
 from functools import cache
 from typing import Any
 
 import numpy as np
 from pettingzoo import ParallelEnv
+from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
 from marlctl.envs.signature import FactoryParams, factory_params
 
@@ -240,3 +245,47 @@ classic.parameters = _parameters  # type: ignore[attr-defined]
 
 def _module(game: str):
     return importlib.import_module(f"pettingzoo.classic.{game}")
+
+
+# ---------------------------------------------------------------- every agent each cycle
+
+
+class CycleParallel(aec_to_parallel_wrapper):
+    """PettingZoo's own conversion of an AEC env whose agents all act each cycle
+    (`aec_to_parallel`: the `parallel_env()` of the butterfly and sisl envs), without the
+    observation its step computes and drops before every agent's move (`last()`): the same
+    moves, rewards, episode ends and observations, half the `observe` calls. Observing is
+    most of a step in the pixel envs (a crop of the screen for every agent)."""
+
+    def step(self, actions):
+        aec = self.aec_env
+        rewards: dict = defaultdict(int)
+        for agent in aec.agents:
+            if agent != aec.agent_selection:
+                ended = aec.terminations[agent] or aec.truncations[agent]
+                raise AssertionError(
+                    f"expected agent {agent}, got agent {aec.agent_selection}"
+                    + (" ended" if ended else "")
+                    + ": the parallel conversion expects agents to step in a cycle and to "
+                    "leave only at its end"
+                )
+            aec.step(actions[agent])
+            for other in aec.agents:
+                rewards[other] += aec.rewards[other]
+        terminations, truncations = dict(**aec.terminations), dict(**aec.truncations)
+        infos = dict(**aec.infos)
+        observations = {agent: aec.observe(agent) for agent in aec.agents}
+        while aec.agents and (
+            aec.terminations[aec.agent_selection] or aec.truncations[aec.agent_selection]
+        ):
+            aec.step(None)
+        self.agents = aec.agents
+        return observations, rewards, terminations, truncations, infos
+
+
+def cycle_parallel(env: Any) -> Any:
+    """`env`, stepped by `CycleParallel` where it is PettingZoo's own conversion (not a
+    subclass, which may step differently)."""
+    if type(env) is aec_to_parallel_wrapper:
+        env.__class__ = CycleParallel
+    return env
