@@ -1,11 +1,12 @@
 """Zero-shot coordination on Overcooked: independently trained IPPO seeds cooking together.
 
-Per layout, IPPO at JaxMARL's settings (`specs/overcooked_cramped_room_ippo.yaml` with
-`envs=<layout>`: 3 seeds, 5M env steps each, trained as one batch) in `--work DIR/<layout>`,
-or the finished runs already there; then `marlctl eval PARENT --vs PARENT`, which pairs
-every two of its seeds with one cook each (both cooks, both ways) and plays each seed's
-self-play over the same episodes: greedy, and with `--sampled` as the policies act in
-training. Writes `bench/results/overcooked_zsc.md`; the raw matches go to
+Per layout, IPPO at JaxMARL's baseline settings (the jaxmarl-overcooked suite's cell,
+`suites/jaxmarl-overcooked/ippo-cramped_room.yaml`: the flattened grid) with
+`envs=<layout>`, seeds 0, 1 and 2 trained as one batch, 5M env steps each, in
+`--work DIR/<layout>`, or the finished runs already there; then `marlctl eval PARENT --vs
+PARENT`, which pairs every two of its seeds with one cook each (both cooks, both ways) and
+plays each seed's self-play over the same episodes: greedy, and with `--sampled` as the
+policies act in training. Writes `bench/results/overcooked_zsc.md`; the raw matches go to
 `bench/results/overcooked_zsc.jsonl`.
 
     .venv/bin/python bench/overcooked_zsc.py --layouts cramped_room coord_ring --work DIR
@@ -24,7 +25,7 @@ from pathlib import Path
 from common import machine, marlctl_json, table
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = ROOT / "specs" / "overcooked_cramped_room_ippo.yaml"
+SPEC = ROOT / "suites" / "jaxmarl-overcooked" / "ippo-cramped_room.yaml"
 OUT = ROOT / "bench" / "results" / "overcooked_zsc.md"
 RAW = ROOT / "bench" / "results" / "overcooked_zsc.jsonl"
 
@@ -52,7 +53,7 @@ def trained(cwd: Path, layout: str) -> tuple[str, dict] | None:
 
 def train(cwd: Path, layout: str, budget: int | None) -> tuple[str, dict]:
     cwd.mkdir(parents=True, exist_ok=True)
-    overrides = [f"envs={layout}", f"name=overcooked-zsc-{layout}"]
+    overrides = [f"envs={layout}", f"name=overcooked-zsc-{layout}", "seeds=[0,1,2]"]
     if budget is not None:
         overrides.append(f"train.total_env_steps={budget}")
     print(f"training IPPO on {layout} ...", flush=True)
@@ -112,16 +113,18 @@ def main() -> None:
         f"Written {date.today()} by `.venv/bin/python bench/overcooked_zsc.py --layouts "
         f"{' '.join(args.layouts)}`. Machine: {machine()}.",
         "",
-        "IPPO at JaxMARL's Overcooked settings (`specs/overcooked_cramped_room_ippo.yaml`, "
-        "`envs=<layout>`: one network shared by both cooks, 3 seeds trained independently). "
+        "IPPO at JaxMARL's baseline Overcooked settings "
+        "(`suites/jaxmarl-overcooked/ippo-cramped_room.yaml`, `envs=<layout>`, seeds 0, 1 "
+        "and 2: one network shared by both cooks on the flattened grid, each seed trained "
+        "independently of the others). "
         "`marlctl eval PARENT --vs PARENT --seats agents` pairs every two of its seeds: one "
         "seed's policy plays one cook and the other seed's the other cook, for both cooks and "
         "both ways round, over the seat seed's evaluation episodes; the diagonal is each "
         "seed's self-play over the same episodes. A cell is the sparse return (20 per soup "
         "delivered), the mean over those matches. Greedy: each policy's most probable action; "
-        "sampled: actions drawn as in training. Every episode starts alike (`random_reset: "
-        "false`, as JaxMARL's baseline trains), so greedy play repeats one episode and the "
-        "sampled matrix is the fuller test.",
+        "sampled: actions drawn as in training. Every episode starts the cooks on the same "
+        "cells (`random_reset: false`, as JaxMARL's baseline trains), only facing random "
+        "ways, so greedy episodes differ little and the sampled matrix is the fuller test.",
     ]
     OUT.write_text("\n".join(head + body) + "\n")
     with RAW.open("w") as f:
