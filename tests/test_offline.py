@@ -75,8 +75,8 @@ def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(
         data = tmp_path / f"expert{action}"
         climbing_dataset(data, 2000, expert=0.5, action=action)
         body = spec(algo, str(data))
-        if recurrent:
-            body["algo"]["sequence_length"] = 4
+        if recurrent:  # a quarter of the windows: each is 4 steps, and a GRU runs over them
+            body["algo"] |= {"sequence_length": 4, "batch_size": 64}
             body["model"] = {"recurrent": "gru"}
         out = run_json("run", str(write_spec(tmp_path, body)))
         assert out["exit_code"] == 0, out
