@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from pydantic import ConfigDict, TypeAdapter
 
@@ -35,7 +36,6 @@ from marlctl.atomic import staging
 from marlctl.errors import SpecError
 
 FOLDER = "crossplay"
-SEATS = ("auto", "groups", "agents")
 
 
 @dataclass
@@ -57,6 +57,11 @@ class Match:
     @property
     def self_play(self) -> bool:
         return self.opponent == self.run_id
+
+    @property
+    def group_seat(self) -> bool:
+        """A whole group against another run's other groups: what ratings are made of."""
+        return self.agent is None and not self.self_play
 
     @property
     def label(self) -> str:
@@ -181,7 +186,7 @@ def cross_play(
     tracking_uri: str | None,
     episodes: int | None,
     device: str | None,
-    seats: str = "auto",
+    seats: Literal["auto", "groups", "agents"] = "auto",
     sampled: bool = False,
 ) -> CrossPlay:
     """Every match between RUN's seeds and the OTHERs', both ways; stored with the runs."""
@@ -189,8 +194,6 @@ def cross_play(
 
     from marlctl.stored import finished, not_finished, seed_runs
 
-    if seats not in SEATS:
-        raise SpecError.at("--seats", f"'{seats}' is not one of {', '.join(SEATS)}")
     tracking.check_store(tracking_uri, writes=True)
     client = tracking.client_for(tracking_uri)
 
@@ -210,7 +213,7 @@ def cross_play(
 
     ours = seeds_of(run_id, "RUN_ID")
     theirs = [run for other in others for run in seeds_of(other, "--vs")]
-    pairs = _pairs(ours, list({r.info.run_id: r for r in theirs}.values()))
+    pairs = _pairs(ours, theirs)
     if not pairs:
         raise SpecError.at(
             "--vs",
@@ -307,7 +310,7 @@ def coordination(matches: list[Match]) -> list[Coordination]:
     for seat, sampled in sorted({(m.seat, m.sampled) for m in matches if m.agent is not None}):
         scores: dict[tuple[str, str], list[float]] = {}
         for m in matches:
-            if (m.seat, m.sampled) != (seat, sampled) or (m.agent is None and not m.self_play):
+            if (m.seat, m.sampled) != (seat, sampled) or m.group_seat:
                 continue
             key = tuple(sorted((m.run_id, m.opponent)))
             scores.setdefault(key, []).append(m.score)
@@ -324,7 +327,7 @@ def _store(client, matches: list[Match]) -> None:
     played again with that kind of seat."""
     pairs: dict[tuple[str, str, str], list[Match]] = {}
     for m in matches:
-        kind = "" if m.agent is None and not m.self_play else "-agents"
+        kind = "" if m.group_seat else "-agents"
         kind += "-sampled" if m.sampled else ""
         pairs.setdefault((m.run_id, m.opponent, kind), []).append(m)
     for (run_id, opponent, kind), found in pairs.items():
@@ -384,7 +387,7 @@ def games(matches: list[Match]) -> list[tuple[str, str, str, int]]:
     found = {
         (m.label, m.run_id, m.opponent): m
         for m in matches
-        if m.agent is None and not m.self_play  # group seats only: agent seats cooperate
+        if m.group_seat  # agent seats cooperate: no game
     }
     out = []
     for (seat, a, b), first in sorted(found.items()):

@@ -506,8 +506,10 @@ def test_the_report_adds_the_cross_play_matrix_and_ratings_in_every_format():
 
 
 def test_a_partner_replaces_only_its_agents_actions_from_the_observation_the_env_gave():
+    from types import SimpleNamespace
+
     from marlctl.envs.batch import Transition
-    from marlctl.train.opponents import WithPartners
+    from marlctl.train.opponents import WithOpponents
 
     g = GroupInfo("g", ("a", "b", "c"), (4,), "float32", True, 5)
     rows = 2
@@ -538,9 +540,11 @@ def test_a_partner_replaces_only_its_agents_actions_from_the_observation_the_env
             return torch.tensor([[1, 2, 3], [4, 3, 2]])
 
     env, partner = Env(), Partner()
-    wrapped = WithPartners(env, {"g": (partner, [0, 2])}, deterministic=True)
+    wrapped = WithOpponents(
+        env, SimpleNamespace(groups=[g]), {}, True, partners={"g": (partner, [0, 2])}
+    )
     wrapped.reset(0)
-    learners = {"g": torch.zeros(rows, 3, dtype=torch.long)}
+    learners = {"g": torch.zeros(rows, 3, dtype=torch.long)}  # the learners' actions
     wrapped.step(learners)
     wrapped.step(learners)
     for played in env.played:

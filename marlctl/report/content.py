@@ -294,9 +294,7 @@ def crossplay_tables(report: Report) -> list[tuple[str, list[str], list[list[str
     out = []
     name = table.labels
     for seat in table.seats:
-        found = [
-            m for m in table.matches if m.label == seat and m.agent is None and not m.self_play
-        ]
+        found = [m for m in table.matches if m.group_seat and m.label == seat]
         players = sorted({m.run_id for m in found}, key=lambda r: name[r])
         opponents = sorted({m.opponent for m in found}, key=lambda r: name[r])
         cell = {(m.run_id, m.opponent): m for m in found}

@@ -143,7 +143,7 @@ class CrossPlayTable:
     @property
     def seats(self) -> list[str]:
         """The group seats played, by label (sampled matches apart)."""
-        return sorted({m.label for m in self.matches if m.agent is None and not m.self_play})
+        return sorted({m.label for m in self.matches if m.group_seat})
 
 
 @dataclass

@@ -122,11 +122,22 @@ class FrozenPlayer:
 
 class WithOpponents(Wrapper):
     """`env` with the groups in `players` played by them: the learners' observations,
-    rewards and masks only, every agent's global state, the env's episode ends."""
+    rewards and masks only, every agent's global state, the env's episode ends. `partners`
+    (group -> a player and agent indices) plays some agents of a learners' group instead
+    (zero-shot coordination): the learners act for every agent as they would alone, and
+    those agents take the partner's action, chosen from the same observation."""
 
-    def __init__(self, env, learners: EnvInfo, players: dict[str, Player], deterministic: bool):
+    def __init__(
+        self,
+        env,
+        learners: EnvInfo,
+        players: dict[str, Player],
+        deterministic: bool,
+        partners: dict[str, tuple[Player, list[int]]] | None = None,
+    ):
         super().__init__(env)
         self.info, self.players = learners, players
+        self.partners = partners or {}
         self.deterministic = deterministic
         self._names = [g.name for g in learners.groups]
         self._ob: Observation | None = None
@@ -143,30 +154,6 @@ class WithOpponents(Wrapper):
         joint = dict(actions)
         for name, player in self.players.items():
             joint[name] = player.act(self._ob, self._first, self.deterministic)
-        tr = self.env.step(joint)
-        self._ob, self._first = tr.next, tr.terminated | tr.truncated
-        return transition_for(tr, self._names)
-
-
-class WithPartners(Wrapper):
-    """`env` with some agents of the learners' own groups played by another run's policy
-    (zero-shot coordination): the learners act for every agent as they would alone, and each
-    partner agent takes the other policy's action instead, chosen from the same observation."""
-
-    def __init__(self, env, partners: dict[str, tuple[FrozenPlayer, list[int]]], deterministic):
-        super().__init__(env)
-        self.info, self.partners, self.deterministic = env.info, partners, deterministic
-        self._ob: Observation | None = None
-        self._first: torch.Tensor | None = None
-
-    graph_blocker = "agents played by another run's policy act on the host"
-
-    def reset(self, seed) -> Observation:
-        self._ob, self._first = self.env.reset(seed), None
-        return self._ob
-
-    def step(self, actions: dict[str, torch.Tensor]) -> Transition:
-        joint = dict(actions)
         for name, (player, index) in self.partners.items():
             theirs = player.act(self._ob, self._first, self.deterministic)
             mixed = joint[name].clone()
@@ -174,7 +161,7 @@ class WithPartners(Wrapper):
             joint[name] = mixed
         tr = self.env.step(joint)
         self._ob, self._first = tr.next, tr.terminated | tr.truncated
-        return tr
+        return transition_for(tr, self._names)
 
 
 # ---------------------------------------------------------------- building the players
@@ -326,24 +313,20 @@ def with_opponents(
     actions they then replace; `partners` (group -> a seed run and agents of the group) does
     so for some of a group's agents only (cross-play: a run that cannot play is `--vs`'s
     problem)."""
-    if partners:
-        players = {}
-        for name, (run_id, agents) in partners.items():
-            try:
-                player = frozen_player(client, spec, info, name, run_id, env.device, env.num_envs)
-            except ValueError as err:
-                raise SpecError.at("--vs", f"group '{name}': {err}") from None
-            group = next(g for g in info.groups if g.name == name)
-            players[name] = (player, [group.agents.index(a) for a in agents])
-        env = WithPartners(env, players, deterministic)
-    if not spec.opponents and not against:
+    if not spec.opponents and not against and not partners:
         return env
-    players = build_players(spec, info, client, env.device, seeds, env.num_envs)
-    for name, run_id in (against or {}).items():
+
+    def frozen(name: str, run_id: str) -> FrozenPlayer:
         try:
-            players[name] = frozen_player(
-                client, spec, info, name, run_id, env.device, env.num_envs
-            )
+            return frozen_player(client, spec, info, name, run_id, env.device, env.num_envs)
         except ValueError as err:
             raise SpecError.at("--vs", f"group '{name}': {err}") from None
-    return WithOpponents(env, learner_info(info, spec), players, deterministic)
+
+    players = build_players(spec, info, client, env.device, seeds, env.num_envs)
+    players |= {name: frozen(name, run_id) for name, run_id in (against or {}).items()}
+    agents = {g.name: g.agents for g in info.groups}
+    playing = {
+        name: (frozen(name, run_id), [agents[name].index(a) for a in chosen])
+        for name, (run_id, chosen) in (partners or {}).items()
+    }
+    return WithOpponents(env, learner_info(info, spec), players, deterministic, playing)
