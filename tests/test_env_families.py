@@ -321,6 +321,7 @@ def test_a_turn_based_learner_credits_a_move_paid_on_the_other_players_turn(algo
     assert returns[1] > 0.9, returns
 
 
+@pytest.mark.slow
 def test_tictactoe_against_a_random_opponent_is_learned(tmp_path):
     """One learner, a random seat per game, against uniformly random legal moves: random
     play scores 0 on average; the median of three seeds must win most games."""

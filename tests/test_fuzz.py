@@ -78,7 +78,7 @@ def check(args: list[str], written: set[Path]) -> None:
     context = f"args={args!r}\nexit={code}\nstdout={out}\nstderr={err}"
     assert code in (0, 2), context
     assert "Traceback" not in out + err, context
-    assert elapsed < 5.0, f"{elapsed:.1f} s\n{context}"
+    assert elapsed < 30.0, f"{elapsed:.1f} s\n{context}"  # a hang, not a slow machine
     assert _snapshot() == before | written, context
     if "--json" in args:
         document = json.loads(out)
@@ -114,7 +114,7 @@ LEAVES = st.one_of(
 )
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_mutated_spec_text(data):
     suffix, text = data.draw(st.sampled_from(TEXTS))
@@ -136,7 +136,7 @@ def test_mutated_spec_text(data):
     check([name, *(["--json"] if data.draw(st.booleans()) else [])], written)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_mutated_spec_data(data):
     import copy
@@ -172,7 +172,7 @@ HYDRA_VALUES = st.one_of(
 )
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=75)
 @given(data=st.data())
 def test_random_overrides(data):
     name, written = _spec_file(*next((s, t.encode()) for s, t in TEXTS if s != ".toml"))

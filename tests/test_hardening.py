@@ -26,12 +26,13 @@ def main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return done.value.code, captured.out, captured.err
 
 
-def rejected(monkeypatch, capsys, *args: str, seconds: float = 5.0) -> str:
-    """Exit 2, no traceback, nothing new in the working folder, within `seconds`."""
+def rejected(monkeypatch, capsys, *args: str, seconds: float | None = None) -> str:
+    """Exit 2, no traceback, nothing new in the working folder; within `seconds` where given,
+    a bound far above the answer's time and far below the time the fault would take."""
     before = set(Path.cwd().iterdir())
     start = time.perf_counter()
     code, out, err = main(monkeypatch, capsys, *args)
-    assert time.perf_counter() - start < seconds
+    assert seconds is None or time.perf_counter() - start < seconds
     assert code == 2, (out, err)
     assert "Traceback" not in out + err
     assert set(Path.cwd().iterdir()) == before
@@ -107,7 +108,7 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(monkeypatch, capsys):
     for prev, name in zip("abcdef", "bcdefg", strict=True):
         lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
     Path("bomb.yaml").write_text("\n".join(lines) + "\n")
-    err = rejected(monkeypatch, capsys, "validate", "bomb.yaml", seconds=2.0)
+    err = rejected(monkeypatch, capsys, "validate", "bomb.yaml", seconds=20)
     assert "bomb.yaml:5: more than 100,000 values once aliases expand" in err
 
 
@@ -328,7 +329,7 @@ def test_a_study_name_cannot_place_best_yaml_elsewhere():
     assert _file_name("spread_mappo-v2.1") == "spread_mappo-v2.1"
 
 
-def test_a_thousand_bad_overrides_are_reported_quickly(monkeypatch, capsys):
+def test_a_thousand_bad_overrides_are_summed_up_in_a_screenful(monkeypatch, capsys):
     Path("spec.yaml").write_text(MINIMAL)
     unknown = [f"algo.nokey{i}={i}" for i in range(1000)]
     err = rejected(monkeypatch, capsys, "validate", "spec.yaml", *unknown)
@@ -345,7 +346,7 @@ def _unknown_keys(count: int) -> str:
 
 def test_thousands_of_problems_print_a_screenful(monkeypatch, capsys):
     Path("spec.yaml").write_text(_unknown_keys(5000))
-    err = rejected(monkeypatch, capsys, "validate", "spec.yaml", seconds=30)
+    err = rejected(monkeypatch, capsys, "validate", "spec.yaml")
     lines = err.splitlines()
     assert len(lines) == 52 and lines[0].startswith("spec.yaml:5: nokey0: unknown key")
     assert lines[-2:] == [
@@ -412,7 +413,7 @@ def test_an_unreachable_store_is_named_at_once(monkeypatch, capsys):
         port = s.getsockname()[1]
     Path("spec.yaml").write_text(TINY_RUN)
     uri = f"tracking.uri='postgresql://alice:hunter2@127.0.0.1:{port}/runs'"
-    err = rejected(monkeypatch, capsys, "run", "spec.yaml", uri, seconds=15)
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", uri, seconds=60)
     assert (
         f"tracking.uri: cannot use the MLflow store postgresql://alice:***@127.0.0.1:{port}" in err
     )
@@ -623,11 +624,11 @@ def full_folder(tmp_path):
 
 def test_a_read_only_working_folder_is_named_at_once(read_only_folder, monkeypatch, capsys):
     monkeypatch.chdir(read_only_folder)
-    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=15)
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=60)
     assert f"mlflow.db: cannot use the MLflow store sqlite:///{read_only_folder}/mlflow.db" in err
     assert f"cannot write in {read_only_folder}" in err
     sweep = ("sweep", "spec.yaml", "algo.lr=0.001,0.0003", "--trials", "1")
-    assert "cannot write in" in rejected(monkeypatch, capsys, *sweep, seconds=15)
+    assert "cannot write in" in rejected(monkeypatch, capsys, *sweep, seconds=60)
 
 
 def test_a_store_in_a_read_only_folder_can_be_read(read_only_store):
@@ -640,7 +641,7 @@ def test_a_store_in_a_read_only_folder_can_be_read(read_only_store):
 
 def test_a_full_disk_at_start_is_named_at_once(full_folder, monkeypatch, capsys):
     monkeypatch.chdir(full_folder)
-    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=15)
+    err = rejected(monkeypatch, capsys, "run", "spec.yaml", seconds=60)
     assert f"cannot write in {full_folder}: No space left on device" in err
 
 
@@ -656,12 +657,12 @@ def test_the_probe_time_limit_holds_when_env_code_swallows_the_first_timeout():
     with pytest.raises(ProbeTimeout, match="building x took longer than 0.2 s"):
         with time_limit(0.2, "building x"):
             try:
-                time.sleep(5)  # the first alarm lands here...
+                time.sleep(30)  # the first alarm lands here...
             except Exception as err:  # ...in the env's broad except
                 swallowed.append(err)
-            while time.perf_counter() - start < 10:  # and the build goes on
+            while time.perf_counter() - start < 30:  # and the build goes on
                 sum(range(10_000))
-    assert len(swallowed) == 1 and time.perf_counter() - start < 2
+    assert len(swallowed) == 1 and time.perf_counter() - start < 10
     # A block that swallows every alarm still ends in the timeout, once it returns.
     start = time.perf_counter()
     with pytest.raises(ProbeTimeout):
@@ -727,7 +728,7 @@ def odd(**params):
 
 def ctrl_c(**params):  # the user's Ctrl-C arriving while the env is built
     os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(5)
+    time.sleep(60)
     return simple_spread_v3.parallel_env()
 """
 
@@ -768,7 +769,7 @@ def test_ctrl_c_while_a_factory_runs_still_interrupts(monkeypatch, capsys, tmp_p
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     start = time.perf_counter()
     code, _, err = main(monkeypatch, capsys, "validate", "spec.yaml")
-    assert code == 130 and "Traceback" not in err and time.perf_counter() - start < 4
+    assert code == 130 and "Traceback" not in err and time.perf_counter() - start < 30
     sys.modules.pop("user_factories", None)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from marlctl.algos import registered_algos
 from marlctl.cli import app
 from marlctl.envs.native import NATIVE_ONLY, native_class
 from marlctl.envs.native.matrix import CLIMBING, penalty
@@ -18,6 +19,7 @@ from marlctl.envs.probe import probe
 from marlctl.envs.registry import lookup
 
 runner = CliRunner()
+ONLINE = [name for name, info in registered_algos().items() if not info.offline]
 
 SPEC = """\
 defaults:
@@ -76,11 +78,12 @@ def test_a_native_only_env_is_registered_probed_and_listed(tmp_path: Path, monke
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize("algo", ["mappo", "iql"])
+@pytest.mark.parametrize("algo", ONLINE)
 def test_learners_find_an_equilibrium_of_the_climbing_game(
     tmp_path: Path, monkeypatch, algo: str
 ) -> None:
-    """Uniform random play scores -31/9 = -3.4 per round; the equilibria pay 5 or more."""
+    """Every online algorithm, in seconds (the longer learning checks are marked `slow`):
+    uniform random play scores -31/9 = -3.4 per round; the equilibria pay 5 or more."""
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "climbing.yaml"
     spec.write_text(SPEC.format(algo=algo, name=algo, env="matrix/climbing", steps=30_000))

@@ -60,9 +60,9 @@ def mixed(tmp_path) -> Path:
 
 @pytest.mark.parametrize(
     ("algo", "recurrent"),
-    [("bc", False), ("iql_cql", False), ("qmix_cql", False), ("maicq", False),
-     ("bc", True), ("iql_cql", True), ("qmix_cql", True), ("maicq", True)],
-)  # fmt: skip
+    [("bc", False), ("iql_cql", False), ("qmix_cql", False), ("maicq", False), ("bc", True)]
+    + [pytest.param(a, True, marks=pytest.mark.slow) for a in ("iql_cql", "qmix_cql", "maicq")],
+)
 def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(
     tmp_path, algo, recurrent
 ):
