@@ -128,7 +128,9 @@ def test_bench_measures_env_and_training_and_suggests_num_envs(tmp_path):
     assert "fastest training: hardware.num_envs=" in result.output
     assert "samples instead of" in result.output  # what the batch size does to PPO
     assert "{" not in result.output  # figures once, in the table: no JSON without --json
-    data = run_json("bench", str(spec), "--num-envs", "8,32", "--seconds", "0.2")
+    # A budget a loaded machine's training iteration stays inside: a longer one skips the
+    # sizes past it (the next test).
+    data = run_json("bench", str(spec), "--num-envs", "8,32", "--seconds", "1")
     assert data["exit_code"] == 0
     points = data["points"]
     assert [(p["kind"], p["num_envs"]) for p in points] == [

@@ -47,9 +47,19 @@ class SeededBatch:
     def compile(self) -> None:
         """torch.compile the step's methods that draw no random numbers (`pure_steps`), so
         that their many small tensor operations run as a few fused kernels; start states
-        stay eager, each seed block drawing from its own generator."""
-        for name in self.pure_steps:
-            setattr(self, name, torch.compile(getattr(self, name), dynamic=False))
+        stay eager, each seed block drawing from its own generator. Where both `advance` and
+        `observe` are pure, a step runs them as one compiled call: a small batch's step is
+        mostly the calls' own cost."""
+        eager = {name: getattr(self, name) for name in self.pure_steps}
+        for name, method in eager.items():
+            setattr(self, name, torch.compile(method, dynamic=False))
+        if {"advance", "observe"} <= eager.keys():
+            advance, observe = eager["advance"], eager["observe"]
+
+            def advance_and_observe(actions: dict[str, torch.Tensor]):
+                return self._advance(actions, advance, observe)
+
+            self._advance_and_observe = torch.compile(advance_and_observe, dynamic=False)
 
     def _note_constants(self) -> None:
         """The end of construction: what the env holds now, but `per_env_at_start`, is
@@ -162,6 +172,8 @@ class NativeEnv(SeededBatch):
     # Start states drawn ahead, per env row, on the CPU (see `_restart`).
     ahead = 4
     block_state = ("_ahead", "_taken")
+    # `advance` then `observe` as one compiled call (`compile`).
+    _advance_and_observe = None
 
     def __init__(
         self,
@@ -245,12 +257,11 @@ class NativeEnv(SeededBatch):
         return self._observation()
 
     def step(self, actions: dict[str, torch.Tensor]) -> Transition:
-        rewards, terminated = self.advance(actions)
-        self.steps += 1
-        if terminated is None:
-            terminated = torch.zeros_like(self.steps, dtype=torch.bool)
-        truncated = (self.steps >= self.max_cycles) & ~terminated
-        final = self._observation()
+        if self._advance_and_observe is not None:
+            rewards, terminated, truncated, seen = self._advance_and_observe(actions)
+        else:
+            rewards, terminated, truncated, seen = self._advance(actions, self.advance)
+        final = self._observation(seen)
         won = self.won if self.reports_wins else None  # set by `advance`
         done = terminated | truncated
         if self.graph_safe:
@@ -259,6 +270,16 @@ class NativeEnv(SeededBatch):
             return Transition(final, rewards, terminated, truncated, final, won=won)
         self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
         return Transition(self._observation(), rewards, terminated, truncated, final, won=won)
+
+    def _advance(self, actions: dict[str, torch.Tensor], advance, observe=None):
+        """`advance`, the step counted, the envs that ended by termination and by time, and
+        where `observe` is given the observation after the step."""
+        rewards, terminated = advance(actions)
+        self.steps += 1
+        if terminated is None:
+            terminated = torch.zeros_like(self.steps, dtype=torch.bool)
+        truncated = (self.steps >= self.max_cycles) & ~terminated
+        return rewards, terminated, truncated, None if observe is None else observe()
 
     def close(self) -> None:
         pass
@@ -323,8 +344,9 @@ class NativeEnv(SeededBatch):
     def observe_now(self) -> Observation:
         return self._observation()
 
-    def _observation(self) -> Observation:
-        obs, state, masks = self.observe()
+    def _observation(self, seen: tuple | None = None) -> Observation:
+        """The observation `observe` makes now, or `seen`, one it made already."""
+        obs, state, masks = self.observe() if seen is None else seen
         masks = {g.name: masks.get(g.name) for g in self.info.groups}
         return Observation(obs, state, masks, self._active)
 

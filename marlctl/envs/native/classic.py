@@ -116,8 +116,8 @@ class BoardGame(NativeEnv):
         """`[E, 2]`: the seat whose turn it is."""
         return self.seat == self.mover.unsqueeze(-1)
 
-    def _observation(self) -> Observation:
-        ob = super()._observation()
+    def _observation(self, seen: tuple | None = None) -> Observation:
+        ob = super()._observation(seen)
         # The player to move, while its game goes on (a final observation has no one).
         return ob._replace(active={"player": self.to_move() & ~self.over.unsqueeze(-1)})
 

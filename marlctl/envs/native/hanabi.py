@@ -215,8 +215,8 @@ class Hanabi(NativeEnv):
         """`[E, N]`: the player on turn."""
         return torch.arange(self.N, device=self.device) == self.mover.unsqueeze(-1)
 
-    def _observation(self) -> Observation:
-        ob = super()._observation()
+    def _observation(self, seen: tuple | None = None) -> Observation:
+        ob = super()._observation(seen)
         # The player on turn, while its game goes on (a final observation has no one).
         return ob._replace(active={"agent": self.to_move() & ~self.over.unsqueeze(-1)})
 
