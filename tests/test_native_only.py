@@ -79,11 +79,12 @@ def test_a_native_only_env_is_registered_probed_and_listed(tmp_path: Path, monke
 
 
 @pytest.mark.parametrize("algo", ONLINE)
-def test_learners_find_an_equilibrium_of_the_climbing_game(
+def test_learners_climb_from_random_play_to_a_joint_action_paying_5_or_more(
     tmp_path: Path, monkeypatch, algo: str
 ) -> None:
-    """Every online algorithm, in seconds (the longer learning checks are marked `slow`):
-    uniform random play scores -31/9 = -3.4 per round; the equilibria pay 5 or more."""
+    """The climbing game, every online algorithm, in seconds (the longer learning checks are
+    marked `slow`): uniform random play scores -31/9 = -3.4 per round; the three equilibria
+    pay 11, 7 and 5, and the one other joint action paying over 0 pays 6, a step from 7."""
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "climbing.yaml"
     spec.write_text(SPEC.format(algo=algo, name=algo, env="matrix/climbing", steps=30_000))
