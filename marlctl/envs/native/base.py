@@ -59,7 +59,8 @@ class SeededBatch:
             def advance_and_observe(actions: dict[str, torch.Tensor]):
                 return self._advance(actions, advance, observe)
 
-            self._advance_and_observe = torch.compile(advance_and_observe, dynamic=False)
+            # The instance's own, over the class's eager method.
+            self.advance_and_observe = torch.compile(advance_and_observe, dynamic=False)
 
     def _note_constants(self) -> None:
         """The end of construction: what the env holds now, but `per_env_at_start`, is
@@ -172,8 +173,6 @@ class NativeEnv(SeededBatch):
     # Start states drawn ahead, per env row, on the CPU (see `_restart`).
     ahead = 4
     block_state = ("_ahead", "_taken")
-    # `advance` then `observe` as one compiled call (`compile`).
-    _advance_and_observe = None
 
     def __init__(
         self,
@@ -257,10 +256,7 @@ class NativeEnv(SeededBatch):
         return self._observation()
 
     def step(self, actions: dict[str, torch.Tensor]) -> Transition:
-        if self._advance_and_observe is not None:
-            rewards, terminated, truncated, seen = self._advance_and_observe(actions)
-        else:
-            rewards, terminated, truncated, seen = self._advance(actions, self.advance)
+        rewards, terminated, truncated, seen = self.advance_and_observe(actions)
         final = self._observation(seen)
         won = self.won if self.reports_wins else None  # set by `advance`
         done = terminated | truncated
@@ -271,15 +267,18 @@ class NativeEnv(SeededBatch):
         self.steps = torch.where(done, torch.zeros_like(self.steps), self.steps)
         return Transition(self._observation(), rewards, terminated, truncated, final, won=won)
 
-    def _advance(self, actions: dict[str, torch.Tensor], advance, observe=None):
-        """`advance`, the step counted, the envs that ended by termination and by time, and
-        where `observe` is given the observation after the step."""
+    def advance_and_observe(self, actions: dict[str, torch.Tensor]):
+        """One step's rewards, the envs that ended by termination and by time, and the
+        observation after it (`compile` makes this one compiled call where it can)."""
+        return self._advance(actions, self.advance, self.observe)
+
+    def _advance(self, actions: dict[str, torch.Tensor], advance, observe):
         rewards, terminated = advance(actions)
         self.steps += 1
         if terminated is None:
             terminated = torch.zeros_like(self.steps, dtype=torch.bool)
         truncated = (self.steps >= self.max_cycles) & ~terminated
-        return rewards, terminated, truncated, None if observe is None else observe()
+        return rewards, terminated, truncated, observe()
 
     def close(self) -> None:
         pass
