@@ -313,17 +313,25 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         mode = sharing.get(g.name, "shared") if isinstance(sharing, dict) else sharing
         copies = 1 if mode == "shared" else g.n_agents
         extra = g.n_agents if mode == "shared" and g.n_agents > 1 else 0
-        centralised = registered_algos()[spec.algo.name].centralised_critic
+        algo = registered_algos()[spec.algo.name]
+        centralised = algo.centralised_critic
         conv, obs_in = 0, g.obs_dim
-        if spec.model.encoder_for(g.name) == "cnn" and g.frame_shape is not None:
-            conv, obs_in = spec.model.cnn.parameters(g.frame_shape)
+        state_conv, state_in = 0, env.state_dim
+        if spec.model.encoder_for(g.name) == "cnn":
+            if g.frame_shape is not None:
+                conv, obs_in = spec.model.cnn.parameters(g.frame_shape)
+            if algo.on_policy and env.state_frame is not None:  # the critic convolves it
+                state_conv, state_in = spec.model.cnn.for_state().parameters(env.state_frame)
         actor = conv + mlp(obs_in + extra, g.n_actions)
-        critic = mlp(env.state_dim + extra, 1) if centralised else conv + mlp(obs_in + extra, 1)
+        critic = (
+            state_conv + mlp(state_in + extra, 1) if centralised else conv + mlp(obs_in + extra, 1)
+        )
         params += copies * (actor + critic)
         # A rollout stores each agent's observation (uint8 frames: a quarter of a float each)
         # and the global state once per env (a decentralised critic reads the observation).
         obs = g.obs_dim / 4 if g.obs_storage == "uint8" else g.obs_dim
-        per_env = g.n_agents * (obs + g.n_actions + 8) + (env.state_dim if centralised else 0)
+        state = env.state_dim / 4 if env.state_storage == "uint8" else env.state_dim
+        per_env = g.n_agents * (obs + g.n_actions + 8) + (state if centralised else 0)
         floats += rollout * spec.hardware.num_envs * per_env
     return round((params * 4 + floats) * 4 / 2**20 + _buffer_mb(spec, env), 2)
 

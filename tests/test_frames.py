@@ -143,7 +143,12 @@ def test_native_foraging_grids_train_channels_first_with_batched_seeds(tmp_path)
     [
         ("pistonball_ippo_cnn.yaml", ["env.params.n_pistons=3", "env.params.max_cycles=20",
                                       "model.cnn.downsample=3", "train.total_env_steps=96"]),
+        ("pistonball_ippo_cnn.yaml", ["algos=mappo", "env.params.n_pistons=3",
+                                      "env.params.max_cycles=20", "model.cnn.downsample=3",
+                                      "train.total_env_steps=96"]),
         ("pursuit_ippo_cnn.yaml", ["env.params.max_cycles=20", "train.total_env_steps=160"]),
+        ("pursuit_ippo_cnn.yaml", ["algos=mappo", "env.params.max_cycles=20",
+                                   "train.total_env_steps=160"]),
         ("kaz_ippo_cnn.yaml", ["env.params.max_cycles=20", "train.total_env_steps=64"]),
     ],
 )  # fmt: skip
@@ -157,6 +162,90 @@ def test_the_pixel_and_grid_example_specs_train(tmp_path, spec, overrides):
     out = run_json("run", str(path), *quick, *overrides)
     assert out["exit_code"] == 0, out
     assert out["runs"][0]["status"] == "FINISHED"
+
+
+SPOT_STATE = {"id": SPOT["id"], "params": {**SPOT["params"], "state": True}}
+
+
+def _state_critic_trainer(sharing: str = "shared", seeds=(0, 1)):
+    from marlctl.envs.pettingzoo import PettingZooEnv
+    from marlctl.envs.probe import probe
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    info = probe(SPOT_STATE["id"], SPOT_STATE["params"])
+    env = PettingZooEnv(SPOT_STATE["id"], SPOT_STATE["params"], info, 2 * len(seeds), "cpu")
+    spec = Spec.model_validate({
+        "env": SPOT_STATE,
+        "algo": {"name": "mappo", "rollout_steps": 4, "epochs": 1, "minibatches": 1},
+        "model": {"hidden": [16], "encoder": "cnn", "cnn": SMALL, "sharing": sharing},
+    })  # fmt: skip
+    return build_trainer(spec, info, 2, torch.device("cpu"), 10, seeds), env
+
+
+def test_a_frame_state_travels_as_bytes_and_is_read_as_the_frames_scaled():
+    from marlctl.envs.probe import probe
+
+    info = probe(SPOT_STATE["id"], SPOT_STATE["params"])
+    assert info.state_frame == (12, 24, 3) and info.state_storage == "uint8"
+    assert probe(SPOT["id"], SPOT["params"]).state_frame is None  # no state of its own
+    trainer, env = _state_critic_trainer()
+    ob = env.reset(0)
+    frames = torch.cat([ob.obs["looker"][:, 0], ob.obs["looker"][:, 1]], 2)  # [E, 12, 24, 3]
+    assert ob.state.dtype == torch.float32
+    assert torch.equal(ob.state, frames.flatten(1).float() / 255.0)
+    trainer.restart_episodes()
+    rollouts, _, _ = trainer.collect(env, ob)
+    kept = rollouts["looker"].critic_in  # the rollout keeps the bytes, not floats
+    assert kept.dtype == torch.uint8 and torch.equal(kept[0].flatten(0, 1), frames.flatten(1))
+    env.close()
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_a_centralised_critic_convolves_a_frame_state_once_for_its_agents(sharing):
+    trainer, env = _state_critic_trainer(sharing)
+    pol = trainer.policies["looker"]
+    assert pol.critic.cnn is not None and pol.critic.cnn.shape == (12, 24, 3)
+    assert pol.actor.cnn.shape == (12, 12, 3)  # the critic's convolutions are its own
+    assert pol.state_once == (sharing == "shared")  # one network: the state convolved once
+    state = torch.randint(0, 256, (2, 5, 12 * 24 * 3), dtype=torch.uint8)
+    once, _ = pol.value(pol.per_agent(state))
+    each, _ = pol.value(state.unsqueeze(-2).expand(2, 5, 2, -1))  # every agent's copy
+    assert once.shape == each.shape == (2, 5, 2)
+    assert torch.allclose(once, each, atol=1e-6)
+    assert not torch.allclose(once[..., 0], once[..., 1])  # agent ids still tell them apart
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "algo, model",
+    [("mappo", {"recurrent": "gru"}), ("mappo", {"sharing": "independent"}), ("happo", {})],
+)
+def test_centralised_critics_train_on_a_frame_state(tmp_path, algo, model):
+    body = {
+        "seeds": [0, 1],
+        "env": SPOT_STATE,
+        "algo": {"name": algo, "rollout_steps": 8, "epochs": 1, "minibatches": 2},
+        "model": {"hidden": [16], "encoder": "cnn", "cnn": SMALL, **model},
+        "train": {"total_env_steps": 256, "eval_every": 0, "eval_episodes": 2},
+        "hardware": {"device": "cpu", "num_envs": 4},
+    }
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    assert all(r["status"] == "FINISHED" for r in out["runs"])
+
+
+def test_a_frame_state_the_convolutions_leave_nothing_of_is_exit_2_at_model_cnn(tmp_path):
+    body = {
+        "env": SPOT_STATE,
+        "algo": {"name": "mappo"},
+        "model": {"encoder": "cnn", "cnn": {**SMALL, "state_downsample": 8}},  # 12x24 -> 1x3
+    }
+    out = run_json("validate", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 2, out
+    assert "model.cnn" in str(out) and "global state's frame" in str(out), out
+    body["algo"] = {"name": "ippo"}  # no centralised critic: the state is not read
+    assert run_json("validate", str(write_spec(tmp_path, body)))["exit_code"] == 0
 
 
 @pytest.mark.parametrize("preset", ["nature_cnn", "impala_cnn"])
@@ -240,6 +329,19 @@ def test_the_memory_estimate_counts_uint8_frames_as_a_quarter():
         return _estimate_memory_mb(SimpleNamespace(spec=spec), info, 128)
 
     assert estimate("uint8") < 0.4 * estimate("float32")
+
+    # MAPPO's rollout keeps a uint8 frame state as bytes too
+    mappo = Spec.model_validate(
+        {"env": {"id": "x:y"}, "algo": {"name": "mappo"}, "model": {"encoder": "cnn"}}
+    )
+
+    def with_state(dtype: str) -> float:
+        group = GroupInfo("looker", ("a", "b"), (64, 64, 3), "uint8", True, 4)
+        info = EnvInfo("x", "x:y", (group,), 128 * 128 * 3, True, state_shape=(128, 128, 3),
+                       state_dtype=dtype)  # fmt: skip
+        return _estimate_memory_mb(SimpleNamespace(spec=mappo), info, 128)
+
+    assert with_state("uint8") < 0.6 * with_state("float32")
 
 
 @pytest.mark.parametrize(

@@ -76,9 +76,9 @@ def test_the_adapter_is_a_parallel_env_of_frames_with_the_world_as_state(standin
     assert env.agents == [f"player_{i}" for i in range(7)]
     assert obs["player_0"].shape == (40, 40, 3) and obs["player_0"].dtype == np.uint8
     state = env.state()
-    assert state.shape == env.state_space.shape == (6 * 6 * 3,)  # one value per cell
+    assert state.shape == env.state_space.shape == (6, 6, 3)  # one value per cell: a frame
     world = env._env._timestep(0, np.zeros(7)).observation[0]["WORLD.RGB"]
-    assert np.allclose(state, world[::8, ::8].ravel() / 255.0)  # 8x8 sprites of one colour
+    assert np.allclose(state, world[::8, ::8] / 255.0)  # 8x8 sprites of one colour
     assert set(env_params("meltingpot/commons_harvest__open").defaults) == {
         "scenario", "observation", "state_downsample", "render_mode"
     }  # fmt: skip
@@ -126,7 +126,8 @@ def _spec(tmp_path: Path, **model) -> Path:
         "env": {"id": "meltingpot/commons_harvest__open"},
         "algo": {"name": "mappo", "rollout_steps": 30, "epochs": 1, "minibatches": 1},
         "model": {"hidden": [32], "encoder": "cnn", "agent_ids": False,
-                  "cnn": {"channels": [8], "kernels": [3], "strides": [1], "downsample": 8},
+                  "cnn": {"channels": [8], "kernels": [3], "strides": [1], "downsample": 8,
+                          "state_downsample": 1},
                   **model},
         "train": {"total_env_steps": 120, "eval_every": 0, "eval_episodes": 2},
         "hardware": {"device": "cpu", "num_envs": 2, "env_workers": 0},
@@ -186,4 +187,4 @@ def test_the_package_substrate_steps_through_the_adapter():
     parallel_api_test(env, num_cycles=20)
     obs, _ = env.reset(seed=0)
     assert obs["player_0"].shape == (88, 88, 3) and len(obs) == 7
-    assert env.state().shape == (18 * 24 * 3,)
+    assert env.state().shape == (18, 24, 3)

@@ -468,16 +468,21 @@ class SpotTheSquare(ParallelEnv):
     in one of its four quadrants, in a random colour channel, on a dim noisy background, and
     an agent is paid 1 for naming the square's quadrant (Discrete(4)). Each agent has its own
     frame; `max_cycles` steps an episode. Random play earns a quarter of the steps; a policy
-    that reads the frames, every step."""
+    that reads the frames, every step. With `state`, the global state is every agent's frame
+    side by side (uint8 `[size, size * agents, 3]`), as pistonball's is its screen."""
 
     metadata = {"name": "spot_the_square", "is_parallelizable": True}
 
-    def __init__(self, size: int = 12, agents: int = 2, max_cycles: int = 8):
+    def __init__(self, size: int = 12, agents: int = 2, max_cycles: int = 8, state=False):
         self.size, self.max_cycles = size, max_cycles
         self.possible_agents = [f"looker_{i}" for i in range(agents)]
         self.agents = list(self.possible_agents)
         self._rng = np.random.default_rng(0)
-        self._t, self._where = 0, {}
+        self._t, self._where, self._last = 0, {}, {}
+        if state:
+            shape = (size, size * agents, 3)
+            self.state_space = spaces.Box(0, 255, shape, np.uint8)
+            self.state = lambda: np.concatenate([self._last[a] for a in self.possible_agents], 1)
 
     def observation_space(self, agent):
         return spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
@@ -497,6 +502,7 @@ class SpotTheSquare(ParallelEnv):
             col = left + int(self._rng.integers(half - side + 1))
             frame[row : row + side, col : col + side, int(self._rng.integers(3))] = 255
             frames[agent], self._where[agent] = frame, quadrant
+        self._last = frames
         return frames
 
     def reset(self, seed=None, options=None):

@@ -191,6 +191,7 @@ def _describe_env(row: dict) -> dict:
             for g in info.groups
         ],
         "state_dim": info.state_dim,
+        "state_frame": list(info.state_frame) if info.state_frame else None,
         "state_from_env": info.state_from_env,
         "turn_based": info.turn_based,
         "objectives": info.objectives,
@@ -209,7 +210,9 @@ def _describe_text(description: dict | None) -> str:
         for g in description["groups"]
     ]
     state = "env state" if description["state_from_env"] else "observations"
-    parts.append(f"state {description['state_dim']} ({state})")
+    frame = description.get("state_frame")
+    shape = f"a {'x'.join(map(str, frame))} frame, " if frame else ""
+    parts.append(f"state {description['state_dim']} ({shape}{state})")
     if description["turn_based"]:
         parts.append("turn-based")
     if description["objectives"]:

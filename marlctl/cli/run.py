@@ -139,7 +139,8 @@ def _print_plan(plan, loaded, as_json: bool) -> None:
     output.out.print(
         f"[bold]{plan.experiment}[/bold]: {plan.algo} on {env.id} — {groups}; "
         f"state dim {env.state_dim} "
-        f"({'env.state()' if env.state_from_env else 'observations concatenated'})",
+        + (f"(a {'x'.join(map(str, env.state_frame))} frame, " if env.state_frame else "(")
+        + f"{'env.state()' if env.state_from_env else 'observations concatenated'})",
         highlight=False,
         soft_wrap=True,
     )

@@ -40,23 +40,13 @@ class GroupInfo:
     @property
     def frame_shape(self) -> tuple[int, int, int] | None:
         """The observations as frames `(H, W, C)`, which a convolutional encoder reads; None
-        where they are not frames. `[H, W]` is one channel; `[H, W, C]` is PettingZoo's image
-        layout, and `[C, H, W]` is read where `channels_first` says so."""
-        shape = self.obs_shape
-        if self.obs_flattened or len(shape) not in (2, 3):
-            return None
-        if len(shape) == 2:
-            return (shape[0], shape[1], 1)
-        if self.channels_first:
-            return (shape[1], shape[2], shape[0])
-        return (shape[0], shape[1], shape[2])
+        where they are not frames (`frame_of`)."""
+        return None if self.obs_flattened else frame_of(self.obs_shape)
 
     @property
     def channels_first(self) -> bool:
-        """A 3-D observation whose first dimension is at most 4 and smaller than the other two
-        holds its channels first (LBF's grid: `[3, 5, 5]`; an image is `[H, W, 3]`)."""
-        shape = self.obs_shape
-        return len(shape) == 3 and shape[0] <= 4 and shape[0] < min(shape[1], shape[2])
+        """The observations hold their channels first (`channels_first`)."""
+        return channels_first(self.obs_shape)
 
     @property
     def obs_storage(self) -> str:
@@ -80,10 +70,51 @@ class EnvInfo:
     objectives: int = 0
     # The params a `train.schedule` may change while the training env runs (`set_param`).
     schedulable: tuple[str, ...] = ()
+    # The global state's shape and dtype as the env gives it (its `state_space`); () where
+    # the env gives none of its own (the state is then flat float32 values).
+    state_shape: tuple[int, ...] = ()
+    state_dtype: str = "float32"
+
+    @property
+    def state_frame(self) -> tuple[int, int, int] | None:
+        """The global state as a frame `(H, W, C)` (pistonball's screen, Melting Pot's map,
+        pursuit's grid), which a centralised critic's convolutions read; None where it is
+        not one. A state is a frame only with channels: a 2-D one is rather a table (the
+        entities of knights-archers-zombies, a row each)."""
+        return frame_of(self.state_shape) if len(self.state_shape) == 3 else None
+
+    @property
+    def state_channels_first(self) -> bool:
+        return channels_first(self.state_shape)
+
+    @property
+    def state_storage(self) -> str:
+        """The dtype the global state travels from the env in: uint8 frames stay uint8 (a
+        quarter of float32) and are scaled to [0, 1] on the device, as observations are."""
+        return "uint8" if self.state_dtype == "uint8" and self.state_frame else "float32"
 
     @property
     def n_agents(self) -> int:
         return sum(g.n_agents for g in self.groups)
+
+
+def frame_of(shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """`shape` as a frame `(H, W, C)`, or None where it is not one: `[H, W]` is one channel;
+    `[H, W, C]` is PettingZoo's image layout, and `[C, H, W]` is read where `channels_first`
+    says so."""
+    if len(shape) == 2:
+        return (shape[0], shape[1], 1)
+    if len(shape) != 3:
+        return None
+    if channels_first(shape):
+        return (shape[1], shape[2], shape[0])
+    return (shape[0], shape[1], shape[2])
+
+
+def channels_first(shape: tuple[int, ...]) -> bool:
+    """A 3-D shape whose first dimension is at most 4 and smaller than the other two holds
+    its channels first (LBF's grid: `[3, 5, 5]`; an image is `[H, W, 3]`)."""
+    return len(shape) == 3 and shape[0] <= 4 and shape[0] < min(shape[1], shape[2])
 
 
 def group_name(agents: list[str]) -> str:

@@ -12,8 +12,8 @@ per player and returns a `TimeStep` whose `observation` is one dict per player a
   observations (`READY_TO_SHOOT`, `INVENTORY`, ...; `scenario.PERMITTED_OBSERVATIONS`),
   flattened in name order, for an MLP.
 - The global state is `WORLD.RGB`, the whole map, averaged over `state_downsample` x
-  `state_downsample` blocks (one value per cell at 8) and scaled to [0, 1]: what a
-  centralised critic reads.
+  `state_downsample` blocks (one value per cell at 8) and scaled to [0, 1]: a frame, which
+  a centralised critic reads through convolutions under `model.encoder: cnn`.
 - An episode ends for every player at once; a `LAST` step with discount 0 is a
   termination, any other `LAST` step (the substrates' episode length) a truncation.
 - `scenario: NAME` builds one of the substrate's scenarios instead: the agents are its focal
@@ -102,7 +102,7 @@ class MeltingPotEnv(ParallelEnv):
         height, width = (0, 0) if world is None else world.shape[:2]
         d = self.state_downsample
         self._state_shape = (height // d, width // d, 3)
-        self.state_space = spaces.Box(0.0, 1.0, (int(np.prod(self._state_shape)),), np.float32)
+        self.state_space = spaces.Box(0.0, 1.0, self._state_shape, np.float32)  # a frame
         self._last: Any = None
 
     def _build(self, seed: int | None = None):
@@ -169,7 +169,7 @@ class MeltingPotEnv(ParallelEnv):
             return np.zeros(self.state_space.shape, np.float32)
         d, (h, w, _) = self.state_downsample, self._state_shape
         blocks = world[: h * d, : w * d].reshape(h, d, w, d, 3).mean((1, 3), dtype=np.float32)
-        return (blocks / 255.0).ravel()
+        return blocks / 255.0
 
     def render(self) -> np.ndarray | None:
         return self._world_rgb()

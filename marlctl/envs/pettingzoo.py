@@ -61,7 +61,7 @@ class EnvSlice:
         # Without `state` none is sent: the batched env fills zeros on its device.
         out: Arrays = {}
         if self.state:
-            out["state"] = np.zeros((self.k, self.info.state_dim), np.float32)
+            out["state"] = np.zeros((self.k, self.info.state_dim), self.info.state_storage)
         for g in self.info.groups:
             shape, dtype = (self.k, g.n_agents, *g.obs_shape), np.dtype(g.obs_storage)
             out[f"obs/{g.name}"] = np.zeros(shape, dtype)
@@ -87,7 +87,7 @@ class EnvSlice:
         if not self.state:
             return
         if self.info.state_from_env:
-            state = np.asarray(env.state(), np.float32).ravel()
+            state = np.asarray(env.state(), self.info.state_storage).ravel()
             if state.size != self.info.state_dim:
                 raise ValueError(
                     f"env '{self.info.id}': state() returned {state.size} values, not the "
@@ -265,6 +265,8 @@ class PettingZooEnv:
         groups = self.info.groups
         if "state" in parts[0]:
             state = cat("state")
+            if state.dtype == torch.uint8:  # a frame travels as bytes; trainers read [0, 1]
+                state = state.float() / 255.0
         else:  # not computed (`state=False`): zeros, never sent between processes
             state = torch.zeros(self.num_envs, self.info.state_dim, device=self.device)
         return Observation(

@@ -91,6 +91,8 @@ def describe(env: Any, env_id: str, factory: str, teams_by_name: bool = False) -
     objectives = 0
     if callable(getattr(env, "reward_space", None)):  # MOMAland: a reward vector per agent
         objectives = int(np.prod(env.reward_space(agents[0]).shape))
+    space = getattr(env, "state_space", None) if state_from_env else None
+    shaped = space is not None and getattr(space, "shape", None) is not None
     return EnvInfo(
         env_id,
         factory,
@@ -100,6 +102,8 @@ def describe(env: Any, env_id: str, factory: str, teams_by_name: bool = False) -
         tuple(agents),
         turn_based,
         objectives,
+        state_shape=tuple(int(n) for n in space.shape) if shaped else (),
+        state_dtype=str(space.dtype) if shaped and space.dtype is not None else "float32",
     )
 
 

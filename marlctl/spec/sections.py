@@ -81,6 +81,20 @@ class CnnSpec(Strict):
         description="Average-pool the frames by this factor on the device before the first "
         "convolution (a 457x120 pistonball frame by 4: 114x30).",
     )
+    state_downsample: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="`downsample` for the global state where it is a frame (pistonball's "
+        "screen, Melting Pot's map), which an on-policy centralised critic reads through "
+        "these convolutions (its own weights); null = `downsample`. 1 for a state the env "
+        "already gives small (Melting Pot's, one value per cell).",
+    )
+
+    def for_state(self) -> CnnSpec:
+        """These convolutions as a centralised critic runs them on a frame state."""
+        pool = self.downsample if self.state_downsample is None else self.state_downsample
+        return self.model_copy(update={"downsample": pool})
 
     def sizes(self, frames: tuple[int, int, int]) -> list[tuple[int, int, int]]:
         """`(channels, height, width)` after the pooling and after each convolution (impala:

@@ -146,20 +146,26 @@ class Trainer:
         n_out: int,
         sharing: str | None = None,
         observes: bool = False,
+        reads_state: bool = False,
         **kwargs,
     ) -> AgentNet:
         """A network for the agents of `group`, shared among them as `model.sharing` says
         unless `sharing` is given; one that `observes` reads the group's observations, with
-        the encoder `model.encoder` gives it."""
-        frames = None
-        if observes and self.model.encoder_for(group.name) == "cnn":
-            frames = group.frame_shape
-            if frames is None:
-                raise ValueError(f"model.encoder cnn: group {group.name} has no frames")
+        the encoder `model.encoder` gives it; one that `reads_state` reads the global state,
+        through the same encoder's convolutions where that state is a frame."""
+        frames, first, cnn = None, group.channels_first, None
+        if self.model.encoder_for(group.name) == "cnn":
+            if observes:
+                frames = group.frame_shape
+                if frames is None:
+                    raise ValueError(f"model.encoder cnn: group {group.name} has no frames")
+            elif reads_state and self.info.state_frame is not None:
+                frames, first = self.info.state_frame, self.info.state_channels_first
+                cnn = self.model.cnn.for_state()
         return AgentNet(
             len(self.seeds), group.n_agents, n_in, n_out, self.model,
             sharing or sharing_of(self.model, group.name), self.init_generators,
-            frames=frames, channels_first=group.channels_first, **kwargs,
+            frames=frames, channels_first=first, cnn=cnn, **kwargs,
         )  # fmt: skip
 
     def after_update(self) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from marlctl.spec.models import ModelSpec
+from marlctl.spec.sections import CnnSpec
 from marlctl.train.core import ACTIVATIONS, BatchedMLP, batched_linear, one_hot_ids, select_copy
 from marlctl.train.frames import BatchedCNN, scaled
 
@@ -125,10 +126,11 @@ class AgentNet(nn.Module):
         recurrent: bool | None = None,
         frames: tuple[int, int, int] | None = None,
         channels_first: bool = False,
+        cnn: CnnSpec | None = None,
     ):
         """frames: `(H, W, C)` of the input (`[C, H, W]` where `channels_first`), which
-        `model.cnn`'s convolutions read first (`model.encoder: cnn`); None: the input goes
-        to the hidden layers as it is."""
+        `cnn`'s convolutions (default `model.cnn`) read first (`model.encoder: cnn`); None:
+        the input goes to the hidden layers as it is."""
         super().__init__()
         self.sharing, self.n, self.ensemble = sharing, n_agents, ensemble
         shared = sharing == "shared"
@@ -142,8 +144,9 @@ class AgentNet(nn.Module):
             if ensemble > 1:
                 raise ValueError("model.encoder cnn: not with policy ensembles")
             self.cnn = BatchedCNN(
-                seeds, self.copies, frames, model.cnn, generators, model.init, channels_first
-            )
+                seeds, self.copies, frames, cnn or model.cnn, generators, model.init,
+                channels_first,
+            )  # fmt: skip
             n_in = self.cnn.features
         n_in += self.id_dim
         if self.recurrent:
@@ -170,6 +173,12 @@ class AgentNet(nn.Module):
         """One network, no agent ids, no memory: equal inputs give every agent the same
         output, so a caller whose input is every agent's can run it once and broadcast."""
         return self.sharing == "shared" and not self.id_dim and not self.recurrent
+
+    @property
+    def convolves_once(self) -> bool:
+        """One network with convolutions: an input every agent shares, given once as
+        `[S, ..., 1, in]`, is convolved once and its features broadcast to the agents."""
+        return self.cnn is not None and self.copies == 1
 
     def initial_state(self, seeds: int, *lead: int, device: torch.device) -> torch.Tensor:
         return torch.zeros(seeds, *lead, self.n, self.hidden_size, device=device)
@@ -222,10 +231,17 @@ class AgentNet(nn.Module):
 
     def _inputs(self, x: torch.Tensor, copy: torch.Tensor | None = None) -> torch.Tensor:
         """What the hidden layers take: frames scaled and through the convolutions, then
-        the agent ids."""
+        the agent ids. An input `[S, ..., 1, in]` without `copy` is one every agent shares
+        (the global state): it goes to each of the n agents, after the convolutions where
+        one network has them (`convolves_once`), before them where each has its own."""
         x = scaled(x)
+        shared = copy is None and x.shape[-2] == 1 < self.n and not self.same_for_every_agent
+        if shared and not self.convolves_once:
+            x, shared = x.expand(*x.shape[:-2], self.n, x.shape[-1]), False
         if self.cnn is not None:
             x = self._convolved(x, copy)
+        if shared:
+            x = x.expand(*x.shape[:-2], self.n, x.shape[-1])
         return self._with_ids(x)
 
     def _convolved(self, x: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:

@@ -191,7 +191,7 @@ class OnPolicyTrainer(Trainer):
                 critic_h[name] = h_c
                 b = buf[name]
                 b["actor_in"].append(a_in)
-                b["critic_in"].append(split.state if pol.centralised else None)
+                b["critic_in"].append(pol.stored_state(split.state) if pol.centralised else None)
                 b["actions"].append(action)
                 b["log_probs"].append(logp)
                 b["values"].append(value)

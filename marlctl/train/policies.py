@@ -39,11 +39,15 @@ class GroupPolicy(nn.Module):
         self.actor = trainer.agent_net(group, group.obs_dim, n_out, out_gain=0.01, observes=True)
         self.critic = trainer.agent_net(
             group, critic_dim, 1, sharing=trainer.critic_sharing, out_gain=1.0,
-            observes=not centralised,
+            observes=not centralised, reads_state=centralised,
         )  # fmt: skip
         # A centralised critic with one network, no agent ids and no memory gives every agent
         # the same value (BenchMARL's MAPPO critic): it runs once per state, not per agent.
         self.state_critic = centralised and self.critic.same_for_every_agent
+        # One that convolves a frame state does so once per state, then per agent (ids).
+        self.state_once = self.state_critic or (centralised and self.critic.convolves_once)
+        # A frame state is kept in the rollout as the bytes it came as (scaled on reading).
+        self.state_bytes = centralised and trainer.info.state_storage == "uint8"
         copies = self.actor.copies
         self.log_std = (
             None
@@ -62,9 +66,15 @@ class GroupPolicy(nn.Module):
 
     def per_agent(self, state: torch.Tensor) -> torch.Tensor:
         """The global state `[..., D]` as every agent's critic input `[..., n, D]` (a view);
-        `[..., 1, D]` for a `state_critic`, whose `value` is every agent's."""
-        n = 1 if self.state_critic else self.group.n_agents
+        `[..., 1, D]` for a critic that reads it `state_once` (`AgentNet.convolves_once`),
+        and for a `state_critic`, whose `value` is every agent's."""
+        n = 1 if self.state_once else self.group.n_agents
         return state.unsqueeze(-2).expand(*state.shape[:-1], n, -1)
+
+    def stored_state(self, state: torch.Tensor) -> torch.Tensor:
+        """The global state as the rollout keeps it: a frame scaled from uint8 goes back to
+        its bytes, exactly (a quarter of the memory; `scaled` gives the same floats back)."""
+        return (state * 255.0).round_().to(torch.uint8) if self.state_bytes else state
 
     def distribution(self, actor_in: torch.Tensor, mask: torch.Tensor | None, h=None, copy=None):
         """The action distribution, and the actor's next recurrent state (`copy`: one agent's
