@@ -330,7 +330,9 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         # A rollout stores each agent's observation (uint8 frames: a quarter of a float each)
         # and the global state once per env (a decentralised critic reads the observation).
         obs = g.obs_dim / 4 if g.obs_storage == "uint8" else g.obs_dim
-        state = env.state_dim / 4 if env.state_storage == "uint8" else env.state_dim
+        # (an on-policy rollout keeps a uint8 frame state as bytes; replay holds floats)
+        small = algo.on_policy and env.state_storage == "uint8"
+        state = env.state_dim / 4 if small else env.state_dim
         per_env = g.n_agents * (obs + g.n_actions + 8) + (state if centralised else 0)
         floats += rollout * spec.hardware.num_envs * per_env
     return round((params * 4 + floats) * 4 / 2**20 + _buffer_mb(spec, env), 2)

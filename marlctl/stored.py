@@ -113,12 +113,34 @@ def policy_weights(
 
 
 def load_into(trainer, policies: Any, artifact: str) -> None:
-    """Weights into the run's networks, or exit 2 naming what does not fit."""
+    """Weights into the run's networks to act with, or exit 2 naming what does not fit.
+
+    An on-policy critic (and its value normaliser) is not read for acting and is left out:
+    a policy plays though its critic's network has changed since it was trained (a frame
+    state that an MLP read before convolutions did)."""
+    unread = acting_unread(trainer.policies)
     try:
-        trainer.policies.load_state_dict(policies)
+        kept = {k: v for k, v in policies.items() if not k.startswith(unread)}
+        missing, unexpected = trainer.policies.load_state_dict(kept, strict=False)
+        missing = [k for k in missing if not k.startswith(unread)]
+        if missing or unexpected:
+            raise KeyError(f"missing keys {missing[:4]}, unexpected keys {unexpected[:4]}")
     except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as err:
         message = f"'{artifact}' does not fit this run's networks: {one_line(str(err))}"
         raise SpecError.at("--checkpoint", message) from None
+
+
+def acting_unread(policies) -> tuple[str, ...]:
+    """The key prefixes of `policies`' weights that acting does not read: every on-policy
+    group's critic and value normaliser."""
+    from marlctl.train.policies import GroupPolicy
+
+    return tuple(
+        f"{name}.{part}."
+        for name, module in policies.named_modules()
+        if isinstance(module, GroupPolicy)
+        for part in ("critic", "value_norm")
+    )
 
 
 def identity_tags(loaded) -> dict[str, str]:

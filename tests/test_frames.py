@@ -217,6 +217,29 @@ def test_a_centralised_critic_convolves_a_frame_state_once_for_its_agents(sharin
     env.close()
 
 
+def test_a_policy_whose_critic_has_changed_still_loads_to_act():
+    # Weights of a run whose critic read the flat state with its hidden layers (before frame
+    # states were convolved): acting reads none of the critic's, so they are left out.
+    from marlctl.errors import SpecError
+    from marlctl.stored import load_into
+
+    trainer, env = _state_critic_trainer()
+    env.close()
+    saved = {k: v.clone() for k, v in trainer.policies.state_dict().items()}
+    older = {k: v for k, v in saved.items() if ".critic." not in k}
+    older["looker.critic.mlp.weights.0"] = torch.zeros(2, 1, 12 * 24 * 3 + 2, 16)
+    for p in trainer.policies.parameters():
+        p.data.zero_()
+    load_into(trainer, older, "policy/final.pt")
+    actor = {k: v for k, v in trainer.policies.state_dict().items() if ".actor." in k}
+    assert actor and all(torch.equal(v, saved[k]) for k, v in actor.items())
+    # The actor's weights must all be there and fit
+    for broken in ({k: v for k, v in older.items() if ".actor." not in k},
+                   older | {"looker.actor.mlp.weights.0": torch.zeros(3)}):  # fmt: skip
+        with pytest.raises(SpecError, match="does not fit this run's networks"):
+            load_into(trainer, broken, "policy/final.pt")
+
+
 @pytest.mark.parametrize(
     "algo, model",
     [("mappo", {"recurrent": "gru"}), ("mappo", {"sharing": "independent"}), ("happo", {})],

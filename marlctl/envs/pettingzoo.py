@@ -87,7 +87,13 @@ class EnvSlice:
         if not self.state:
             return
         if self.info.state_from_env:
-            state = np.asarray(env.state(), self.info.state_storage).ravel()
+            state = np.asarray(env.state())
+            if self.info.state_storage == "uint8" and state.dtype != np.uint8:
+                raise ValueError(
+                    f"env '{self.info.id}': state() returned {state.dtype} values, not the "
+                    "uint8 of its state_space"
+                )
+            state = state.astype(self.info.state_storage, copy=False).ravel()
             if state.size != self.info.state_dim:
                 raise ValueError(
                     f"env '{self.info.id}': state() returned {state.size} values, not the "

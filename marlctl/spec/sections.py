@@ -53,7 +53,8 @@ Encoder = Literal["mlp", "cnn"]
 
 class CnnSpec(Strict):
     """The convolutions `model.encoder: cnn` runs on a group's frames before the hidden
-    layers; the defaults are the Nature DQN's (Mnih et al. 2015)."""
+    layers, and an on-policy centralised critic on a global state that is a frame (weights
+    of its own); the defaults are the Nature DQN's (Mnih et al. 2015)."""
 
     style: Literal["plain", "impala"] = Field(
         "plain",
@@ -190,8 +191,10 @@ class ModelSpec(Strict):
         description="What reads a group's observations before the hidden layers: mlp (the "
         "observation flattened) or cnn (`model.cnn`'s convolutions over its frames: "
         "observations of shape [H, W, C] or [H, W]); a mapping sets it per group name, "
-        "others stay mlp. Frames of uint8 stay uint8 in rollouts and replay and are scaled "
-        "to [0, 1] on the device, with either encoder.",
+        "others stay mlp. Under cnn an on-policy centralised critic reads a global state "
+        "that is a frame ([H, W, C]) through convolutions of its own too. Frames of uint8 "
+        "stay uint8 in rollouts and replay and are scaled to [0, 1] on the device, with "
+        "either encoder.",
     )
     cnn: CnnSpec = Field(default_factory=CnnSpec, description="The convolutions of `cnn`.")
 

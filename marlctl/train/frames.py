@@ -4,9 +4,11 @@ A group's observations are frames when they have the shape `[H, W, C]` (PettingZ
 layout; `[H, W]` is one channel: `GroupInfo.frame_shape`). They travel flattened, as every
 observation does, and stay uint8 where the env gives uint8 (an RGB frame): a rollout or
 replay buffer holds a quarter of what float32 would take, and `scaled` turns them into [0, 1]
-floats on the device as a network reads them. `BatchedCNN` runs one stack of convolutions per
-seed and per copy (an agent's own network) as grouped convolutions, so that, like
-`BatchedMLP`, a seed's features do not depend on the seeds batched with it.
+floats on the device as a network reads them. A global state of the shape `[H, W, C]` is a
+frame too (`EnvInfo.state_frame`), which an on-policy centralised critic convolves; a uint8
+one travels as bytes and an on-policy rollout keeps it so. `BatchedCNN` runs one stack of
+convolutions per seed and per copy (an agent's own network) as grouped convolutions, so
+that, like `BatchedMLP`, a seed's features do not depend on the seeds batched with it.
 """
 
 from __future__ import annotations

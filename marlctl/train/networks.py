@@ -105,7 +105,8 @@ class BatchedGRU(nn.Module):
 
 
 class AgentNet(nn.Module):
-    """The network of one agent group: `[S, ..., n, in]` -> `[S, ..., n, out]`.
+    """The network of one agent group: `[S, ..., n, in]` -> `[S, ..., n, out]`; an input
+    every agent shares may come once, `[S, ..., 1, in]` (`_inputs`).
 
     Recurrent (`model.recurrent: gru`): MLP encoder, GRU cell of the last hidden width, linear
     head, as in the DRQN agents of QMIX (Rashid et al. 2018). `ensemble` > 1 keeps K
@@ -177,7 +178,8 @@ class AgentNet(nn.Module):
     @property
     def convolves_once(self) -> bool:
         """One network with convolutions: an input every agent shares, given once as
-        `[S, ..., 1, in]`, is convolved once and its features broadcast to the agents."""
+        `[S, ..., 1, in]`, is convolved once and its features go to each agent (unless the
+        network is `same_for_every_agent`: then its output stays `[S, ..., 1, out]`)."""
         return self.cnn is not None and self.copies == 1
 
     def initial_state(self, seeds: int, *lead: int, device: torch.device) -> torch.Tensor:

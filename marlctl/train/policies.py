@@ -125,7 +125,8 @@ def entropy(dist, discrete: bool, noise=None) -> torch.Tensor:
 class GroupRollout:
     actor_in: torch.Tensor  # [T, S, E, n, A_in]
     critic_in: torch.Tensor | None  # [T, S, E, D]: the global state, stored once for all the
-    # agents (a centralised critic); None: the critic reads the actor's input (IPPO)
+    # agents (a centralised critic; a uint8 frame's bytes, `stored_state`); None: the critic
+    # reads the actor's input (IPPO)
     actions: torch.Tensor
     log_probs: torch.Tensor  # [T, S, E, n]
     values: torch.Tensor  # [T, S, E, n], denormalised

@@ -23,6 +23,7 @@ import torch
 from marlctl import processes
 from marlctl.envs.batch import BatchedEnv
 from marlctl.envs.info import EnvInfo
+from marlctl.errors import one_line
 from marlctl.plan import RunPlan, learner_info
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, PRUNED_TAG
@@ -314,7 +315,13 @@ def _resume(spec: Spec, requests, client, trainer, device) -> _Resumed | None:
             f"({sorted(map(str, steps))}); resume them with hardware.batch_seeds: false"
         )
     state = states[0]
-    trainer.load_seed_states([st["trainer"] for st in states])
+    try:
+        trainer.load_seed_states([st["trainer"] for st in states])
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise RuntimeError(
+            "its checkpoint does not fit this run's networks, which have changed since it "
+            f"was written (another marlctl version?): {one_line(str(err))}"
+        ) from None
     pool_states = None
     if spec.pools and all("pool" in st for st in states):
         pool_states = [st["pool"] for st in states]
