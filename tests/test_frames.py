@@ -287,14 +287,16 @@ def test_the_model_presets_compose_and_train(tmp_path, preset):
 
 
 @pytest.mark.slow
-def test_a_policy_that_reads_the_frames_learns_to_spot_the_square(tmp_path):
+@pytest.mark.parametrize("algo", ["ippo", "mappo"])
+def test_a_policy_that_reads_the_frames_learns_to_spot_the_square(tmp_path, algo):
     # Random play names the right quadrant on a quarter of the 8 steps: a return of 2.
+    # MAPPO's critic convolves the global state: every agent's frame side by side.
     finals = []
     for seed in (0, 1, 2):
         body = {
             "seeds": [seed],
-            "env": SPOT,
-            "algo": {"name": "ippo", "rollout_steps": 16, "epochs": 4, "minibatches": 2,
+            "env": SPOT if algo == "ippo" else SPOT_STATE,
+            "algo": {"name": algo, "rollout_steps": 16, "epochs": 4, "minibatches": 2,
                      "lr": 1.0e-3},  # fmt: skip
             "model": {"hidden": [64], "encoder": "cnn",
                       "cnn": {"channels": [16, 32], "kernels": [3, 3], "strides": [2, 1]}},
