@@ -11,7 +11,8 @@ Per task:
    ones its dataset holds, score above it). Medium-Replay: `train.record` of a second MAPPO
    run of the same seed up to the Medium policy's step.
 3. Every offline algorithm (3 seeds, trained as one batch) on every dataset; random play
-   (uniform over the allowed actions) on the side.
+   (uniform over the allowed actions) on the side. A seed whose loss stops being finite
+   fails its run, and the batch's other seeds with it: the cell says "failed".
 
 The targets: behaviour cloning on Good reaches 90% of the dataset's return, normalised
 between random play (0) and the dataset (1); on Medium-Replay a conservative Q-learner
@@ -66,10 +67,13 @@ TASKS = {
 }
 
 
-def marlctl(args: list[str], cwd: Path) -> dict:
+def marlctl(args: list[str], cwd: Path, failed_runs: bool = False) -> dict:
+    """The command's JSON; `failed_runs`: also where runs failed (exit 1), which say why."""
     done = subprocess.run([str(MARLCTL), *args, "--json"], cwd=cwd, capture_output=True,
                           text=True)  # fmt: skip
-    if done.returncode != 0:
+    if done.returncode != 0 and not (
+        failed_runs and done.returncode == 1 and '"runs"' in done.stdout
+    ):
         raise SystemExit(f"marlctl {' '.join(args)}: {done.stdout[-3000:]}{done.stderr[-3000:]}")
     return json.loads(done.stdout[done.stdout.index("{") :])
 
@@ -202,9 +206,12 @@ def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
                       "eval_episodes": 128, "checkpoint_every": 0},
             "hardware": {"num_envs": 16, "device": "cpu", "batch_seeds": True}}  # fmt: skip
     start = time.perf_counter()
-    out = marlctl(["run", write(cwd, f"{task}-{algo}-{level}.yaml", body)], cwd)
+    out = marlctl(["run", write(cwd, f"{task}-{algo}-{level}.yaml", body)], cwd, failed_runs=True)
     finals = [r["final_return"] for r in out["runs"]]
     result = {"finals": finals, "wall_s": time.perf_counter() - start}
+    failed = [r for r in out["runs"] if r["status"] != "FINISHED"]
+    if failed:  # the seeds train as one batch: a seed's non-finite loss stops them all
+        result |= {"failed": failed[0]["error"], "env_steps": failed[0]["env_steps"]}
     kept.write_text(json.dumps(result))
     return result
 
@@ -313,6 +320,10 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
             if row is None:
                 cells.append("—")
                 continue
+            if row.get("failed"):  # "... (seed S): loss/a, loss/b"
+                losses = row["failed"].rsplit(": ", 1)[-1]
+                cells.append(f"failed: {losses} not finite by update {row['env_steps']:,}")
+                continue
             mean = statistics.mean(row["finals"])
             scores[algo] = mean
             spread = statistics.stdev(row["finals"]) if len(row["finals"]) > 1 else 0.0
@@ -344,16 +355,18 @@ def _scores(row: dict) -> str:
 
 
 def _verdict(level: str, scores: dict[str, float], data: float, random: float) -> str:
-    if len(scores) < len(ALGOS):
+    """The target of `level`, on the algorithms that finished (a failed one: not met where
+    every algorithm must pass)."""
+    if "bc" not in scores:
         return "—"
     if level == "good":
         norm = (scores["bc"] - random) / (data - random)
         return f"BC {norm:.2f} of the way: {'met' if norm >= 0.9 else 'not met'} (bar 0.90)"
     if level == "medium-replay":
-        best = max(s for a, s in scores.items() if a != "bc")
+        best = max((s for a, s in scores.items() if a != "bc"), default=float("-inf"))
         return f"best Q-learner {'beats' if best > scores['bc'] else 'does not beat'} BC"
     if level == "poor":
-        below = [a for a, s in scores.items() if s <= random]
+        below = [a for a in ALGOS if scores.get(a, float("-inf")) <= random]
         if not below:
             return "every algorithm beats random play: met"
         return f"{', '.join(below)} at or below random play: not met"

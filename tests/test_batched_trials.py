@@ -136,7 +136,8 @@ def test_a_row_whose_loss_turns_non_finite_fails_alone():
 
     trainer = type("Trainer", (), {"graph": None, "stats": Stats()})()
     sinks = [Sink(), Sink(), Sink()]
-    spec = type("Spec", (), {"train": type("Train", (), {"log_interval": 1})})
+    spec = type("Spec", (), {"train": type("Train", (), {"log_interval": 1}),
+                             "algo": type("Algo", (), {"name": "mappo"})})  # fmt: skip
     # Rows 0 and 1: the two seeds of trial a; row 2: trial b's.
     requests = [Request(0, "a"), Request(1, "a"), Request(2, "b")]
     run = RunState(spec, requests, [None] * 3, None, list(sinks), trainer, None, None, None)

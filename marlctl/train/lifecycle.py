@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from marlctl import tracking
+from marlctl.algos import registered_algos
 from marlctl.atomic import staging
 from marlctl.spec.models import Spec
 from marlctl.stored import CHECKPOINT, CHECKPOINT_STEP_TAG, POLICY, load_tensors
@@ -250,7 +251,9 @@ class MetricLogger(Part):
             bad = [k for k, v in zip(keys, values, strict=True) if not math.isfinite(v[index])]
             if bad and index in run.live:  # not ended with a seed of its trial already
                 seed, steps = run.seeds[index], run.env_steps
-                error = f"non-finite loss by env step {steps} (seed {seed}): {', '.join(bad)}"
+                offline = registered_algos()[run.spec.algo.name].offline  # counts updates
+                unit = "gradient step" if offline else "env step"
+                error = f"non-finite loss by {unit} {steps} (seed {seed}): {', '.join(bad)}"
                 run.fail_trial(index, error)
         now = time.perf_counter()
         rate = (run.env_steps - self.log_steps) / max(now - run.clock.tick, 1e-9)
