@@ -131,15 +131,12 @@ def load_into(trainer, policies: Any, artifact: str) -> None:
 
 
 def acting_unread(policies) -> tuple[str, ...]:
-    """The key prefixes of `policies`' weights that acting does not read: every on-policy
-    group's critic and value normaliser."""
-    from marlctl.train.policies import GroupPolicy
-
+    """The key prefixes of `policies`' weights that acting does not read: those a module
+    names in its `unread_for_acting` (an on-policy group's critic and value normaliser)."""
     return tuple(
         f"{name}.{part}."
         for name, module in policies.named_modules()
-        if isinstance(module, GroupPolicy)
-        for part in ("critic", "value_norm")
+        for part in getattr(module, "unread_for_acting", ())
     )
 
 

@@ -70,9 +70,9 @@ class EnvInfo:
     objectives: int = 0
     # The params a `train.schedule` may change while the training env runs (`set_param`).
     schedulable: tuple[str, ...] = ()
-    # The global state's shape and dtype as the env's `state_space` gives them; () where it
-    # has no `state_space` (a `state()` alone, the observations side by side, native and
-    # VMAS envs): the state is then flat float32 values.
+    # The global state's shape and dtype as the env's `state_space` gives them where it has
+    # more than one dimension; () otherwise (a flat `state_space`, a `state()` alone, the
+    # observations side by side, native and VMAS envs): the state is flat float32 values.
     state_shape: tuple[int, ...] = ()
     state_dtype: str = "float32"
 

@@ -91,8 +91,10 @@ def describe(env: Any, env_id: str, factory: str, teams_by_name: bool = False) -
     objectives = 0
     if callable(getattr(env, "reward_space", None)):  # MOMAland: a reward vector per agent
         objectives = int(np.prod(env.reward_space(agents[0]).shape))
+    # A state of more than one dimension keeps its shape and dtype (a frame); a flat one is
+    # `state_dim` float32 values, as a native env's is.
     space = getattr(env, "state_space", None) if state_from_env else None
-    shaped = space is not None and getattr(space, "shape", None) is not None
+    shaped = space is not None and len(getattr(space, "shape", None) or ()) > 1
     return EnvInfo(
         env_id,
         factory,

@@ -29,6 +29,8 @@ from marlctl.train.core import (
 class GroupPolicy(nn.Module):
     """Actor and critic of one agent group (`model.sharing`, `model.recurrent` apply)."""
 
+    unread_for_acting = ("critic", "value_norm")  # what loading a policy to act leaves out
+
     def __init__(self, trainer: Trainer, group: GroupInfo, critic_dim: int, centralised: bool):
         super().__init__()
         self.group, self.centralised = group, centralised
