@@ -307,14 +307,14 @@ def _estimate_memory_mb(loaded: LoadedSpec, env: EnvInfo, rollout: int) -> float
         sizes = [n_in, *hidden, n_out]
         return sum(a * b + b for a, b in itertools.pairwise(sizes))
 
+    algo = registered_algos()[spec.algo.name]
+    centralised = algo.centralised_critic
     params, floats = 0, 0
     for g in env.groups:
         sharing = spec.model.sharing
         mode = sharing.get(g.name, "shared") if isinstance(sharing, dict) else sharing
         copies = 1 if mode == "shared" else g.n_agents
         extra = g.n_agents if mode == "shared" and g.n_agents > 1 else 0
-        algo = registered_algos()[spec.algo.name]
-        centralised = algo.centralised_critic
         conv, obs_in = 0, g.obs_dim
         state_conv, state_in = 0, env.state_dim
         if spec.model.encoder_for(g.name) == "cnn":

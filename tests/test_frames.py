@@ -104,12 +104,17 @@ def test_every_family_trains_on_uint8_frames_kept_uint8(tmp_path, algo, model):
     quick = {"rollout_steps": 8, "epochs": 1, "minibatches": 2}
     if algo in ("qmix", "iql"):
         quick = {"batch_size": 16, "learning_starts": 64, "sequence_length": 4}
+    _trains(tmp_path, SPOT, {"name": algo, **quick}, model, 512)
+
+
+def _trains(tmp_path, env: dict, algo: dict, model: dict, steps: int) -> None:
+    """Two seeds of `algo` with a small cnn encoder on `env` train `steps` env steps."""
     body = {
         "seeds": [0, 1],
-        "env": SPOT,
-        "algo": {"name": algo, **quick},
+        "env": env,
+        "algo": algo,
         "model": {"hidden": [16], "encoder": "cnn", "cnn": SMALL, **model},
-        "train": {"total_env_steps": 512, "eval_every": 0, "eval_episodes": 2},
+        "train": {"total_env_steps": steps, "eval_every": 0, "eval_episodes": 2},
         "hardware": {"device": "cpu", "num_envs": 4},
     }
     out = run_json("run", str(write_spec(tmp_path, body)))
@@ -245,17 +250,8 @@ def test_a_policy_whose_critic_has_changed_still_loads_to_act():
     [("mappo", {"recurrent": "gru"}), ("mappo", {"sharing": "independent"}), ("happo", {})],
 )
 def test_centralised_critics_train_on_a_frame_state(tmp_path, algo, model):
-    body = {
-        "seeds": [0, 1],
-        "env": SPOT_STATE,
-        "algo": {"name": algo, "rollout_steps": 8, "epochs": 1, "minibatches": 2},
-        "model": {"hidden": [16], "encoder": "cnn", "cnn": SMALL, **model},
-        "train": {"total_env_steps": 256, "eval_every": 0, "eval_episodes": 2},
-        "hardware": {"device": "cpu", "num_envs": 4},
-    }
-    out = run_json("run", str(write_spec(tmp_path, body)))
-    assert out["exit_code"] == 0, out
-    assert all(r["status"] == "FINISHED" for r in out["runs"])
+    quick = {"name": algo, "rollout_steps": 8, "epochs": 1, "minibatches": 2}
+    _trains(tmp_path, SPOT_STATE, quick, model, 256)
 
 
 def test_a_frame_state_the_convolutions_leave_nothing_of_is_exit_2_at_model_cnn(tmp_path):

@@ -162,20 +162,18 @@ def _encoder_problems(spec, prov: Provenance, info: EnvInfo) -> list[Problem]:
                 "([H, W, C] or [H, W]); the cnn encoder reads frames"
             )
             problems.append(prov.problem(where, message))
-        elif min(min(h, w) for _, h, w in model.cnn.sizes(frames)) < 1:
-            sizes = " -> ".join(f"{h}x{w}" for _, h, w in model.cnn.sizes(frames))
+        elif sizes := model.cnn.emptied(frames):
             message = f"the convolutions leave nothing of group {name}'s frames: {sizes}"
             problems.append(prov.problem("model.cnn", message))
     algo = registered_algos().get(spec.algo.name)
     frames = info.state_frame
     reads = algo is not None and algo.on_policy and algo.centralised_critic
     if reads and frames and any(model.encoder_for(g) == "cnn" for g in groups):
-        sizes = model.cnn.for_state().sizes(frames)
-        if min(min(h, w) for _, h, w in sizes) < 1:
+        if sizes := model.cnn.for_state().emptied(frames):
             message = (
                 "the convolutions leave nothing of the global state's frame, which the "
-                f"centralised critic reads: {' -> '.join(f'{h}x{w}' for _, h, w in sizes)} "
-                "(model.cnn.state_downsample pools it apart from the observations)"
+                f"centralised critic reads: {sizes} (model.cnn.state_downsample pools it "
+                "apart from the observations)"
             )
             problems.append(prov.problem("model.cnn", message))
     return problems

@@ -111,6 +111,14 @@ class CnnSpec(Strict):
             found.append((out, (height - kernel) // stride + 1, (width - kernel) // stride + 1))
         return found
 
+    def emptied(self, frames: tuple[int, int, int]) -> str | None:
+        """The sizes the frames pass through (`"12x12 -> 2x2 -> 0x0"`) where the convolutions
+        leave nothing of them; None where something is left."""
+        sizes = self.sizes(frames)
+        if min(min(h, w) for _, h, w in sizes) >= 1:
+            return None
+        return " -> ".join(f"{h}x{w}" for _, h, w in sizes)
+
     def parameters(self, frames: tuple[int, int, int]) -> tuple[int, int]:
         """The convolutions' weights and biases, and the features they give, on `frames`."""
         sizes = self.sizes(frames)

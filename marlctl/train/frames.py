@@ -46,9 +46,9 @@ class BatchedCNN(nn.Module):
         self.seeds, self.copies, self.shape = seeds, copies, shape
         self.channels_first, self.downsample = channels_first, cnn.downsample
         self.impala, self.stacks = cnn.style == "impala", len(cnn.channels)
+        if emptied := cnn.emptied(shape):
+            raise ValueError(f"model.cnn leaves nothing of frames {shape[0]}x{shape[1]}: {emptied}")
         sizes = cnn.sizes(shape)
-        if min(min(h, w) for _, h, w in sizes) < 1:
-            raise ValueError(f"model.cnn leaves nothing of frames {shape[0]}x{shape[1]}: {sizes}")
         # (in, out, kernel, stride, padding) of each convolution, in the order they run
         convs: list[tuple[int, int, int, int, int]] = []
         for index, ((c_in, _, _), (out, _, _)) in enumerate(zip(sizes, sizes[1:], strict=False)):

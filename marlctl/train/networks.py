@@ -239,12 +239,16 @@ class AgentNet(nn.Module):
         x = scaled(x)
         shared = copy is None and x.shape[-2] == 1 < self.n and not self.same_for_every_agent
         if shared and not self.convolves_once:
-            x, shared = x.expand(*x.shape[:-2], self.n, x.shape[-1]), False
+            x = self._each_agent(x)
         if self.cnn is not None:
             x = self._convolved(x, copy)
         if shared:
-            x = x.expand(*x.shape[:-2], self.n, x.shape[-1])
+            x = self._each_agent(x)  # as it is where it went to each agent already
         return self._with_ids(x)
+
+    def _each_agent(self, x: torch.Tensor) -> torch.Tensor:
+        """`[S, ..., 1, F]` as each agent's, `[S, ..., n, F]` (a view)."""
+        return x.expand(*x.shape[:-2], self.n, x.shape[-1])
 
     def _convolved(self, x: torch.Tensor, copy: torch.Tensor | None) -> torch.Tensor:
         """Flattened frames `[S, ..., n, H * W * C]` -> features `[S, ..., n, F]`: each agent's
