@@ -317,3 +317,69 @@ def test_the_dataset_sampler_draws_each_row_s_windows_through_the_trainer_s_stre
     assert not torch.equal(x[0], x[1])  # each row its own stream
     again, _ = sampled((1, 0))
     assert torch.equal(again[0], x[1]) and torch.equal(again[1], x[0])
+
+
+def random_spread_dataset(folder: Path, continuous: bool) -> tuple[dict, dict]:
+    """Uniformly random play of native simple_spread (2 agents, 10 steps): its params and
+    transitions."""
+    from marlctl.data.reader import load_transitions
+
+    params = {"N": 2, "max_cycles": 10, "continuous_actions": continuous}
+    env = native_class("mpe/simple_spread")(params, 8, torch.device("cpu"))
+    manifest = Manifest("mpe/simple_spread", "native", params, "marlctl", groups_of(env.info),
+                        env.info.state_dim)  # fmt: skip
+    writer = DatasetWriter(folder, manifest, limit=40)
+    sources = torch.zeros(8, dtype=torch.long)
+    recording = Recording(env, env.info, EpisodeStager(8, env.device, sources, writer.add))
+    recording.reset(0)
+    draws = torch.Generator().manual_seed(0)
+    while not writer.full:
+        act = torch.rand(8, 2, 5, generator=draws) if continuous else torch.randint(
+            5, (8, 2), generator=draws)  # fmt: skip
+        recording.step({"agent": act})
+    writer.close()
+    return params, load_transitions(folder)[1]
+
+
+@pytest.mark.parametrize(
+    ("algo", "config", "scaled"),
+    [("qmix_cql", {}, True), ("maicq", {}, True), ("maddpg_cql", {}, True),
+     ("qmix_cql", {"state_scaling": "none"}, False), ("iql_cql", {}, False)],
+)  # fmt: skip
+def test_the_centralised_learners_read_the_dataset_s_state_standardised(
+    tmp_path, algo, config, scaled
+):
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    continuous = algo == "maddpg_cql"
+    params, data = random_spread_dataset(tmp_path / "random", continuous)
+    env = native_class("mpe/simple_spread")(params, 4, torch.device("cpu"))
+    spec = Spec.model_validate({
+        "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
+        "algo": {"name": algo, **config},
+        "model": {"hidden": [16]},
+    })  # fmt: skip
+    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, (0, 1))
+    trainer.load_dataset(data)
+    state, nxt = trainer.buffer.data["state"], trainer.buffer.data["next_state"]
+    raw = data["state"]
+    std, mean = torch.std_mean(raw, 0, correction=0)
+    varying = std > 1e-6  # simple_spread's silent communication reads 0 throughout
+    assert varying.sum() >= 16 and (~varying).any() and raw.abs().mean() > 0.1
+    if not scaled:
+        assert torch.equal(state, raw) and torch.equal(nxt, data["next_state"])
+        return
+    torch.testing.assert_close(state.mean(0), torch.zeros_like(mean), atol=1e-4, rtol=0)
+    torch.testing.assert_close(state.std(0, correction=0), varying.float(), atol=1e-4, rtol=0)
+    scale = torch.where(varying, std, 1.0)
+    torch.testing.assert_close(nxt, (data["next_state"] - mean) / scale)  # the same statistics
+
+
+def test_a_state_feature_constant_in_the_dataset_reads_zero():
+    from marlctl.train.offline import standardised_state
+
+    state = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
+    out = standardised_state({"state": state, "next_state": torch.tensor([[2.0, 6.0]])})
+    assert torch.equal(out["state"], torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+    assert torch.equal(out["next_state"], torch.tensor([[0.0, 1.0]]))  # centred only

@@ -36,6 +36,14 @@ SEQUENCE = Field(
     description="Recurrent agents (`model.recurrent`): consecutive steps per sampled window "
     "(OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
 )
+STATE_SCALING = Field(
+    "standardise",
+    description="How the centralised networks (mixer, critics) read the global state: "
+    "standardise = each feature less its mean over the dataset, divided by its standard "
+    "deviation there (a feature constant in the dataset reads 0), computed when the dataset "
+    "is loaded; none = as recorded. An env's state whose features span tens of units (SMAX's "
+    "positions and cooldowns) can otherwise drive a mixer's hypernetworks to diverge.",
+)
 
 
 class OwnNetworksConfig(AlgoConfig):
@@ -122,6 +130,7 @@ class IQLCQLConfig(OfflineQConfig):
 )
 class QMIXCQLConfig(OfflineQConfig, QMIXConfig):
     name: Literal["qmix_cql"] = "qmix_cql"
+    state_scaling: Literal["standardise", "none"] = STATE_SCALING
     ood_actions: int = Field(
         20,
         ge=1,
@@ -149,6 +158,7 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
 
     twin: ClassVar[bool] = True
     name: Literal["maddpg_cql"] = "maddpg_cql"
+    state_scaling: Literal["standardise", "none"] = STATE_SCALING
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
     critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor (OG-MARL: 0.99).")
@@ -197,6 +207,7 @@ class MAICQConfig(OwnNetworksConfig):
     hypernetworks of 64, advantage temperature 0.1 and target temperature 1000."""
 
     name: Literal["maicq"] = "maicq"
+    state_scaling: Literal["standardise", "none"] = STATE_SCALING
     sequence_length: int = SEQUENCE
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")

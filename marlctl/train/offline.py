@@ -114,6 +114,14 @@ class DatasetSampler:
         return {}  # the dataset stays where it is, out of every checkpoint
 
 
+def standardised_state(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`data` with `state` and `next_state` standardised per feature by the mean and standard
+    deviation of `state` over the dataset; a feature constant there is only centred."""
+    std, mean = torch.std_mean(data["state"], 0, correction=0)
+    std = torch.where(std > 1e-6, std, torch.ones_like(std))
+    return {**data, **{key: (data[key] - mean) / std for key in ("state", "next_state")}}
+
+
 class Offline:
     """Mixed in before a trainer (a replay learner's, or one of its own): its buffer is the
     dataset, given once by `load_dataset`, and an iteration takes `updates` gradient steps
@@ -122,8 +130,11 @@ class Offline:
     def load_dataset(self, data: dict[str, torch.Tensor]) -> None:
         """`data`: a dataset's transitions. Terminations as `bootstrap_time_limit` says (a
         truncation ends the return where it is false); reward statistics of every reward in
-        it, for `reward_scaling`."""
+        it, for `reward_scaling`; a float state standardised where `state_scaling` says so."""
         data = dict(data)
+        scaling = getattr(self.cfg, "state_scaling", "none")
+        if scaling == "standardise" and data["state"].is_floating_point():
+            data = standardised_state(data)
         cut = data.pop("truncated")
         if not getattr(self.cfg, "bootstrap_time_limit", True):
             data["terminated"] = data["terminated"] | cut
