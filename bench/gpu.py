@@ -18,7 +18,11 @@ Measures on the first CUDA device, in one run:
    seconds and the seconds from the command to its first env step (`perf/startup_s`);
 5. `marlctl run specs/spread_mappo_native.yaml hardware.device=cuda
    hardware.num_envs=4096`: seconds from the command's start to the first evaluation at
-   -15 or better (`first_eval_tf32`: the same in TF32).
+   -15 or better (`first_eval_tf32`: the same in TF32);
+6. offline: the offline algorithms' gradient steps on a dataset recorded from a short MAPPO
+   run of the same spec (`train.record`, at least 102,400 transitions), eager and captured, at the
+   replay-based section's batch and gradient steps per iteration, beside the gradient steps
+   per second of the online learner each extends (its captured row in section 3).
 Each measurement is kept in the results file with its date and machine; the table shows the
 latest of each (per algorithm and mode for the replay-based section), saying which is from
 where. Start-up figures need Python's bytecode compiled ahead: where the interpreter does not
@@ -67,6 +71,11 @@ JAXMARL_IPPO = (
 # limit, which JaxMARL's GAE treats as a termination and marlctl then bootstrapped through.
 EARLIER_IPPO = JAXMARL_IPPO[:-1]
 OFF_POLICY = ("qmix", "masac", "maddpg", "iql", "vdn", "matd3")
+# The offline algorithms, each with the online learner whose gradient steps it takes on a
+# dataset instead of a replay buffer (behaviour cloning: none).
+OFFLINE = {"qmix_cql": "qmix", "iql_cql": "iql", "maicq": "qmix", "bc": None}
+# Section 3's ratio: 64 gradient steps per iteration of 1,024 env steps.
+UPDATES_PER_ENV_STEP = 64 / 1024
 
 
 def marlctl(*args: str) -> dict:
@@ -114,6 +123,32 @@ def offpolicy(algo: str, device: str, seconds: str, compile_mode: str) -> dict:
         "--num-envs", "1024", "--seconds", seconds, f"hardware.device={device}",
         *(("hardware.compile=true", "hardware.tf32=true") if compile_mode == "tf32"
           else (f"hardware.compile={compile_mode}",)),
+    )  # fmt: skip
+
+
+def offline_dataset(device: str) -> dict:
+    """A dataset of the spec's env, as a short MAPPO run's training writes it: the replay of
+    its first 102,400 env steps or more (whole iterations of 1,024 envs)."""
+    name = f"offline-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = marlctl("run", str(SPEC), f"hardware.device={device}", "hardware.num_envs=1024",
+                      "algo.epochs=1", "algo.minibatches=1", "train.total_env_steps=102400",
+                      "train.eval_every=0", "train.checkpoint_every=0",
+                      f"train.record={name}")  # fmt: skip
+    if "error" in summary:
+        return summary
+    data = str(WORKDIR / name / "seed-0")
+    described = marlctl("data", "describe", data)
+    return {"data": data, "transitions": described.get("transitions"), **described}
+
+
+def offline(algo: str, device: str, seconds: str, data: str) -> dict:
+    """`marlctl bench` of an offline algorithm on `data`: 64 gradient steps of 256 per
+    iteration, as section 3's replay-based rows."""
+    return marlctl(
+        "bench", str(SPEC), f"algos={algo}", f"+data={data}", "~algo.epochs",
+        "~algo.minibatches", "~algo.lr", "~train.total_env_steps", "+train.total_updates=100000",
+        "train.eval_every=50000", "train.checkpoint_every=0", "algo.batch_size=256",
+        "algo.updates=64", "--seconds", seconds, f"hardware.device={device}",
     )  # fmt: skip
 
 
@@ -177,6 +212,8 @@ def first_eval_under(limit: float = -15.0, extra: tuple[str, ...] = ()) -> dict:
 def rate(value: float | None) -> str:
     if value is None:
         return "—"
+    if value < 1e3:
+        return f"{value:,.0f}"
     return f"{value / 1e6:,.2f}M" if value >= 1e6 else f"{value / 1e3:,.1f}k"
 
 
@@ -230,7 +267,9 @@ TF32_HEADER = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sections", nargs="+", default=["env", "ippo", "offpolicy", "startup", "first_eval"]
+        "--sections",
+        nargs="+",
+        default=["env", "ippo", "offpolicy", "offline", "startup", "first_eval"],
     )
     parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES))
     parser.add_argument("--seconds", default="3")
@@ -277,7 +316,7 @@ def main() -> None:
     if not on_cpu and not torch.cuda.is_available():
         sys.exit("bench/gpu.py needs a CUDA device")
     if on_cpu:
-        args.sections = [s for s in args.sections if s in ("offpolicy", "startup")]
+        args.sections = [s for s in args.sections if s in ("offpolicy", "offline", "startup")]
     WORKDIR.mkdir(parents=True, exist_ok=True)
     sizes = tuple(args.sizes)
     listed = ",".join(map(str, sizes))
@@ -313,6 +352,11 @@ def main() -> None:
             for algo in args.offpolicy_algos:
                 done.setdefault(algo, {})[mode] = offpolicy(algo, args.device, args.seconds, mode)
                 write_table(results, sizes, out)  # what is measured stays if the rest cannot finish
+    if "offline" in args.sections:
+        made = offline_dataset(args.device)
+        results["offline"] = {"dataset": made}
+        for algo in OFFLINE if "data" in made else ():
+            results["offline"][algo] = offline(algo, args.device, args.seconds, made["data"])
     if "first_eval" in args.sections:
         results["first_eval"] = first_eval_under()
     if "first_eval_tf32" in args.sections:
@@ -328,6 +372,7 @@ SECTIONS = {
     "env": ("env", "env_compiled", "env_jaxmarl"),
     "ippo": ("ippo", "ippo_compiled", "ippo_tf32", "ippo_jaxmarl"),
     "offpolicy": ("offpolicy",),
+    "offline": ("offline",),
     "startup": ("startup",),
     "first_eval": ("first_eval",),
     "first_eval_tf32": ("first_eval_tf32",),
@@ -499,6 +544,8 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
             *table(rows, [*header, "note"]),
             "",
         ]
+    if "offline" in results:
+        lines += _offline_lines(results, measured("offline"))
     if "startup" in results:
         data = results["startup"]
         if "error" in data:
@@ -543,6 +590,54 @@ def write_table(results: dict, sizes: tuple[int, ...], out: Path) -> None:
                 "",
             ]
     out.write_text("\n".join(lines))
+
+
+def _offline_lines(results: dict, measured: list[str]) -> list[str]:
+    """The offline section: each algorithm's gradient steps per second, eager and captured,
+    and the captured ones against its online learner's in section 3."""
+    section = results["offline"]
+    if "error" in section.get("dataset", {}):
+        return ["## Offline algorithms", "", *measured,
+                f"failed: {section['dataset']['error'][-300:]}", ""]  # fmt: skip
+    online = {}
+    for algo, modes in results.get("offpolicy", {}).items():
+        point = points(modes.get("auto", {}), "train").get((1024, GRAPH))
+        if point:
+            online[algo] = point["env_steps_per_s"] * UPDATES_PER_ENV_STEP
+    rows = []
+    for algo, learner in OFFLINE.items():
+        data = section.get(algo)
+        if data is None:
+            continue
+        if "error" in data:
+            rows.append([algo, "—", "—", "—", learner or "—", "—", "—", data["error"][-200:]])
+            continue
+        by_mode = {p["mode"]: p for p in data.get("points", [])}
+        eager, graph = by_mode.get("eager", {}), by_mode.get(GRAPH, {})
+        theirs = online.get(learner) if learner else None
+        failed = [m for m in by_mode if "failed" in m]
+        rows.append([
+            algo, rate(eager.get("env_steps_per_s")), rate(graph.get("env_steps_per_s")),
+            f"{graph['compile_s']:.1f}" if graph else "—", learner or "—", rate(theirs),
+            ratio(graph.get("env_steps_per_s"), theirs), "; ".join(failed),
+        ])  # fmt: skip
+    header = ["algorithm", "eager", "CUDA graph", "capture s", "online learner",
+              "its captured gradient steps/s", "captured / online", "note"]  # fmt: skip
+    return [
+        "## Offline algorithms: gradient steps per second",
+        "",
+        *measured,
+        "`python bench/gpu.py --sections offline`: a dataset of native simple_spread "
+        f"({section['dataset'].get('transitions') or 0:,} transitions, the replay of a short "
+        "MAPPO run of the spec, `train.record`), then `marlctl bench ... algos=ALGO "
+        "+data=DATASET algo.batch_size=256 algo.updates=64` with `hardware.compile` auto, one "
+        "seed. Gradient steps per second, each of a batch of 256; the online learner's: its "
+        "captured row of the replay-based section times 64 gradient steps per 1,024 env "
+        "steps (its iterations also step the envs and store their transitions).",
+        "",
+        *table(rows, header),
+        "",
+    ]
 
 
 def _ippo_settings(results: dict) -> str:

@@ -59,6 +59,9 @@ class BenchResult:
     compile: bool | str
     points: list[Point]
     skipped: list[str] = field(default_factory=list)  # "train num_envs=N" not measured
+    # What a point's `env_steps_per_s` counts: an offline algorithm's training (a spec
+    # with `data`) takes gradient steps and no env step.
+    unit: str = "env steps"
 
     def best(self, kind: str) -> Point | None:
         rows = [p for p in self.points if p.kind == kind]
@@ -98,6 +101,9 @@ def run_bench(
     set_float32_precision(spec)
     torch.manual_seed(run.seed)
     sizes = sweep or default_sweep(spec.env.backend, run.device)
+    dataset = _dataset(spec) if spec.data is not None else None
+    if dataset is not None:  # gradient steps only: the envs are evaluation's, not timed
+        sizes, train = (spec.hardware.num_envs,), True
     result = BenchResult(
         info.id,
         spec.env.backend,
@@ -106,6 +112,7 @@ def run_bench(
         run.threads,
         spec.hardware.compile,
         [],
+        unit="gradient steps" if dataset is not None else "env steps",
     )
 
     def record(point: Point) -> None:
@@ -129,16 +136,30 @@ def run_bench(
     seeds = tuple(spec.seeds) if spec.hardware.batch_seeds else (run.seed,)
     for graph in graphs:
         label = " (CUDA graph)" if graph else ""
-        measure(
-            f"env{label}",
-            lambda n, graph=graph: _env_point(spec, info, n, run.seed, device, seconds, graph),
-        )
+        if dataset is None:
+            measure(
+                f"env{label}",
+                lambda n, graph=graph: _env_point(spec, info, n, run.seed, device, seconds, graph),
+            )
         if train:
             measure(
                 f"train{label}",
-                lambda n, graph=graph: _train_point(spec, info, n, seeds, device, seconds, graph),
+                lambda n, graph=graph: _train_point(
+                    spec, info, n, seeds, device, seconds, graph, dataset
+                ),
             )
     return result
+
+
+def _dataset(spec) -> dict:
+    """The transitions of the dataset an offline spec names, read once for every point."""
+    from marlctl import tracking
+    from marlctl.data import artifacts
+    from marlctl.data.reader import load_named
+
+    named = artifacts.is_artifact(spec.data)
+    client = tracking.client_for(spec.tracking.uri) if named else None
+    return load_named(spec.data, client)[1]
 
 
 def _env_point(
@@ -183,8 +204,9 @@ def _env_point(
 
 
 def _train_point(
-    spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds, graph: bool
-) -> Point | None:
+    spec, info, num_envs: int, seeds: tuple[int, ...], device, seconds, graph: bool,
+    dataset: dict | None = None,
+) -> Point | None:  # fmt: skip
     from marlctl import tracking
     from marlctl.plan import learner_info
     from marlctl.train.build import build_trainer
@@ -193,6 +215,8 @@ def _train_point(
 
     _reset_peak(device)
     trainer = build_trainer(spec, learner_info(info, spec), num_envs, device, 1_000, seeds)
+    if dataset is not None:
+        trainer.load_dataset(dataset)
     env = make_env(
         spec, info, num_envs, device, min(spec.hardware.env_workers, num_envs), len(seeds)
     )

@@ -113,6 +113,76 @@ def test_a_captured_iteration_computes_what_the_eager_one_computes(case):
             assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), (key, a[key], b[key])
 
 
+OFFLINE = {
+    "bc": {},
+    "bc-recurrent": {"model": {"recurrent": "gru"}, "sequence_length": 4},
+    "iql_cql": {"target_update_every": 3},
+    "qmix_cql": {"target_update_every": 3},
+    "qmix_cql-recurrent": {"model": {"recurrent": "gru"}, "sequence_length": 4,
+                           "burn_in": 1, "target_update_every": 3},
+    "maicq": {"target_update_every": 3},
+    "maicq-recurrent": {"model": {"recurrent": "gru"}, "sequence_length": 4,
+                        "target_update_every": 3},
+    "maddpg_cql": {"ood_actions": 4},
+}  # fmt: skip
+
+
+def _offline(folder, case: str, seeds=(0, 1)):
+    from test_offline import offline_trainer
+
+    config = dict(OFFLINE[case])
+    model = config.pop("model", None)
+    algo = case.removesuffix("-recurrent")
+    return offline_trainer(folder, algo, "cuda", seeds, model, updates=4, **config)[:2]
+
+
+@cuda
+@pytest.mark.parametrize("case", sorted(OFFLINE))
+def test_a_captured_offline_iteration_computes_what_the_eager_one_computes(tmp_path, case):
+    """An offline iteration (gradient steps on dataset batches, hard target copies crossing
+    replays) computes the same parameters and losses captured as eagerly."""
+    runs = []
+    for graph in (False, True):
+        trainer, env = _offline(tmp_path / str(graph), case)
+        if graph:
+            assert trainer.capture(env) is None
+        losses = []
+        for _ in range(6):
+            _, loss = trainer.train_iteration(env, None)
+            losses.append({k: v.clone() for k, v in loss.items()})
+        torch.cuda.synchronize()
+        assert not graph or trainer.graph.calls == 6 and trainer.graph.failed is None
+        params = torch.cat([p.detach().flatten() for p in trainer.policies.parameters()])
+        runs.append((params, losses, trainer.updates))
+    (eager, eager_losses, eager_updates), (graph, graph_losses, graph_updates) = runs
+    assert graph_updates == eager_updates == 24
+    assert torch.allclose(graph, eager, rtol=1e-4, atol=1e-5), (graph - eager).abs().max()
+    for a, b in zip(eager_losses, graph_losses, strict=True):
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=1e-3, atol=1e-5), (key, a[key], b[key])
+
+
+@cuda
+@pytest.mark.parametrize("case", ["bc", "qmix_cql", "maicq", "maddpg_cql"])
+def test_captured_offline_iterations_never_sync_with_the_host(tmp_path, case):
+    trainer, env = _offline(tmp_path, case)
+    assert trainer.capture(env) is None
+    for _ in range(2):  # eager, then captured
+        trainer.train_iteration(env, None)
+    torch.cuda.synchronize()
+    with no_host_sync():
+        for _ in range(3):
+            trainer.train_iteration(env, None)
+
+
+def test_an_offline_trainer_on_a_cpu_is_not_captured_and_says_why(tmp_path):
+    from test_offline import offline_trainer
+
+    trainer, env, _ = offline_trainer(tmp_path, "qmix_cql")
+    assert trainer.capture(env) == "CUDA graphs need a CUDA device"
+    assert trainer.graph is None
+
+
 ROWS = {
     "mappo": [{"lr": 1e-3, "gamma": 0.99, "clip": 0.2}, {"lr": 3e-3, "gamma": 0.9, "clip": 0.1},
               {"lr": 5e-4, "gamma": 0.95, "clip": 0.3}],

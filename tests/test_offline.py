@@ -84,6 +84,33 @@ def test_an_offline_algorithm_learns_the_joint_action_its_dataset_favours(
         assert median(finals) == pytest.approx(worth), (action, finals)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algo", ["bc", "qmix_cql", "maicq"])
+def test_an_offline_run_on_a_gpu_is_captured_and_learns(tmp_path, algo):
+    climbing_dataset(tmp_path / "expert0", 2000, expert=0.5, action=0)
+    body = spec(algo, str(tmp_path / "expert0"))
+    body["hardware"] |= {"device": "cuda"}
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    finals = [r["final_return"] for r in out["runs"]]
+    assert median(finals) == pytest.approx(11.0), finals
+    data = client().get_run(out["runs"][0]["run_id"]).data
+    assert data.tags["marlctl.compile"] == "CUDA graph"
+    assert data.metrics["perf/capture_s"] > 0
+
+
+def test_bench_of_an_offline_spec_times_its_gradient_steps(mixed, tmp_path):
+    body = spec("qmix_cql", str(mixed)) | {"seeds": [0, 1]}
+    body["algo"] |= {"updates": 4}
+    data = run_json("bench", str(write_spec(tmp_path, body)), "--seconds", "0.3")
+    assert data["exit_code"] == 0, data
+    assert data["unit"] == "gradient steps"
+    (point,) = data["points"]  # no env point: an offline iteration steps no env
+    assert point["kind"] == "train" and point["num_envs"] == 16 and point["seeds"] == 2
+    # Several iterations of 4 gradient steps per seed were timed.
+    assert point["env_steps_per_s"] * point["seconds"] >= 2 * 4 * 2, point
+
+
 def test_offline_specs_are_checked_before_training(mixed, tmp_path):
     cases = {
         "no_data": (spec("bc", None), "algo.name: bc trains offline, from a recorded dataset"),
@@ -341,6 +368,38 @@ def random_spread_dataset(folder: Path, continuous: bool) -> tuple[dict, dict]:
     return params, load_transitions(folder)[1]
 
 
+def offline_trainer(folder: Path, algo: str, device="cpu", seeds=(0, 1), model=None, **config):
+    """`algo`'s trainer on `device` with a dataset of random simple_spread play loaded (made
+    in `folder` once), and the env it is evaluated on."""
+    from marlctl.spec.models import Spec
+    from marlctl.train.runner import build_trainer
+
+    continuous = algo == "maddpg_cql"
+    params, data = random_spread_dataset(folder / f"random-{continuous}", continuous)
+    env = native_class("mpe/simple_spread")(params, 4 * len(seeds), torch.device(device),
+                                             seeds=len(seeds))  # fmt: skip
+    spec = Spec.model_validate({
+        "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
+        "algo": {"name": algo, "batch_size": 32, **config},
+        "model": {"hidden": [16], **(model or {})},
+    })  # fmt: skip
+    trainer = build_trainer(spec, env.info, 4, torch.device(device), 10, seeds)
+    trainer.load_dataset(data)
+    return trainer, env, data
+
+
+@pytest.mark.parametrize("algo", ["qmix_cql", "maicq"])
+def test_offline_targets_are_copied_every_n_gradient_steps_and_not_in_between(tmp_path, algo):
+    trainer, env, _ = offline_trainer(tmp_path, algo, updates=1, target_update_every=3)
+    ob = env.reset([0, 1])
+    for step in range(1, 8):
+        ob, _ = trainer.train_iteration(env, ob)
+        online = torch.cat([p.flatten() for p in trainer.policies["online"].parameters()])
+        target = torch.cat([p.flatten() for p in trainer.target.parameters()])
+        assert trainer.updates == step
+        assert torch.equal(online, target) == (step % 3 == 0), step
+
+
 @pytest.mark.parametrize(
     ("algo", "config", "scaled"),
     [("qmix_cql", {}, True), ("maicq", {}, True), ("maddpg_cql", {}, True),
@@ -349,19 +408,7 @@ def random_spread_dataset(folder: Path, continuous: bool) -> tuple[dict, dict]:
 def test_the_centralised_learners_read_the_dataset_s_state_standardised(
     tmp_path, algo, config, scaled
 ):
-    from marlctl.spec.models import Spec
-    from marlctl.train.runner import build_trainer
-
-    continuous = algo == "maddpg_cql"
-    params, data = random_spread_dataset(tmp_path / "random", continuous)
-    env = native_class("mpe/simple_spread")(params, 4, torch.device("cpu"))
-    spec = Spec.model_validate({
-        "env": {"id": "mpe/simple_spread", "backend": "native", "params": params},
-        "algo": {"name": algo, **config},
-        "model": {"hidden": [16]},
-    })  # fmt: skip
-    trainer = build_trainer(spec, env.info, 4, torch.device("cpu"), 10, (0, 1))
-    trainer.load_dataset(data)
+    trainer, _, data = offline_trainer(tmp_path, algo, **config)
     state, nxt = trainer.buffer.data["state"], trainer.buffer.data["next_state"]
     raw = data["state"]
     std, mean = torch.std_mean(raw, 0, correction=0)

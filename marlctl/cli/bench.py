@@ -67,10 +67,12 @@ def bench(
     if not as_json:
         batched = any(p.seeds > 1 for p in result.points)
         graphs = any(p.mode != "eager" for p in result.points)
-        columns = ["measure", "num_envs", "env steps/s", "agent steps/s", "peak memory MB"]
+        unit, offline = result.unit, result.unit != "env steps"
+        columns = ["measure", "num_envs", f"{unit}/s",
+                   *([] if offline else ["agent steps/s"]), "peak memory MB"]  # fmt: skip
         table = Table(
             *columns,
-            *(["seeds", "env steps/s per seed"] if batched else []),
+            *(["seeds", f"{unit}/s per seed"] if batched else []),
             *(["mode", "compile s"] if graphs else []),
         )
         for p in result.points:
@@ -79,7 +81,7 @@ def bench(
                 p.kind,
                 str(p.num_envs),
                 f"{p.env_steps_per_s:,.0f}",
-                f"{p.agent_steps_per_s:,.0f}",
+                *([] if offline else [f"{p.agent_steps_per_s:,.0f}"]),
                 f"{p.peak_memory_mb:,.0f}",
             ]
             table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []), *extra)
@@ -91,7 +93,7 @@ def bench(
                 highlight=False,
                 soft_wrap=True,
             )
-        if best is not None:
+        if best is not None and not offline:
             output.out.print(
                 f"fastest training: hardware.num_envs={best.num_envs} "
                 f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",

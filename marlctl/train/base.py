@@ -57,6 +57,9 @@ class Trainer:
     # Some network reads the env's global state: without one, an env that computes its
     # state apart (PettingZoo's `state()`, a rendered frame in pistonball) is spared it.
     reads_state = True
+    # Its iterations step the env (a captured iteration then holds the env's steps too);
+    # an offline learner's take gradient steps only.
+    steps_env = True
 
     def __init__(
         self, model: ModelSpec, info: EnvInfo, num_envs: int, device, seeds: tuple[int, ...]
@@ -241,23 +244,40 @@ class Trainer:
 
         for optimizer in self.optimizers.values():
             make_capturable(optimizer)
-        env.make_graph_safe()
-        generators = [*self.generators, *env.generators]
-        self.graph = IterationGraph([self, self.stats, env], generators, self.graph_counters())
+        roots, generators = [self, self.stats], list(self.generators)
+        if self.steps_env:
+            env.make_graph_safe()
+            roots, generators = [*roots, env], [*generators, *env.generators]
+        self.graph = IterationGraph(roots, generators, self.graph_counters())
         return None
 
     def graph_counters(self) -> list[tuple[object, str]]:
         """The host counts an iteration advances (`IterationGraph` counters); a subclass
-        also puts on the device here any count a replay must read."""
+        also puts on the device here any count a replay must read. The gradient steps are
+        counted on the device too, for `copy_targets`."""
+        self._target_steps_t = torch.tensor(self.updates, device=self.device)
         return [(self, "updates")]
+
+    def copy_targets(self, targets: list[torch.Tensor], sources: list[torch.Tensor], every: int):
+        """At the end of every `every`-th gradient step, copy `sources` into `targets`: by the
+        host's count of gradient steps, or in a captured iteration by the device's, which a
+        replay reads (every step then moves the targets by 0, or all the way where a copy is
+        due)."""
+        with torch.no_grad():
+            if self.graph is not None:
+                due = ((self._target_steps_t + 1) % every == 0).to(targets[0].dtype)
+                torch._foreach_lerp_(targets, sources, [due] * len(targets))
+                self._target_steps_t += 1
+            elif (self.updates + 1) % every == 0:
+                torch._foreach_copy_(targets, sources)
 
     def capture_blocker(self, env) -> str | None:
         """Why iterations of this trainer on `env` cannot be captured, or None."""
         if self.device.type != "cuda":
             return "CUDA graphs need a CUDA device"
-        if getattr(env, "graph_blocker", None):
+        if self.steps_env and getattr(env, "graph_blocker", None):
             return env.graph_blocker
-        if not hasattr(env, "make_graph_safe"):
+        if self.steps_env and not hasattr(env, "make_graph_safe"):
             return "only native envs step without the host"
         if any(
             isinstance(m, AgentNet) and m.sharing == "federated" for m in self.policies.modules()

@@ -57,7 +57,9 @@ class MAICQTrainer(Offline, Trainer):
         self.target = copy.deepcopy(online).requires_grad_(False)
         self.policies = nn.ModuleDict({"actor": self.actor, "online": online,
                                        "target": self.target}).to(self.device)  # fmt: skip
-        self.params = [*self.actor.parameters(), *online.parameters()]
+        self.online_params = list(online.parameters())
+        self.target_params = list(self.target.parameters())  # in the same order
+        self.params = [*self.actor.parameters(), *self.online_params]
         self.optimizer = adam(self.params, cfg.lr, cfg.adam_eps)
         self.optimizers = {"adam": self.optimizer}
         self.recurrent = setup.model.recurrent is not None
@@ -118,8 +120,7 @@ class MAICQTrainer(Offline, Trainer):
         (critic + policy).sum().backward()  # seeds share no parameter
         grad = clip_grad_norm_per_seed(self.params, cfg.max_grad_norm, len(self.seeds))
         self.optimizer.step()
-        if (self.updates + 1) % cfg.target_update_every == 0:
-            self.target.load_state_dict(self.policies["online"].state_dict())
+        self.copy_targets(self.target_params, self.online_params, cfg.target_update_every)
         return {"critic": critic.detach(), "policy": policy.detach(),
                 "q_taken": masked_mean(q_tot.detach(), acting), "grad_norm": grad}  # fmt: skip
 

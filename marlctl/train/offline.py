@@ -84,6 +84,10 @@ class DatasetSampler:
     def written(self) -> int:
         return self.size
 
+    @property
+    def on_device(self) -> bool:
+        return self.storage == self.device
+
     def sample(self, batch: int, length: int = 1) -> dict[str, torch.Tensor]:
         windows = self.size - length + 1
         if self.uniform is not None:
@@ -125,7 +129,11 @@ def standardised_state(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 class Offline:
     """Mixed in before a trainer (a replay learner's, or one of its own): its buffer is the
     dataset, given once by `load_dataset`, and an iteration takes `updates` gradient steps
-    and no env step."""
+    and no env step. On a GPU an iteration is captured as one CUDA graph
+    (`marlctl.train.capture`) where the dataset lies on the device: its draws come from the
+    trainer's streams and hard target copies follow the device's count of gradient steps."""
+
+    steps_env = False
 
     def load_dataset(self, data: dict[str, torch.Tensor]) -> None:
         """`data`: a dataset's transitions. Terminations as `bootstrap_time_limit` says (a
@@ -154,21 +162,32 @@ class Offline:
 
     def train_iteration(self, env, ob: Observation):
         self._ensure_buffer()
+        totals = self.graph.run(self.gradient_steps) if self.graph else self.gradient_steps()
+        self.iteration += 1
+        return ob, {f"loss/{k}": v for k, v in totals.items()}
+
+    def gradient_steps(self) -> dict[str, torch.Tensor]:
+        """`updates` gradient steps on batches of the dataset: each loss's mean per seed."""
         totals = {k: torch.zeros(len(self.seeds), device=self.device) for k in self.loss_keys}
         for _ in range(self.cfg.updates):
             losses = self.update(self.sampled_batch())
             self.after_update()
             for key, value in losses.items():
                 totals[key] += value.detach() / self.cfg.updates
-        self.iteration += 1
-        return ob, {f"loss/{k}": v for k, v in totals.items()}
+        return totals
 
     @property
     def steps_per_iteration(self) -> int:
         return self.cfg.updates  # gradient steps: what an offline run counts
 
     def capture_blocker(self, env) -> str | None:
-        return "an offline trainer's iterations are not captured yet"
+        if self.buffer is not None and not self.buffer.on_device:
+            return "the dataset is kept in CPU memory (too large for the GPU's share)"
+        return super().capture_blocker(env)
+
+    def graph_counters(self) -> list[tuple[object, str]]:
+        # No env step: the replay learners' env-step and replay counters stay as they are.
+        return Trainer.graph_counters(self)
 
     def extra_state(self, index: int | None) -> dict:
         state = super().extra_state(index)

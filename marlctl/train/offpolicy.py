@@ -234,25 +234,17 @@ class OffPolicyTrainer(Trainer):
         """After a gradient step: Polyak-average each (target, online) pair, or copy the
         online weights every `target_update_every` steps."""
         every = self.cfg.target_update_every
-        if every and (self.updates + 1) % every and self.graph is None:
-            return
         lists = [self._parameter_lists(target, online) for target, online in pairs]
         targets = [t for pair in lists for t in pair[0]]
         sources = [p for pair in lists for p in pair[1]]
+        if every:
+            self.copy_targets(targets, sources, every)
+            return
+        tau = self.values.of("tau")
+        if torch.is_tensor(tau):  # a rate per row
+            tau = [per_seed(tau, t) for t in targets]
         with torch.no_grad():
-            if every and self.graph is not None:
-                # A replayed graph repeats what it captured: every step moves the targets by 0,
-                # or by all the way where the device-side step count says a copy is due.
-                due = ((self._target_steps_t + 1) % every == 0).to(targets[0].dtype)
-                torch._foreach_lerp_(targets, sources, [due] * len(targets))
-                self._target_steps_t += 1
-            elif every:
-                torch._foreach_copy_(targets, sources)
-            else:
-                tau = self.values.of("tau")
-                if torch.is_tensor(tau):  # a rate per row
-                    tau = [per_seed(tau, t) for t in targets]
-                torch._foreach_lerp_(targets, sources, tau)
+            torch._foreach_lerp_(targets, sources, tau)
 
     def ready(self) -> bool:
         """Enough transitions are stored for the gradient steps to begin."""
@@ -303,7 +295,6 @@ class OffPolicyTrainer(Trainer):
     def graph_counters(self) -> list[tuple[object, str]]:
         # Counts a replay reads (exploration, hard target copies), kept on the device too.
         self._env_steps_t = torch.tensor(self.env_steps, device=self.device)
-        self._target_steps_t = torch.tensor(self.updates, device=self.device)
         return [*super().graph_counters(), (self, "env_steps"), (self.buffer, "written")]
 
     def schedules(self) -> dict[str, torch.Tensor]:
