@@ -297,7 +297,7 @@ def test_list_envs_shows_the_native_backend():
     for env_id in NATIVE:
         expected = ["native"] if env_id in NATIVE_ONLY else ["pettingzoo", "native"]
         assert backends[env_id] == expected
-    assert backends["sisl/pursuit"] == ["pettingzoo"]
+    assert backends["sisl/multiwalker"] == ["pettingzoo"]
 
 
 def batched_and_alone(tmp_path, body: dict) -> dict:

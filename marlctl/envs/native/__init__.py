@@ -31,6 +31,7 @@ NATIVE: dict[str, str] = {
     "matrix/penalty": "marlctl.envs.native.matrix:Penalty",
     "classic/tictactoe": "marlctl.envs.native.classic:TicTacToe",
     "classic/connect_four": "marlctl.envs.native.classic:ConnectFour",
+    "sisl/pursuit": "marlctl.envs.native.pursuit:Pursuit",
 }
 # Native envs with no PettingZoo original, with the summary `marlctl list envs` shows.
 NATIVE_ONLY: dict[str, str] = {

@@ -173,6 +173,9 @@ class NativeEnv(SeededBatch):
     # Start states drawn ahead, per env row, on the CPU (see `_restart`).
     ahead = 4
     block_state = ("_ahead", "_taken")
+    # The global state's shape where the original's `state_space` has more than one
+    # dimension (pursuit's map); `observe` gives it flat all the same.
+    state_shape: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -191,7 +194,7 @@ class NativeEnv(SeededBatch):
         factory = f"{type(self).__module__}:{type(self).__qualname__}"
         self.info = EnvInfo(
             self.env_id, factory, tuple(groups), state_dim, True, agents, self.turn_based,
-            schedulable=self.schedulable,
+            schedulable=self.schedulable, state_shape=self.state_shape,
         )  # fmt: skip
         self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         # Drawing ahead asks the host how many envs ended; on a GPU every step draws instead.

@@ -1,0 +1,195 @@
+"""Benchmark: pursuit, natively batched, against PettingZoo's own; MAPPO with a cnn encoder
+against an MLP on the flattened views, and against random play.
+
+Sections (each kept in `bench/results/pursuit.jsonl` with its date and machine; the table
+shows the latest of each):
+- env: PettingZoo's `pursuit_v5.parallel_env()` stepped with random actions, one env, and
+  the native env (`env.backend: native`) at 64, 256 and 1,024 envs, one thread each;
+- random: the mean per-pursuer episode return of uniformly random moves (512 episodes);
+- train: `marlctl run specs/pursuit_mappo_native.yaml` (3 seeds as one batch) as it is (cnn)
+  and with `model.encoder=mlp` (the same hidden layer on the 147 flattened values of each
+  view, the critic an MLP on the flat map), each seed's final evaluation and the run's
+  training env steps per second, whose ratio is the cost of the convolutions.
+
+    .venv/bin/python bench/pursuit.py              # every section: about 2 hours on 2 cores
+    .venv/bin/python bench/pursuit.py --sections env random
+    .venv/bin/python bench/pursuit.py --sections train --steps 200000 --busy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+from common import machine, marlctl_json, table
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "pursuit_mappo_native.yaml"
+OUT = ROOT / "bench" / "results" / "pursuit.md"
+JSONL = ROOT / "bench" / "results" / "pursuit.jsonl"
+WORKDIR = ROOT / "bench" / "runs" / "pursuit"
+SIZES = (64, 256, 1024)
+
+
+def pettingzoo_speed(seconds: float) -> float:
+    """Env steps per second of PettingZoo's pursuit, one env, random actions."""
+    from marlctl.envs.registry import make_env
+
+    env = make_env("sisl/pursuit", {})
+    env.reset(seed=0)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        actions = {a: env.action_space(a).sample() for a in env.agents}
+        _, _, terms, truncs, _ = env.step(actions)
+        steps += 1
+        if any(terms.values()) or any(truncs.values()):
+            env.reset(seed=steps)
+    return steps / (time.perf_counter() - start)
+
+
+def native_speed(num_envs: int, seconds: float) -> float:
+    import torch
+
+    from marlctl.envs.native import native_class
+
+    env = native_class("sisl/pursuit")({}, num_envs, "cpu")
+    env.reset(0)
+    draws = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        env.step({"pursuer": torch.randint(5, (num_envs, 8), generator=draws)})
+
+    for _ in range(3):
+        step()
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+    return steps * num_envs / (time.perf_counter() - start)
+
+
+def env_section(seconds: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    return {
+        "pettingzoo": pettingzoo_speed(seconds),
+        "native": {str(n): native_speed(n, seconds) for n in SIZES},
+    }
+
+
+def random_play(episodes: int = 512) -> float:
+    """Uniformly random moves on the native env: the mean per-pursuer episode return."""
+    import torch
+
+    from marlctl.envs.native import native_class
+
+    env = native_class("sisl/pursuit")({}, episodes, "cpu")
+    env.reset(0)
+    draws = torch.Generator().manual_seed(1)
+    total = torch.zeros(episodes)
+    running = torch.ones(episodes, dtype=torch.bool)
+    while running.any():
+        tr = env.step({"pursuer": torch.randint(5, (episodes, 8), generator=draws)})
+        total += torch.where(running, tr.rewards["pursuer"].mean(-1), 0.0)
+        running &= ~(tr.terminated | tr.truncated)
+    return float(total.mean())
+
+
+def train(encoder: str, steps: int) -> dict:
+    folder = WORKDIR / encoder
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [f"name=pursuit-{encoder}", f"train.total_env_steps={steps}",
+                 f"train.eval_every={max(steps // 10, 1)}", f"model.encoder={encoder}"]  # fmt: skip
+    summary, wall = marlctl_json(["run", str(SPEC), *overrides], folder, encoder)
+    return {
+        "finals": [r["final_return"] for r in summary["runs"]],
+        "rate": statistics.mean(r["steps_per_s"] for r in summary["runs"]),
+        "wall_s": wall,
+        "steps": steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", nargs="+", default=["env", "random", "train"])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--busy", action="store_true", help="other work shares the cores")
+    parser.add_argument("--table", action="store_true", help="only rewrite the table")
+    args = parser.parse_args()
+    if not args.table:
+        record: dict = {"date": date.today().isoformat(), "machine": machine("cpu"),
+                        "busy": args.busy}  # fmt: skip
+        if "env" in args.sections:
+            record["env"] = env_section(args.seconds)
+        if "random" in args.sections:
+            record["random"] = random_play()
+        if "train" in args.sections:
+            record["train"] = {enc: train(enc, args.steps) for enc in ("cnn", "mlp")}
+        with JSONL.open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+    OUT.write_text(render([json.loads(line) for line in JSONL.read_text().splitlines()]))
+    print(OUT.read_text())
+
+
+def render(records: list[dict]) -> str:
+    latest: dict[str, dict] = {}
+    for record in records:
+        for key in ("env", "random", "train"):
+            if key in record:
+                latest[key] = record
+    lines = [
+        "# Pursuit: the native env, and MAPPO with a cnn encoder",
+        "",
+        "Written by `.venv/bin/python bench/pursuit.py` (raw records: "
+        "`bench/results/pursuit.jsonl`; each section from its latest record).",
+        "",
+    ]
+
+    def where(record: dict) -> str:
+        busy = " (beside other work on the same cores)" if record.get("busy") else ""
+        return f"Measured {record['date']} on {record['machine']}{busy}."
+
+    if "env" in latest:
+        data = latest["env"]["env"]
+        rows = [
+            ["PettingZoo `pursuit_v5.parallel_env()`", "1", f"{data['pettingzoo']:,.0f}", "1.0"]
+        ]
+        for n, rate in data["native"].items():
+            rows.append(["native", f"{int(n):,}", f"{rate:,.0f}",
+                         f"{rate / data['pettingzoo']:,.0f}"])  # fmt: skip
+        lines += ["## Env steps per second, random actions, one thread", "",
+                  where(latest["env"]), "",
+                  *table(rows, ["env", "envs", "env steps/s", "x PettingZoo"]), ""]  # fmt: skip
+    if "train" in latest:
+        record = latest["train"]
+        chance = latest["random"]["random"] if "random" in latest else None
+        rows = []
+        for encoder, run in record["train"].items():
+            mean = statistics.mean(run["finals"])
+            spread = statistics.stdev(run["finals"]) if len(run["finals"]) > 1 else 0.0
+            rows.append([encoder, ", ".join(f"{v:.2f}" for v in run["finals"]),
+                         f"{mean:.2f} ± {spread:.2f}", f"{run['rate']:,.0f}",
+                         f"{run['wall_s'] / 60:.1f}"])  # fmt: skip
+        if chance is not None:
+            rows.append(["random play", "", f"{chance:.2f}", "", ""])
+        steps = next(iter(record["train"].values()))["steps"]
+        lines += ["## MAPPO, cnn against mlp", "", where(record), "",
+                  f"`marlctl run specs/pursuit_mappo_native.yaml train.total_env_steps={steps}` "
+                  "(3 seeds as one batch, 64 envs each) with `model.encoder` cnn and mlp: "
+                  "each seed's final evaluation (32 greedy episodes, the mean per-pursuer "
+                  "return), their mean ± standard deviation, the training env steps per second "
+                  "(their ratio: the cost of the convolutions, forward and backward) and the "
+                  "run's wall-clock.", "",
+                  *table(rows, ["encoder", "per seed", "mean", "env steps/s", "minutes"]),
+                  ""]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
