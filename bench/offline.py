@@ -48,6 +48,7 @@ MARLCTL = ROOT / ".venv" / "bin" / "marlctl"
 OUT = ROOT / "bench" / "results" / "offline.md"
 RAW = ROOT / "bench" / "results" / "offline.jsonl"
 ALGOS = ("bc", "iql_cql", "qmix_cql", "maicq")
+READS_STATE = ("qmix_cql", "maicq")  # their mixers read the global state
 LEVELS = ("poor", "medium", "good", "medium-replay")
 
 TASKS = {
@@ -209,6 +210,11 @@ def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
     out = marlctl(["run", write(cwd, f"{task}-{algo}-{level}.yaml", body)], cwd, failed_runs=True)
     finals = [r["final_return"] for r in out["runs"]]
     result = {"finals": finals, "wall_s": time.perf_counter() - start}
+    from marlctl.algos import registered_algos
+
+    scaling = registered_algos()[algo].config.model_fields.get("state_scaling")
+    if scaling is not None:  # how the mixer or critic read the state
+        result["state_scaling"] = scaling.default
     failed = [r for r in out["runs"] if r["status"] != "FINISHED"]
     if failed:  # the seeds train as one batch: a seed's non-finite loss stops them all
         result |= {"failed": failed[0]["error"], "env_steps": failed[0]["env_steps"]}
@@ -309,6 +315,7 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
              f"({random:.2f}) and the dataset's return (a dataset hardly better than random "
              "play makes that ratio large).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    unscaled = False
     for level in LEVELS:
         data = latest.get(("dataset", task, level, None))
         if data is None:
@@ -320,15 +327,18 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
             if row is None:
                 cells.append("—")
                 continue
+            # A mixer's cell from before it read the state standardised: marked.
+            mark = " †" if algo in READS_STATE and "state_scaling" not in row else ""
+            unscaled |= bool(mark)
             if row.get("failed"):  # "... (seed S): loss/a, loss/b"
                 losses = row["failed"].rsplit(": ", 1)[-1]
-                cells.append(f"failed: {losses} not finite by update {row['env_steps']:,}")
+                cells.append(f"failed: {losses} not finite by update {row['env_steps']:,}{mark}")
                 continue
             mean = statistics.mean(row["finals"])
             scores[algo] = mean
             spread = statistics.stdev(row["finals"]) if len(row["finals"]) > 1 else 0.0
             norm = (mean - random) / (data["return"] - random)
-            cells.append(f"{mean:.2f} ± {spread:.2f} ({norm:.2f})")
+            cells.append(f"{mean:.2f} ± {spread:.2f} ({norm:.2f}){mark}")
         cells.append(_verdict(level, scores, data["return"], random))
         lines.append("| " + " | ".join(cells) + " |")
     made = {lv: latest[("dataset", task, lv, None)] for lv in LEVELS
@@ -344,6 +354,10 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
     at = machines.index(made["good"]["machine"]) + 1
     lines += ["", f"The behaviour: MAPPO, {budget:,} env steps. The datasets (sampled actions): "
               f"{where}. Machine ({at}), {load}."]  # fmt: skip
+    if unscaled:
+        lines += ["", "†: measured before the mixer read the global state standardised by the "
+                  "dataset's statistics (`algo.state_scaling: standardise`, the default now): "
+                  "with the state as recorded (`state_scaling: none`)."]  # fmt: skip
     return [*lines, ""]
 
 

@@ -47,7 +47,8 @@ def test_an_id_of_a_family_not_installed_names_its_install_command(without_vmas,
 
 def test_backends_follow_the_env():
     assert backends("mpe/simple_spread") == ["pettingzoo", "native"]
-    assert backends("sisl/pursuit") == ["pettingzoo"]
+    assert backends("sisl/pursuit") == ["pettingzoo", "native"]
+    assert backends("sisl/multiwalker") == ["pettingzoo"]
     assert backends("vmas/balance") == ["vmas"]
     native_only = [i for i in registered_ids() if lookup(i).suite == "native"]
     assert native_only and all(backends(i) == ["native"] for i in native_only)

@@ -154,3 +154,16 @@ def test_native_pursuit_starts_follow_the_original_distribution(params):
         gap = (pos.unsqueeze(1) - pos.unsqueeze(2)).abs().sum(-1)  # [E, n, n]
         off = ~torch.eye(pos.shape[1], dtype=torch.bool)
         assert (gap[:, off] >= 2).all(), kind  # none on or beside another of its kind
+
+
+def test_a_crowded_start_keeps_every_agent_on_an_open_cell_and_a_tiny_window_is_refused():
+    """More evaders than fit apart (the original would draw forever): each still starts on
+    an open cell, beside others rather than on them while a free cell is left."""
+    native = native_class("sisl/pursuit")({"x_size": 8, "y_size": 8, "n_evaders": 40}, 64)
+    native.reset(0)
+    pos = native.evaders  # [E, 40, 2]
+    assert not native.building[pos[..., 0], pos[..., 1]].any()
+    cells = pos[..., 0] * 8 + pos[..., 1]
+    assert all(len(set(row.tolist())) == 40 for row in cells)  # 49 open cells: none shared
+    with pytest.raises(ValueError, match="less than one cell"):
+        native_class("sisl/pursuit")({"constraint_window": 0.05}, 4)

@@ -7,7 +7,10 @@ The rules of `pettingzoo/sisl/pursuit/pursuit_base.py`, step for step:
   Nobody enters a building or leaves the map: such a move stays put. Agents stack freely.
 - A start places the pursuers one after another uniformly on the open cells of a window
   (`constraint_window` of each side, at a random offset), none on or beside an earlier one,
-  then the evaders the same way (apart from each other, not from the pursuers).
+  then the evaders the same way (apart from each other, not from the pursuers). Where a
+  window has no such cell left (too many agents for it), the original draws forever; here
+  the agent takes an open cell of the window beside another, or failing that one with
+  another on it.
 - A step moves the pursuers one after another, as the original's turns do (left, right,
   up, down, stay: x-1, x+1, y+1, y-1, none). After each move every pursuer is paid
   `tag_reward` per evader on the four cells beside it (a neighbour off the map is clipped
@@ -42,7 +45,6 @@ from marlctl.envs.native.params import flag, integer, number
 MOTION = ((-1, 0), (1, 0), (0, 1), (0, -1), (0, 0))
 # The four neighbours (`Pursuit.surround_mask`).
 AROUND = ((-1, 0), (1, 0), (0, 1), (0, -1))
-STAY = 4
 
 
 def rectangle_map(xs: int, ys: int, xb: float = 0.3, yb: float = 0.2) -> torch.Tensor:
@@ -99,26 +101,26 @@ class Pursuit(NativeEnv):
         self.window = number("constraint_window", constraint_window)
         if not 0.0 <= self.window <= 1.0:
             raise ValueError(f"constraint_window must lie in [0, 1], not {constraint_window}")
+        if min(int(self.X * self.window), int(self.Y * self.window)) < 1:
+            raise ValueError(
+                f"constraint_window {constraint_window} leaves less than one cell of the "
+                f"{self.X}x{self.Y} map to start on"
+            )
         dev = self.device
         self.building = rectangle_map(self.X, self.Y).to(dev)  # [X, Y]
         self.motion = torch.tensor(MOTION, device=dev)
         self.around = torch.tensor(AROUND, device=dev)
         self.size = torch.tensor([self.X, self.Y], device=dev)
-        # Each open cell's open neighbours on the map: how many pursuers surround it.
-        nbr = self._neighbours(
-            torch.cartesian_prod(torch.arange(self.X, device=dev), torch.arange(self.Y, device=dev))
-        )
-        inside = ((nbr >= 0) & (nbr < self.size)).all(-1)
-        clipped = torch.minimum(nbr.clamp(min=0), self.size - 1)
-        open_ = inside & ~self.building[clipped[..., 0], clipped[..., 1]]
-        self.need = open_.sum(-1).view(self.X, self.Y)
+        self.cells = torch.cartesian_prod(torch.arange(self.X, device=dev),
+                                          torch.arange(self.Y, device=dev))  # fmt: skip
+        # Each cell's open neighbours on the map: how many pursuers surround it.
+        self.need = self._open(self._neighbours(self.cells))[0].sum(-1).view(self.X, self.Y)
         # Where each cell of a view lies from its centre: -offset .. view - 1 - offset; an
         # even range's last row and column are never filled in (walls, as the original's).
         self.reach = torch.arange(self.view, device=dev) - self.offset
-        walls = torch.ones(self.X + 2 * self.view, self.Y + 2 * self.view, device=dev)
-        walls[self.view : self.view + self.X, self.view : self.view + self.Y] = self.building.to(
-            walls.dtype
-        )
+        R = self.view
+        walls = torch.ones(self.X + 2 * R, self.Y + 2 * R, device=dev)
+        walls[R : R + self.X, R : R + self.Y] = self.building.to(walls.dtype)
         self.walls = walls  # padded by `view` on every side
         self.state_shape = (self.Y, self.X, 3)
         shape = (self.view, self.view, 3)
@@ -129,27 +131,39 @@ class Pursuit(NativeEnv):
         """The four neighbouring cells of positions `[..., 2]`: `[..., 4, 2]`."""
         return pos.unsqueeze(-2) + self.around
 
+    def _open(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether cells `[..., 2]` lie on the map and outside the building `[...]`, and the
+        cells clipped onto the map (to index grids with)."""
+        inside = ((pos >= 0) & (pos < self.size)).all(-1)
+        clipped = torch.minimum(pos.clamp(min=0), self.size - 1)
+        return inside & ~self.building[clipped[..., 0], clipped[..., 1]], clipped
+
     # ------------------------------------------------------------ start states
 
     def start(self, n: int) -> dict[str, torch.Tensor]:
         dev, X, Y = self.device, self.X, self.Y
         corner = self.rand(n, 2, low=0.0, high=1.0 - self.window)  # the window's x, y start
         size = self.size.to(self.dtype)
-        low = (size * corner).long()
-        high = (size * (corner + self.window)).long()
-        cells = torch.cartesian_prod(torch.arange(X, device=dev), torch.arange(Y, device=dev))
-        within = ((cells >= low.unsqueeze(1)) & (cells < high.unsqueeze(1))).all(-1)  # [n, XY]
+        low = (size * corner).long().unsqueeze(1)
+        high = (size * (corner + self.window)).long().unsqueeze(1)
+        within = ((self.cells >= low) & (self.cells < high)).all(-1)  # [n, X * Y]
         free = within & ~self.building.flatten()
 
         def place(count: int) -> torch.Tensor:
-            taken = torch.zeros(n, X + 2, Y + 2, dtype=torch.bool, device=dev)  # padded by 1
+            near = torch.zeros(n, X + 2, Y + 2, dtype=torch.bool, device=dev)  # padded by 1
+            on = torch.zeros(n, X * Y, dtype=torch.bool, device=dev)
             rows, placed = torch.arange(n, device=dev), []
             for _ in range(count):
-                allowed = free & ~taken[:, 1:-1, 1:-1].flatten(1)
-                pick = (self.rand(n, X * Y, low=0.0, high=1.0) * allowed).argmax(-1)
+                # Uniform over the best cells: apart from the others, else beside one, else
+                # on one; never off the window's open cells.
+                apart = ~near[:, 1:-1, 1:-1].flatten(1)
+                tier = 2 * apart.to(self.dtype) + (~on).to(self.dtype) + 4
+                tier = torch.where(free, tier, 0.0)
+                pick = (tier + self.rand(n, X * Y, low=0.0, high=1.0)).argmax(-1)
                 pos = torch.stack([pick // Y, pick % Y], -1)
+                on[rows, pick] = True
                 for dx, dy in ((0, 0), *AROUND):
-                    taken[rows, pos[:, 0] + 1 + dx, pos[:, 1] + 1 + dy] = True
+                    near[rows, pos[:, 0] + 1 + dx, pos[:, 1] + 1 + dy] = True
                 placed.append(pos)
             return torch.stack(placed, 1)
 
@@ -164,10 +178,7 @@ class Pursuit(NativeEnv):
         """Positions `[..., 2]` after moves `[...]`: a move off the map or into a building
         stays put."""
         to = pos + self.motion[action]
-        inside = ((to >= 0) & (to < self.size)).all(-1)
-        clipped = torch.minimum(to.clamp(min=0), self.size - 1)
-        ok = inside & ~self.building[clipped[..., 0], clipped[..., 1]]
-        return torch.where(ok.unsqueeze(-1), to, pos)
+        return torch.where(self._open(to)[0].unsqueeze(-1), to, pos)
 
     def _count(self, pos: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """Agents at positions `[E, n, 2]` (where `weight` `[E, n]`) counted per cell,
@@ -179,28 +190,21 @@ class Pursuit(NativeEnv):
         grid = torch.zeros(E, self.X * self.Y, dtype=self.dtype, device=self.device)
         return grid.scatter_add_(1, index, values).view(E, self.X, self.Y)
 
-    def _tags(self, evaders: torch.Tensor, pursuers: torch.Tensor) -> torch.Tensor:
+    def _tags(self, evader_grid: torch.Tensor, pursuers: torch.Tensor) -> torch.Tensor:
         """Each pursuer's evaders on the cells beside it (clipped onto the map) `[E, P]`."""
-        nbr = torch.minimum(self._neighbours(pursuers).clamp(min=0), self.size - 1)
+        nbr = self._open(self._neighbours(pursuers))[1]
         flat = (nbr[..., 0] * self.Y + nbr[..., 1]).flatten(1)  # [E, P * 4]
-        return evaders.flatten(1).gather(1, flat).view(*pursuers.shape[:2], 4).sum(-1)
-
-    def _shared(self, reward: torch.Tensor) -> torch.Tensor:
-        return reward.mean(-1, keepdim=True).expand_as(reward) if self.shared else reward
+        return evader_grid.flatten(1).gather(1, flat).view(*pursuers.shape[:2], 4).sum(-1)
 
     def advance(self, actions: dict[str, torch.Tensor]):
         action = actions["pursuer"].long()
         E, P = action.shape
-        evaders = self._count(self.evaders, self.alive)
-        pursuers, total = self.pursuers, torch.zeros(E, P, dtype=self.dtype, device=self.device)
+        evader_grid = self._count(self.evaders, self.alive)  # they stay while pursuers move
+        pursuers = self.pursuers.clone()
+        tags = torch.zeros(E, P, dtype=self.dtype, device=self.device)
         for i in range(P):  # the original's turns, one pursuer after another
-            pursuers = torch.cat(
-                [pursuers[:, :i], self._moved(pursuers[:, i : i + 1], action[:, i : i + 1]),
-                 pursuers[:, i + 1 :]], 1,
-            )  # fmt: skip
-            paid = self.tag * self._tags(evaders, pursuers) / P
-            if i < P - 1:
-                total = total + self._shared(paid)
+            pursuers[:, i] = self._moved(pursuers[:, i], action[:, i])
+            tags = tags + self._tags(evader_grid, pursuers)
         self.pursuers = pursuers
         caught, catchers = self._caught(pursuers)
         self.alive = self.alive & ~caught
@@ -209,12 +213,15 @@ class Pursuit(NativeEnv):
             self.evaders = torch.where(
                 self.alive.unsqueeze(-1), self._moved(self.evaders, moves), self.evaders
             )
-        last = paid + self.catch * catchers.to(self.dtype) + self.urgency
-        total = total + self._shared(last)
+        # Every turn's tag payment, and the last turn's catches and urgency; shared, each
+        # turn's payment is a mean over the pursuers, so their sum is the mean of the sum.
+        paid = self.tag * tags / P + self.catch * catchers.to(self.dtype) + self.urgency
+        if self.shared:
+            paid = paid.mean(-1, keepdim=True).expand_as(paid)
         # At the step that reaches `max_cycles` the original cuts the episode, also where
         # its last evader was caught.
         over = ~self.alive.any(-1) & (self.steps + 1 < self.max_cycles)
-        return {"pursuer": total}, over
+        return {"pursuer": paid}, over
 
     def _caught(self, pursuers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The live evaders caught now `[E, V]` and the pursuers that caught one `[E, P]`."""
@@ -223,17 +230,13 @@ class Pursuit(NativeEnv):
         occupied = self._count(pursuers)
         ev = self.evaders
         if self.surround:
-            nbr = self._neighbours(ev)  # [E, V, 4, 2]
-            inside = ((nbr >= 0) & (nbr < self.size)).all(-1)
-            clipped = torch.minimum(nbr.clamp(min=0), self.size - 1)
-            held = inside & (occupied[rows.unsqueeze(-1), clipped[..., 0], clipped[..., 1]] > 0)
+            ok, at = self._open(self._neighbours(ev))  # [E, V, 4]
+            held = ok & (occupied[rows.unsqueeze(-1), at[..., 0], at[..., 1]] > 0)
             caught = self.alive & (held.sum(-1) == self.need[ev[..., 0], ev[..., 1]])
             # A pursuer catches where a caught evader is beside it.
             grid = self._count(ev, caught) > 0
-            around = self._neighbours(pursuers)
-            inside = ((around >= 0) & (around < self.size)).all(-1)
-            clipped = torch.minimum(around.clamp(min=0), self.size - 1)
-            catchers = (inside & grid[rows.unsqueeze(-1), clipped[..., 0], clipped[..., 1]]).any(-1)
+            ok, at = self._open(self._neighbours(pursuers))
+            catchers = (ok & grid[rows.unsqueeze(-1), at[..., 0], at[..., 1]]).any(-1)
         else:
             stacked = occupied[rows, ev[..., 0], ev[..., 1]]
             caught = self.alive & (stacked >= self.n_catch)
@@ -252,18 +255,18 @@ class Pursuit(NativeEnv):
 
     def observe(self):
         layers = self._layers()
-        E, V, (X, Y) = layers.shape[0], self.view, (self.X, self.Y)
-        padded = torch.zeros(E, 3, X + 2 * V, Y + 2 * V, dtype=self.dtype, device=self.device)
+        E, R, (X, Y) = layers.shape[0], self.view, (self.X, self.Y)
+        padded = torch.zeros(E, 3, X + 2 * R, Y + 2 * R, dtype=self.dtype, device=self.device)
         padded[:, 0] = self.walls
-        padded[:, :, V : V + X, V : V + Y] = layers
-        xs = self.pursuers[..., 0].unsqueeze(-1) + self.reach + V  # [E, P, view]
-        ys = self.pursuers[..., 1].unsqueeze(-1) + self.reach + V
+        padded[:, :, R : R + X, R : R + Y] = layers
+        xs = self.pursuers[..., 0].unsqueeze(-1) + self.reach + R  # [E, P, view]
+        ys = self.pursuers[..., 1].unsqueeze(-1) + self.reach + R
         rows = torch.arange(E, device=self.device).view(E, 1, 1, 1)
         # [E, P, y, x, layer], as the original's (layer, x, y) view with axes 2 and 0 swapped
         view = padded.permute(0, 3, 2, 1)[rows, ys.unsqueeze(-1), xs.unsqueeze(-2)]
-        if V % 2 == 0:  # the last row and column the original never fills: walls
-            view = view.clone()
-            view[:, :, -1, :] = torch.tensor([1.0, 0.0, 0.0], dtype=self.dtype)
-            view[:, :, :, -1] = torch.tensor([1.0, 0.0, 0.0], dtype=self.dtype)
+        if R % 2 == 0:  # the last row and column the original never fills: walls
+            for edge in (view[:, :, -1], view[:, :, :, -1]):
+                edge[..., 0] = 1.0
+                edge[..., 1:] = 0.0
         state = layers.permute(0, 3, 2, 1).flatten(1)  # (y, x, layer)
         return {"pursuer": view}, state, {}
