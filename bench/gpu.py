@@ -138,6 +138,8 @@ def offline_dataset(device: str) -> dict:
         return summary
     data = str(WORKDIR / name / "seed-0")
     described = marlctl("data", "describe", data)
+    if "error" in described:
+        return described
     return {"data": data, "transitions": described.get("transitions"), **described}
 
 
@@ -357,6 +359,7 @@ def main() -> None:
         results["offline"] = {"dataset": made}
         for algo in OFFLINE if "data" in made else ():
             results["offline"][algo] = offline(algo, args.device, args.seconds, made["data"])
+            write_table(results, sizes, out)  # what is measured stays if the rest cannot finish
     if "first_eval" in args.sections:
         results["first_eval"] = first_eval_under()
     if "first_eval_tf32" in args.sections:

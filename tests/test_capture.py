@@ -170,6 +170,7 @@ def test_captured_offline_iterations_never_sync_with_the_host(tmp_path, case):
     for _ in range(2):  # eager, then captured
         trainer.train_iteration(env, None)
     torch.cuda.synchronize()
+    assert trainer.graph.graph is not None and trainer.graph.failed is None
     with no_host_sync():
         for _ in range(3):
             trainer.train_iteration(env, None)

@@ -370,7 +370,7 @@ def random_spread_dataset(folder: Path, continuous: bool) -> tuple[dict, dict]:
 
 def offline_trainer(folder: Path, algo: str, device="cpu", seeds=(0, 1), model=None, **config):
     """`algo`'s trainer on `device` with a dataset of random simple_spread play loaded (made
-    in `folder` once), and the env it is evaluated on."""
+    in `folder`, which must not hold one yet), the env it is evaluated on and the dataset."""
     from marlctl.spec.models import Spec
     from marlctl.train.runner import build_trainer
 
@@ -398,6 +398,34 @@ def test_offline_targets_are_copied_every_n_gradient_steps_and_not_in_between(tm
         target = torch.cat([p.flatten() for p in trainer.target.parameters()])
         assert trainer.updates == step
         assert torch.equal(online, target) == (step % 3 == 0), step
+
+
+class Replay:
+    """Stands in for a captured iteration on a CPU: it runs the iteration as it is, with the
+    trainer set up as a capture sets it (the counts a replay reads kept on the device)."""
+
+    calls = 0
+
+    def run(self, fn):
+        return fn()
+
+
+@pytest.mark.parametrize("algo", ["bc", "qmix_cql", "maicq", "maddpg_cql"])
+def test_an_offline_iteration_set_up_for_capture_computes_what_the_eager_one_does(tmp_path, algo):
+    """The captured form's arithmetic (hard target copies by the device's count of gradient
+    steps, as a lerp by 0 or 1) gives what the eager one does, copies crossing iterations."""
+    runs = []
+    for replayed in (False, True):
+        trainer, env, _ = offline_trainer(tmp_path / str(replayed), algo, updates=2,
+                                          **({} if algo in ("bc", "maddpg_cql")
+                                             else {"target_update_every": 3}))  # fmt: skip
+        if replayed:
+            trainer.graph_counters()
+            trainer.graph = Replay()
+        for _ in range(5):
+            trainer.train_iteration(env, None)
+        runs.append(torch.cat([p.detach().flatten() for p in trainer.policies.parameters()]))
+    assert torch.equal(runs[0], runs[1])
 
 
 @pytest.mark.parametrize(

@@ -180,13 +180,21 @@ class Offline:
     def steps_per_iteration(self) -> int:
         return self.cfg.updates  # gradient steps: what an offline run counts
 
+    def ready(self) -> bool:
+        return True  # the dataset is whole from the start
+
     def capture_blocker(self, env) -> str | None:
-        if self.buffer is not None and not self.buffer.on_device:
+        if self.buffer is None:
+            return "no dataset is loaded"
+        if not self.buffer.on_device:
             return "the dataset is kept in CPU memory (too large for the GPU's share)"
         return super().capture_blocker(env)
 
     def graph_counters(self) -> list[tuple[object, str]]:
-        # No env step: the replay learners' env-step and replay counters stay as they are.
+        # No env step: the replay learners' env-step and replay counters stay as they are,
+        # the env steps on the device too (what acting's annealed values read).
+        if hasattr(self, "env_steps"):
+            self._env_steps_t = torch.tensor(self.env_steps, device=self.device)
         return Trainer.graph_counters(self)
 
     def extra_state(self, index: int | None) -> dict:
