@@ -109,6 +109,8 @@ def test_bench_of_an_offline_spec_times_its_gradient_steps(mixed, tmp_path):
     assert point["kind"] == "train" and point["num_envs"] == 16 and point["seeds"] == 2
     # Several iterations of 4 gradient steps per seed were timed.
     assert point["env_steps_per_s"] * point["seconds"] >= 2 * 4 * 2, point
+    refused = run_json("bench", str(write_spec(tmp_path, body)), "--env-only")
+    assert refused["exit_code"] == 2 and "--env-only" in refused["errors"][0], refused
 
 
 def test_offline_specs_are_checked_before_training(mixed, tmp_path):

@@ -41,6 +41,10 @@ def bench(
     with exit_codes(as_json):
         sweep = _parse_sizes(num_envs)
         loaded, plan = load(spec, overrides)
+        if loaded.spec.data is not None and (env_only or sweep):
+            flag = "--env-only" if env_only else "--num-envs"
+            raise SpecError([arg_problem(f"{flag}: an offline spec's training steps no env; "
+                                         "bench times its gradient steps alone")])  # fmt: skip
         from marlctl.bench import learning_note, run_bench
 
         console = output.err if as_json else output.out
