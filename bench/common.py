@@ -77,3 +77,29 @@ def t_interval(values: list[float]) -> tuple[float, float]:
         return mean, math.nan
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+
+
+def random_play(env_id: str, episodes: int = 1024, seed: int = 0) -> float:
+    """Uniform random actions of native `env_id` at its defaults, among the allowed ones: the
+    mean per-agent episode return over `episodes` episodes."""
+    import torch
+
+    from marlctl.envs.native import native_class
+
+    env = native_class(env_id)({}, episodes, "cpu")
+    draws = torch.Generator().manual_seed(seed)
+    ob, agents = env.reset(0), env.info.n_agents
+    total, running = torch.zeros(episodes), torch.ones(episodes, dtype=torch.bool)
+    while running.any():
+        actions = {}
+        for g in env.info.groups:
+            mask = ob.masks.get(g.name)
+            if mask is None:
+                mask = torch.ones(episodes, g.n_agents, g.n_actions, dtype=torch.bool)
+            weights = mask.reshape(-1, g.n_actions).float()
+            actions[g.name] = torch.multinomial(weights, 1, generator=draws).view(mask.shape[:-1])
+        step = env.step(actions)
+        total += torch.where(running, sum(r.sum(-1) for r in step.rewards.values()) / agents, 0)
+        running &= ~(step.terminated | step.truncated)
+        ob = step.next
+    return float(total.mean())

@@ -41,7 +41,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from common import machine
+from common import machine, random_play
 
 ROOT = Path(__file__).resolve().parent.parent
 MARLCTL = ROOT / ".venv" / "bin" / "marlctl"
@@ -133,31 +133,6 @@ def levels(score: dict, random: float) -> dict[str, int]:
 
     medium = nearest(0.6, kept[1:])
     return {"poor": nearest(0.25, [n for n in kept if n < medium]), "medium": medium}
-
-
-def random_play(task: str, episodes: int = 1024) -> float:
-    """Uniform random actions, among the allowed ones: the mean per-agent episode return."""
-    import torch
-
-    from marlctl.envs.native import native_class
-
-    env = native_class(TASKS[task]["env"]["id"])({}, episodes, "cpu")
-    draws = torch.Generator().manual_seed(0)
-    ob, agents = env.reset(0), env.info.n_agents
-    total, running = torch.zeros(episodes), torch.ones(episodes, dtype=torch.bool)
-    while running.any():
-        actions = {}
-        for g in env.info.groups:
-            mask = ob.masks.get(g.name)
-            if mask is None:
-                mask = torch.ones(episodes, g.n_agents, g.n_actions, dtype=torch.bool)
-            weights = mask.reshape(-1, g.n_actions).float()
-            actions[g.name] = torch.multinomial(weights, 1, generator=draws).view(mask.shape[:-1])
-        step = env.step(actions)
-        total += torch.where(running, sum(r.sum(-1) for r in step.rewards.values()) / agents, 0)
-        running &= ~(step.terminated | step.truncated)
-        ob = step.next
-    return float(total.mean())
 
 
 def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
@@ -264,7 +239,7 @@ def main() -> None:
     for task in [t for t in args.tasks.split(",") if t and not args.overhead]:
         cwd = work / task
         cwd.mkdir(exist_ok=True)
-        random = random_play(task)
+        random = random_play(TASKS[task]["env"]["id"])
         found = datasets(task, cwd, random)
         rows.append({"kind": "random", "task": task, "return": random})
         for level in LEVELS:

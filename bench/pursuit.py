@@ -25,7 +25,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json, table
+from common import machine, marlctl_json, random_play, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "pursuit_mappo_native.yaml"
@@ -82,24 +82,6 @@ def env_section(seconds: float) -> dict:
     }
 
 
-def random_play(episodes: int = 512) -> float:
-    """Uniformly random moves on the native env: the mean per-pursuer episode return."""
-    import torch
-
-    from marlctl.envs.native import native_class
-
-    env = native_class("sisl/pursuit")({}, episodes, "cpu")
-    env.reset(0)
-    draws = torch.Generator().manual_seed(1)
-    total = torch.zeros(episodes)
-    running = torch.ones(episodes, dtype=torch.bool)
-    while running.any():
-        tr = env.step({"pursuer": torch.randint(5, (episodes, 8), generator=draws)})
-        total += torch.where(running, tr.rewards["pursuer"].mean(-1), 0.0)
-        running &= ~(tr.terminated | tr.truncated)
-    return float(total.mean())
-
-
 def train(encoder: str, steps: int) -> dict:
     folder = WORKDIR / encoder
     folder.mkdir(parents=True, exist_ok=True)
@@ -128,7 +110,7 @@ def main() -> None:
         if "env" in args.sections:
             record["env"] = env_section(args.seconds)
         if "random" in args.sections:
-            record["random"] = random_play()
+            record["random"] = random_play("sisl/pursuit", 512, seed=1)
         if "train" in args.sections:
             record["train"] = {enc: train(enc, args.steps) for enc in ("cnn", "mlp")}
         with JSONL.open("a") as sink:
