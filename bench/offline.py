@@ -49,6 +49,16 @@ OUT = ROOT / "bench" / "results" / "offline.md"
 RAW = ROOT / "bench" / "results" / "offline.jsonl"
 ALGOS = ("bc", "iql_cql", "qmix_cql", "maicq")
 READS_STATE = ("qmix_cql", "maicq")  # their mixers read the global state
+
+
+def default_scaling(algo: str) -> str | None:
+    """How `algo`'s centralised networks read the state by default (None: they read none)."""
+    from marlctl.algos import registered_algos
+
+    field = registered_algos()[algo].config.model_fields.get("state_scaling")
+    return None if field is None else field.default
+
+
 LEVELS = ("poor", "medium", "good", "medium-replay")
 
 TASKS = {
@@ -185,11 +195,8 @@ def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
     out = marlctl(["run", write(cwd, f"{task}-{algo}-{level}.yaml", body)], cwd, failed_runs=True)
     finals = [r["final_return"] for r in out["runs"]]
     result = {"finals": finals, "wall_s": time.perf_counter() - start}
-    from marlctl.algos import registered_algos
-
-    scaling = registered_algos()[algo].config.model_fields.get("state_scaling")
-    if scaling is not None:  # how the mixer or critic read the state
-        result["state_scaling"] = scaling.default
+    if default_scaling(algo) is not None:  # how the mixer or critic read the state
+        result["state_scaling"] = default_scaling(algo)
     failed = [r for r in out["runs"] if r["status"] != "FINISHED"]
     if failed:  # the seeds train as one batch: a seed's non-finite loss stops them all
         result |= {"failed": failed[0]["error"], "env_steps": failed[0]["env_steps"]}
@@ -302,8 +309,9 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
             if row is None:
                 cells.append("—")
                 continue
-            # A mixer's cell from before it read the state standardised: marked.
-            mark = " †" if algo in READS_STATE and "state_scaling" not in row else ""
+            # A mixer's cell measured with another state scaling than its default now: marked.
+            scaling = row.get("state_scaling", "none")
+            mark = " †" if algo in READS_STATE and scaling != default_scaling(algo) else ""
             unscaled |= bool(mark)
             if row.get("failed"):  # "... (seed S): loss/a, loss/b"
                 losses = row["failed"].rsplit(": ", 1)[-1]
@@ -330,9 +338,8 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
     lines += ["", f"The behaviour: MAPPO, {budget:,} env steps. The datasets (sampled actions): "
               f"{where}. Machine ({at}), {load}."]  # fmt: skip
     if unscaled:
-        lines += ["", "†: measured before the mixer read the global state standardised by the "
-                  "dataset's statistics (`algo.state_scaling: standardise`, the default now): "
-                  "with the state as recorded (`state_scaling: none`)."]  # fmt: skip
+        lines += ["", "†: measured with the mixer reading the global state otherwise than "
+                  "its default now (`algo.state_scaling`)."]  # fmt: skip
     return [*lines, ""]
 
 

@@ -9,10 +9,12 @@ shows the latest of each):
 - train: `marlctl run specs/pursuit_mappo_native.yaml` (3 seeds as one batch) as it is (cnn)
   and with `model.encoder=mlp` (the same hidden layer on the 147 flattened values of each
   view, the critic an MLP on the flat map), each seed's final evaluation and the run's
-  training env steps per second, whose ratio is the cost of the convolutions.
+  training env steps per second, whose ratio is the cost of the convolutions. Each encoder
+  is its own record (`--encoders` picks them), so one may be run at a time.
 
-    .venv/bin/python bench/pursuit.py              # every section: about 2 hours on 2 cores
+    .venv/bin/python bench/pursuit.py              # every section: about 2.5 hours on 2 cores
     .venv/bin/python bench/pursuit.py --sections env random
+    .venv/bin/python bench/pursuit.py --sections train --encoders cnn
     .venv/bin/python bench/pursuit.py --sections train --steps 200000 --busy
 """
 
@@ -33,6 +35,7 @@ OUT = ROOT / "bench" / "results" / "pursuit.md"
 JSONL = ROOT / "bench" / "results" / "pursuit.jsonl"
 WORKDIR = ROOT / "bench" / "runs" / "pursuit"
 SIZES = (64, 256, 1024)
+ENCODERS = ("cnn", "mlp")
 
 
 def pettingzoo_speed(seconds: float) -> float:
@@ -100,31 +103,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", default=["env", "random", "train"])
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--encoders", nargs="+", choices=ENCODERS, default=list(ENCODERS))
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--busy", action="store_true", help="other work shares the cores")
     parser.add_argument("--table", action="store_true", help="only rewrite the table")
     args = parser.parse_args()
     if not args.table:
-        record: dict = {"date": date.today().isoformat(), "machine": machine("cpu"),
-                        "busy": args.busy}  # fmt: skip
+        where = {"date": date.today().isoformat(), "machine": machine("cpu"), "busy": args.busy}
+        sections: dict = {}
         if "env" in args.sections:
-            record["env"] = env_section(args.seconds)
+            sections["env"] = env_section(args.seconds)
         if "random" in args.sections:
-            record["random"] = random_play("sisl/pursuit", 512, seed=1)
-        if "train" in args.sections:
-            record["train"] = {enc: train(enc, args.steps) for enc in ("cnn", "mlp")}
+            sections["random"] = random_play("sisl/pursuit", 512, seed=1)
         with JSONL.open("a") as sink:
-            sink.write(json.dumps(record) + "\n")
+            if sections:
+                sink.write(json.dumps({**where, **sections}) + "\n")
+            for encoder in args.encoders if "train" in args.sections else ():
+                run = {**where, "train": {encoder: train(encoder, args.steps)}}
+                sink.write(json.dumps(run) + "\n")
+                sink.flush()
     OUT.write_text(render([json.loads(line) for line in JSONL.read_text().splitlines()]))
     print(OUT.read_text())
 
 
 def render(records: list[dict]) -> str:
-    latest: dict[str, dict] = {}
+    latest: dict[str, dict] = {}  # each section's latest record; each encoder's own
     for record in records:
-        for key in ("env", "random", "train"):
+        for key in ("env", "random"):
             if key in record:
                 latest[key] = record
+        for encoder in record.get("train", {}):
+            latest[f"train/{encoder}"] = record
     lines = [
         "# Pursuit: the native env, and MAPPO with a cnn encoder",
         "",
@@ -148,27 +157,29 @@ def render(records: list[dict]) -> str:
         lines += ["## Env steps per second, random actions, one thread", "",
                   where(latest["env"]), "",
                   *table(rows, ["env", "envs", "env steps/s", "x PettingZoo"]), ""]  # fmt: skip
-    if "train" in latest:
-        record = latest["train"]
+    runs = {enc: latest[f"train/{enc}"] for enc in ENCODERS if f"train/{enc}" in latest}
+    if runs:
         chance = latest["random"]["random"] if "random" in latest else None
         rows = []
-        for encoder, run in record["train"].items():
+        for encoder, record in runs.items():
+            run = record["train"][encoder]
             mean = statistics.mean(run["finals"])
             spread = statistics.stdev(run["finals"]) if len(run["finals"]) > 1 else 0.0
-            rows.append([encoder, ", ".join(f"{v:.2f}" for v in run["finals"]),
+            rows.append([encoder, f"{run['steps']:,}", ", ".join(f"{v:.2f}" for v in run["finals"]),
                          f"{mean:.2f} ± {spread:.2f}", f"{run['rate']:,.0f}",
                          f"{run['wall_s'] / 60:.1f}"])  # fmt: skip
         if chance is not None:
-            rows.append(["random play", "", f"{chance:.2f}", "", ""])
-        steps = next(iter(record["train"].values()))["steps"]
-        lines += ["## MAPPO, cnn against mlp", "", where(record), "",
-                  f"`marlctl run specs/pursuit_mappo_native.yaml train.total_env_steps={steps}` "
+            rows.append(["random play", "", "", f"{chance:.2f}", "", ""])
+        measured = [f"{enc}: {where(record)}" for enc, record in runs.items()]
+        lines += ["## MAPPO, cnn against mlp", "", *measured, "",
+                  "`marlctl run specs/pursuit_mappo_native.yaml train.total_env_steps=STEPS` "
                   "(3 seeds as one batch, 64 envs each) with `model.encoder` cnn and mlp: "
                   "each seed's final evaluation (32 greedy episodes, the mean per-pursuer "
                   "return), their mean ± standard deviation, the training env steps per second "
                   "(their ratio: the cost of the convolutions, forward and backward) and the "
                   "run's wall-clock.", "",
-                  *table(rows, ["encoder", "per seed", "mean", "env steps/s", "minutes"]),
+                  *table(rows, ["encoder", "env steps", "per seed", "mean", "env steps/s",
+                                "minutes"]),
                   ""]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -431,32 +431,66 @@ def test_an_offline_iteration_set_up_for_capture_computes_what_the_eager_one_doe
 
 
 @pytest.mark.parametrize(
-    ("algo", "config", "scaled"),
-    [("qmix_cql", {}, True), ("maicq", {}, True), ("maddpg_cql", {}, True),
-     ("qmix_cql", {"state_scaling": "none"}, False), ("iql_cql", {}, False)],
+    ("algo", "config", "scaling"),
+    [("qmix_cql", {}, "standardise"), ("maicq", {}, "range"), ("maddpg_cql", {}, "standardise"),
+     ("maicq", {"state_scaling": "standardise"}, "standardise"),
+     ("qmix_cql", {"state_scaling": "range"}, "range"),
+     ("qmix_cql", {"state_scaling": "none"}, None), ("iql_cql", {}, None)],
 )  # fmt: skip
-def test_the_centralised_learners_read_the_dataset_s_state_standardised(
-    tmp_path, algo, config, scaled
-):
+def test_the_centralised_learners_read_the_dataset_s_state_scaled(tmp_path, algo, config, scaling):
     trainer, _, data = offline_trainer(tmp_path, algo, **config)
     state, nxt = trainer.buffer.data["state"], trainer.buffer.data["next_state"]
     raw = data["state"]
     std, mean = torch.std_mean(raw, 0, correction=0)
     varying = std > 1e-6  # simple_spread's silent communication reads 0 throughout
     assert varying.sum() >= 16 and (~varying).any() and raw.abs().mean() > 0.1
-    if not scaled:
+    if scaling is None:
         assert torch.equal(state, raw) and torch.equal(nxt, data["next_state"])
         return
-    torch.testing.assert_close(state.mean(0), torch.zeros_like(mean), atol=1e-4, rtol=0)
-    torch.testing.assert_close(state.std(0, correction=0), varying.float(), atol=1e-4, rtol=0)
-    scale = torch.where(varying, std, 1.0)
-    torch.testing.assert_close(nxt, (data["next_state"] - mean) / scale)  # the same statistics
+    if scaling == "standardise":
+        torch.testing.assert_close(state.mean(0), torch.zeros_like(mean), atol=1e-4, rtol=0)
+        torch.testing.assert_close(state.std(0, correction=0), varying.float(), atol=1e-4, rtol=0)
+        centre, spread = mean, std
+    else:  # each varying feature from -1 to 1 exactly, a constant one 0
+        low, high = raw.amin(0), raw.amax(0)
+        torch.testing.assert_close(state.amin(0), torch.where(varying, -1.0, 0.0))
+        torch.testing.assert_close(state.amax(0), torch.where(varying, 1.0, 0.0))
+        centre, spread = (high + low) / 2, (high - low) / 2
+    scale = torch.where(varying, spread, 1.0)
+    torch.testing.assert_close(nxt, (data["next_state"] - centre) / scale)  # the same statistics
+
+
+def test_maicq_s_target_counts_an_agent_inactive_at_the_next_step_as_zero(tmp_path):
+    # As Q_tot does at the step itself: the Q of an agent that no longer acts is never
+    # trained, so what it reads must not reach the target.
+    trainer, _, _ = offline_trainer(tmp_path, "maicq")
+    batch = trainer.sampled_batch()
+    (name,) = trainer.groups
+    batch[f"active/{name}"][:, 1, :, 0] = False
+    noisy = dict(batch)
+    noisy[f"obs/{name}"] = batch[f"obs/{name}"].clone()
+    noisy[f"obs/{name}"][:, 1, :, 0] += 5 * torch.randn_like(noisy[f"obs/{name}"][:, 1, :, 0])
+    target = trainer._target(batch, trainer._agents(batch))
+    assert torch.equal(trainer._target(noisy, trainer._agents(noisy)), target)
+    noisy[f"obs/{name}"][:, 1, :, 1] += 5  # an agent still acting there does count
+    assert not torch.allclose(trainer._target(noisy, trainer._agents(noisy)), target)
 
 
 def test_a_state_feature_constant_in_the_dataset_reads_zero():
-    from marlctl.train.offline import standardised_state
+    from marlctl.train.offline import scaled_state
 
     state = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
-    out = standardised_state({"state": state, "next_state": torch.tensor([[2.0, 6.0]])})
+    out = scaled_state({"state": state, "next_state": torch.tensor([[2.0, 6.0]])}, "standardise")
     assert torch.equal(out["state"], torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
     assert torch.equal(out["next_state"], torch.tensor([[0.0, 1.0]]))  # centred only
+
+
+def test_range_scaling_maps_each_state_feature_s_extremes_to_plus_and_minus_one():
+    from marlctl.train.offline import scaled_state
+
+    state = torch.tensor([[0.0, 5.0, -4.0], [10.0, 5.0, 0.0], [1.0, 5.0, 60.0]])
+    out = scaled_state({"state": state, "next_state": torch.tensor([[5.0, 7.0, 28.0]])}, "range")
+    assert torch.equal(out["state"], torch.tensor([[-1.0, 0.0, -1.0], [1.0, 0.0, -0.875],
+                                                   [-0.8, 0.0, 1.0]]))  # fmt: skip
+    # next_state by the same statistics; a constant feature only centred
+    assert torch.equal(out["next_state"], torch.tensor([[0.0, 2.0, 0.0]]))

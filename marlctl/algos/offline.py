@@ -36,14 +36,20 @@ SEQUENCE = Field(
     description="Recurrent agents (`model.recurrent`): consecutive steps per sampled window "
     "(OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
 )
-STATE_SCALING = Field(
-    "standardise",
-    description="How the centralised networks (mixer, critics) read the global state: "
-    "standardise = each feature less its mean over the dataset, divided by its standard "
-    "deviation there (a feature constant in the dataset reads 0), computed when the dataset "
-    "is loaded; none = as recorded. An env's state whose features span tens of units (SMAX's "
-    "positions and cooldowns) can otherwise drive a mixer's hypernetworks to diverge.",
-)
+StateScaling = Literal["standardise", "range", "none"]
+
+
+def state_scaling(default: str) -> Any:
+    return Field(
+        default,
+        description="How the centralised networks (mixer, critics) read the global state, by "
+        "statistics of the dataset computed when it is loaded: standardise = each feature "
+        "less its mean, divided by its standard deviation; range = each feature mapped "
+        "linearly from its minimum and maximum to -1 and 1 (as SMAC normalises its state); "
+        "a feature constant in the dataset reads 0; none = as recorded. An env's state whose "
+        "features span tens of units (SMAX's positions and cooldowns) can otherwise drive a "
+        "mixer's hypernetworks to diverge.",
+    )
 
 
 class OwnNetworksConfig(AlgoConfig):
@@ -130,7 +136,7 @@ class IQLCQLConfig(OfflineQConfig):
 )
 class QMIXCQLConfig(OfflineQConfig, QMIXConfig):
     name: Literal["qmix_cql"] = "qmix_cql"
-    state_scaling: Literal["standardise", "none"] = STATE_SCALING
+    state_scaling: StateScaling = state_scaling("standardise")
     ood_actions: int = Field(
         20,
         ge=1,
@@ -158,7 +164,7 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
 
     twin: ClassVar[bool] = True
     name: Literal["maddpg_cql"] = "maddpg_cql"
-    state_scaling: Literal["standardise", "none"] = STATE_SCALING
+    state_scaling: StateScaling = state_scaling("standardise")
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
     critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor (OG-MARL: 0.99).")
@@ -207,7 +213,11 @@ class MAICQConfig(OwnNetworksConfig):
     hypernetworks of 64, advantage temperature 0.1 and target temperature 1000."""
 
     name: Literal["maicq"] = "maicq"
-    state_scaling: Literal["standardise", "none"] = STATE_SCALING
+    # Its in-sample target weights each Q_tot by a batch softmax of Q_tot itself, so a mixer
+    # output inflated on a state feature far out in its tail feeds on itself; a standardised
+    # state keeps such tails (SMAX 3m's Medium-Replay: features 10 to 20 standard deviations
+    # out, and there the critic diverged), a state mapped to [-1, 1] has none.
+    state_scaling: StateScaling = state_scaling("range")
     sequence_length: int = SEQUENCE
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")

@@ -5,9 +5,12 @@ Approach for Offline Multi-Agent Reinforcement Learning", NeurIPS 2021; as Off-t
 MARL's `maicq` runs it. The critic is QMIX on the dataset's own joint actions: its target
 bootstraps from the target networks' Q_tot of the *next dataset* joint action (no max over
 actions the dataset never took), each weighted by the batch's softmax of that value over
-`target_beta`. Each agent's policy clones the dataset's actions, weighted by the batch's
-softmax of its advantage over `advantage_beta` (Q of the action less the policy's expected
-Q) and by the mixer's weight on the agent. The mixer's weights enter the actors' loss as
+`target_beta`; an agent that does not act at a step (dead) counts 0 in Q_tot there, on both
+sides. The mixer reads the state mapped to [-1, 1] by default (`state_scaling: range`): the
+target's weights are exponential in Q_tot, and a mixer inflated on a state feature far out in
+its tail feeds on itself. Each agent's policy clones the dataset's actions, weighted by the
+batch's softmax of its advantage over `advantage_beta` (Q of the action less the policy's
+expected Q) and by the mixer's weight on the agent. The mixer's weights enter the actors' loss as
 constants here (Off-the-Grid MARL lets the actors' loss train them too).
 
 Samples are windows of two consecutive steps, or of `sequence_length` for recurrent agents
@@ -76,7 +79,9 @@ class MAICQTrainer(Offline, Trainer):
         Q of the dataset action with gradient, its advantage, the log-probability the policy
         gives it, whether it acts, and the target networks' Q of the next step's dataset
         action."""
-        parts: dict[str, list] = {k: [] for k in ("q", "adv", "logp", "active", "next_q")}
+        parts: dict[str, list] = {
+            k: [] for k in ("q", "adv", "logp", "active", "next_q", "next_active")
+        }
         now, after = slice(0, -1), slice(1, None)
         for name, group in self.groups.items():
             obs = flat_obs(batch[f"obs/{name}"], group)  # [S, L, B, n, O]
@@ -94,26 +99,34 @@ class MAICQTrainer(Offline, Trainer):
             parts["adv"].append(taken.detach() - expected)
             parts["logp"].append(F.log_softmax(logits, -1).gather(-1, action[:, now]).squeeze(-1))
             parts["active"].append(batch[f"active/{name}"][:, now].to(q.dtype))
+            parts["next_active"].append(batch[f"active/{name}"][:, after].to(q.dtype))
         return {k: torch.cat(v, -1) for k, v in parts.items()}
 
     def _mixed(self, mixer: QMixer, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """Q_tot `[S, T, B]` of per-agent values `[S, T, B, N]` at states `[S, T, B, D]`."""
         return mixer(q.flatten(1, 2), state.flatten(1, 2)).view(q.shape[:3])
 
+    @torch.no_grad()
+    def _target(self, batch: dict[str, torch.Tensor], agents: dict[str, torch.Tensor]):
+        """The critic's in-sample target `[S, T, B]`: the reward plus the discounted target
+        Q_tot of the next dataset joint action (agents inactive then count 0, as in Q_tot),
+        weighted by the batch's softmax of that Q_tot over `target_beta`."""
+        nxt = agents["next_q"] * agents["next_active"]
+        nxt = self._mixed(self.target["mixer"], nxt, batch["state"][:, 1:])
+        nxt = nxt.shape[2] * torch.softmax(nxt / self.cfg.target_beta, 2) * nxt
+        rewards = torch.cat([batch[f"reward/{n}"][:, :-1] for n in self.groups], -1)
+        going = ~batch["terminated"][:, :-1] & ~batch["first"][:, 1:]
+        return rewards.mean(-1) + self.cfg.gamma * going.to(nxt.dtype) * nxt
+
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, agents = self.cfg, self._agents(batch)
         B, active = agents["q"].shape[2], agents["active"]
-        state, next_state = batch["state"][:, :-1], batch["state"][:, 1:]
+        state = batch["state"][:, :-1]
         weight = B * torch.softmax(agents["adv"] / cfg.advantage_beta, 2)  # over the batch
         slope = self.mixer.k(state.flatten(1, 2)).view(active.shape).detach()
         policy = -masked_mean(slope * weight * agents["logp"], active)
         q_tot = self._mixed(self.mixer, agents["q"] * active, state)
-        with torch.no_grad():
-            nxt = self._mixed(self.target["mixer"], agents["next_q"], next_state)
-            nxt = B * torch.softmax(nxt / cfg.target_beta, 2) * nxt
-            rewards = torch.cat([batch[f"reward/{n}"][:, :-1] for n in self.groups], -1)
-            going = ~batch["terminated"][:, :-1] & ~batch["first"][:, 1:]
-            target = rewards.mean(-1) + cfg.gamma * going.to(nxt.dtype) * nxt
+        target = self._target(batch, agents)
         acting = (active.sum(-1) > 0).to(q_tot.dtype)
         critic = masked_mean((q_tot - target) ** 2, acting)
         self.optimizer.zero_grad(set_to_none=True)

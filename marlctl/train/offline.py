@@ -118,12 +118,20 @@ class DatasetSampler:
         return {}  # the dataset stays where it is, out of every checkpoint
 
 
-def standardised_state(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`data` with `state` and `next_state` standardised per feature by the mean and standard
-    deviation of `state` over the dataset; a feature constant there is only centred."""
-    std, mean = torch.std_mean(data["state"], 0, correction=0)
-    std = torch.where(std > 1e-6, std, torch.ones_like(std))
-    return {**data, **{key: (data[key] - mean) / std for key in ("state", "next_state")}}
+def scaled_state(data: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
+    """`data` with `state` and `next_state` scaled per feature by statistics of `state` over
+    the dataset: `standardise` subtracts the mean and divides by the standard deviation;
+    `range` maps the minimum to -1 and the maximum to 1. A feature constant there reads 0."""
+    state = data["state"]
+    if how == "standardise":
+        spread, centre = torch.std_mean(state, 0, correction=0)
+    elif how == "range":
+        low, high = state.amin(0), state.amax(0)
+        spread, centre = (high - low) / 2, (high + low) / 2
+    else:
+        raise ValueError(f"unknown state scaling {how!r}")
+    spread = torch.where(spread > 1e-6, spread, torch.ones_like(spread))
+    return {**data, **{key: (data[key] - centre) / spread for key in ("state", "next_state")}}
 
 
 class Offline:
@@ -138,11 +146,11 @@ class Offline:
     def load_dataset(self, data: dict[str, torch.Tensor]) -> None:
         """`data`: a dataset's transitions. Terminations as `bootstrap_time_limit` says (a
         truncation ends the return where it is false); reward statistics of every reward in
-        it, for `reward_scaling`; a float state standardised where `state_scaling` says so."""
+        it, for `reward_scaling`; a float state scaled as `state_scaling` says."""
         data = dict(data)
         scaling = getattr(self.cfg, "state_scaling", "none")
-        if scaling == "standardise" and data["state"].is_floating_point():
-            data = standardised_state(data)
+        if scaling != "none" and data["state"].is_floating_point():
+            data = scaled_state(data, scaling)
         cut = data.pop("truncated")
         if not getattr(self.cfg, "bootstrap_time_limit", True):
             data["terminated"] = data["terminated"] | cut
