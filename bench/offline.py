@@ -145,12 +145,13 @@ def levels(score: dict, random: float) -> dict[str, int]:
     return {"poor": nearest(0.25, [n for n in kept if n < medium]), "medium": medium}
 
 
-def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
-    """The four datasets of `task` in `cwd`, with their mean returns and sources; kept in
-    `cwd` (`datasets.json`) once all are recorded, for a rerun with the same `--work`."""
+def datasets(task: str, cwd: Path, random: float, busy: bool) -> tuple[dict[str, dict], bool]:
+    """The four datasets of `task` in `cwd`, with their mean returns, sources and whether
+    other work shared the cores as they were recorded; kept in `cwd` (`datasets.json`) once
+    all are recorded, for a rerun with the same `--work`. And whether they were recorded now."""
     kept = cwd / "datasets.json"
     if kept.exists():
-        return json.loads(kept.read_text())
+        return json.loads(kept.read_text()), False
     cfg = TASKS[task]
     budget, episodes = cfg["budget"], str(cfg["episodes"])
     run = behaviour(task, cwd, budget)["runs"][0]
@@ -174,17 +175,17 @@ def datasets(task: str, cwd: Path, random: float) -> dict[str, dict]:
     for level, row in out.items():
         described = marlctl(["data", "describe", level], cwd)
         row |= {"return": described["return_mean"], "episodes": described["episodes"],
-                "transitions": described["transitions"]}  # fmt: skip
+                "transitions": described["transitions"], "busy": busy}  # fmt: skip
     kept.write_text(json.dumps(out))
-    return out
+    return out, True
 
 
-def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
+def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> tuple[dict, bool]:
     """Its final returns and wall-clock, kept in `cwd` as they end: a rerun with the same
-    `--work` goes on from the first one missing."""
+    `--work` goes on from the first one missing. And whether it was trained now."""
     kept = cwd / f"{task}-{algo}-{level}-{updates}.json"
     if kept.exists():
-        return json.loads(kept.read_text())
+        return json.loads(kept.read_text()), False
     cfg = TASKS[task]
     body = {"seeds": [0, 1, 2], "env": cfg["env"], "algo": {"name": algo},
             "model": cfg.get("model", {}), "data": level,
@@ -201,7 +202,7 @@ def offline(task: str, cwd: Path, algo: str, level: str, updates: int) -> dict:
     if failed:  # the seeds train as one batch: a seed's non-finite loss stops them all
         result |= {"failed": failed[0]["error"], "env_steps": failed[0]["env_steps"]}
     kept.write_text(json.dumps(result))
-    return result
+    return result, True
 
 
 def overhead(cwd: Path) -> dict:
@@ -247,16 +248,19 @@ def main() -> None:
         cwd = work / task
         cwd.mkdir(exist_ok=True)
         random = random_play(TASKS[task]["env"]["id"])
-        found = datasets(task, cwd, random)
+        found, recorded = datasets(task, cwd, random, args.busy)
         rows.append({"kind": "random", "task": task, "return": random})
+        # What a work folder kept from an earlier call was written to the results then.
         for level in LEVELS:
-            rows.append({"kind": "dataset", "task": task, "level": level, **found[level],
-                         "busy": args.busy})  # fmt: skip
+            if recorded:
+                rows.append({"kind": "dataset", "task": task, "level": level, **found[level]})
             for algo in ALGOS:
-                result = offline(task, cwd, algo, level, args.updates)
-                rows.append({"kind": "offline", "task": task, "level": level, "algo": algo,
-                             "updates": args.updates, **result})  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
+                result, trained = offline(task, cwd, algo, level, args.updates)
+                row = {"kind": "offline", "task": task, "level": level, "algo": algo,
+                       "updates": args.updates, **result}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                if trained:
+                    rows.append(row)
     if args.dry:
         return
     stamp = {"measured": date.today().isoformat(), "machine": machine()}
