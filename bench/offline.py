@@ -25,7 +25,8 @@ Writes `bench/results/offline.md`; raw rows go to `bench/results/offline.jsonl`.
     .venv/bin/python bench/offline.py --overhead
 
 With `--work DIR` the datasets and each offline result are kept in DIR as they are made, and
-a rerun with the same DIR goes on from the first one missing.
+a rerun with the same DIR goes on from the first one missing. Each row goes to the raw
+results as it is measured, with whether other work shared the cores (`--busy`).
 """
 
 from __future__ import annotations
@@ -239,35 +240,39 @@ def main() -> None:
     for cfg in TASKS.values():
         cfg["budget"] = args.budget or cfg["budget"]
         cfg["episodes"] = args.episodes or cfg["episodes"]
+    if args.dry and args.work:
+        parser.error("--dry keeps nothing: leave out --work")
     work = args.work or Path(tempfile.mkdtemp(prefix="offline-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    stamp = {"measured": date.today().isoformat(), "machine": machine(), "busy": args.busy}
+
+    def keep(row: dict) -> None:
+        """Append a row measured in this call as soon as it is, so a call stopped part way
+        loses none (what the work folder kept from an earlier call was appended then)."""
+        print(json.dumps(row), flush=True)
+        if not args.dry:
+            with RAW.open("a") as handle:
+                handle.write(json.dumps(row | stamp) + "\n")
+
     if args.overhead:
-        rows.append(overhead(work))
+        keep(overhead(work))
     for task in [t for t in args.tasks.split(",") if t and not args.overhead]:
         cwd = work / task
         cwd.mkdir(exist_ok=True)
         random = random_play(TASKS[task]["env"]["id"])
+        keep({"kind": "random", "task": task, "return": random})
         found, recorded = datasets(task, cwd, random, args.busy)
-        rows.append({"kind": "random", "task": task, "return": random})
-        # What a work folder kept from an earlier call was written to the results then.
         for level in LEVELS:
             if recorded:
-                rows.append({"kind": "dataset", "task": task, "level": level, **found[level]})
+                keep({"kind": "dataset", "task": task, "level": level, **found[level]})
+        for level in LEVELS:
             for algo in ALGOS:
                 result, trained = offline(task, cwd, algo, level, args.updates)
-                row = {"kind": "offline", "task": task, "level": level, "algo": algo,
-                       "updates": args.updates, **result}  # fmt: skip
-                print(json.dumps(row), flush=True)
                 if trained:
-                    rows.append(row)
-    if args.dry:
-        return
-    stamp = {"measured": date.today().isoformat(), "machine": machine()}
-    with RAW.open("a") as handle:
-        for row in rows:
-            handle.write(json.dumps(row | stamp) + "\n")
-    OUT.write_text(render([json.loads(line) for line in RAW.read_text().splitlines()]))
+                    keep({"kind": "offline", "task": task, "level": level, "algo": algo,
+                          "updates": args.updates, **result})  # fmt: skip
+    if not args.dry:
+        OUT.write_text(render([json.loads(line) for line in RAW.read_text().splitlines()]))
 
 
 def render(rows: list[dict]) -> str:
@@ -340,7 +345,7 @@ def _task_table(task: str, latest: dict, machines: list[str]) -> list[str]:
     load = "with other training on its cores" if made["good"].get("busy", True) else "quiet"
     at = machines.index(made["good"]["machine"]) + 1
     lines += ["", f"The behaviour: MAPPO, {budget:,} env steps. The datasets (sampled actions): "
-              f"{where}. Machine ({at}), {load}."]  # fmt: skip
+              f"{where}. Recorded on machine ({at}), {load}."]  # fmt: skip
     if unscaled:
         lines += ["", "†: measured with the mixer reading the global state otherwise than "
                   "its default now (`algo.state_scaling`)."]  # fmt: skip

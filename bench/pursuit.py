@@ -170,7 +170,12 @@ def render(records: list[dict]) -> str:
                          f"{run['wall_s'] / 60:.1f}"])  # fmt: skip
         if chance is not None:
             rows.append(["random play", "", "", f"{chance:.2f}", "", ""])
-        measured = [f"{enc}: {where(record)}" for enc, record in runs.items()]
+        measured = [f"- {enc}: {where(record)}" for enc, record in runs.items()]
+        alike = {(r["machine"], r.get("busy"), r["train"][e]["steps"]) for e, r in runs.items()}
+        if len(alike) > 1:
+            measured.append("- The encoders ran at other budgets, on other machines or "
+                            "under other load: their rates do not give the convolutions' "
+                            "cost.")  # fmt: skip
         lines += ["## MAPPO, cnn against mlp", "", *measured, "",
                   "`marlctl run specs/pursuit_mappo_native.yaml train.total_env_steps=STEPS` "
                   "(3 seeds as one batch, 64 envs each) with `model.encoder` cnn and mlp: "

@@ -39,16 +39,17 @@ SEQUENCE = Field(
 StateScaling = Literal["standardise", "range", "none"]
 
 
-def state_scaling(default: str) -> Any:
+def state_scaling_field(default: StateScaling) -> Any:
     return Field(
         default,
         description="How the centralised networks (mixer, critics) read the global state, by "
-        "statistics of the dataset computed when it is loaded: standardise = each feature "
-        "less its mean, divided by its standard deviation; range = each feature mapped "
-        "linearly from its minimum and maximum to -1 and 1 (as SMAC normalises its state); "
-        "a feature constant in the dataset reads 0; none = as recorded. An env's state whose "
-        "features span tens of units (SMAX's positions and cooldowns) can otherwise drive a "
-        "mixer's hypernetworks to diverge.",
+        "statistics of the dataset's recorded states computed when it is loaded: standardise "
+        "= each feature less its mean, divided by its standard deviation; range = each "
+        "feature mapped linearly from its minimum and maximum to -1 and 1 (bounded, as "
+        "SMAC's env-normalised state is; a next state past an episode's last recorded step "
+        "may fall outside); a feature constant in the dataset reads 0; none = as recorded. "
+        "An env's state whose features span tens of units (SMAX's positions and cooldowns) "
+        "can otherwise drive a mixer's hypernetworks to diverge.",
     )
 
 
@@ -136,7 +137,7 @@ class IQLCQLConfig(OfflineQConfig):
 )
 class QMIXCQLConfig(OfflineQConfig, QMIXConfig):
     name: Literal["qmix_cql"] = "qmix_cql"
-    state_scaling: StateScaling = state_scaling("standardise")
+    state_scaling: StateScaling = state_scaling_field("standardise")
     ood_actions: int = Field(
         20,
         ge=1,
@@ -164,7 +165,7 @@ class MADDPGCQLConfig(DDPGFamilyConfig):
 
     twin: ClassVar[bool] = True
     name: Literal["maddpg_cql"] = "maddpg_cql"
-    state_scaling: StateScaling = state_scaling("standardise")
+    state_scaling: StateScaling = state_scaling_field("standardise")
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the actors.")
     critic_lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate of the critics.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor (OG-MARL: 0.99).")
@@ -215,9 +216,9 @@ class MAICQConfig(OwnNetworksConfig):
     name: Literal["maicq"] = "maicq"
     # Its in-sample target weights each Q_tot by a batch softmax of Q_tot itself, so a mixer
     # output inflated on a state feature far out in its tail feeds on itself; a standardised
-    # state keeps such tails (SMAX 3m's Medium-Replay: features 10 to 20 standard deviations
-    # out, and there the critic diverged), a state mapped to [-1, 1] has none.
-    state_scaling: StateScaling = state_scaling("range")
+    # state keeps such tails (SMAX 3m's Medium-Replay: features many standard deviations out,
+    # and there the critic diverged), a state mapped to [-1, 1] has none.
+    state_scaling: StateScaling = state_scaling_field("range")
     sequence_length: int = SEQUENCE
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")

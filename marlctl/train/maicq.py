@@ -6,12 +6,13 @@ MARL's `maicq` runs it. The critic is QMIX on the dataset's own joint actions: i
 bootstraps from the target networks' Q_tot of the *next dataset* joint action (no max over
 actions the dataset never took), each weighted by the batch's softmax of that value over
 `target_beta`; an agent that does not act at a step (dead) counts 0 in Q_tot there, on both
-sides. The mixer reads the state mapped to [-1, 1] by default (`state_scaling: range`): the
-target's weights are exponential in Q_tot, and a mixer inflated on a state feature far out in
-its tail feeds on itself. Each agent's policy clones the dataset's actions, weighted by the
-batch's softmax of its advantage over `advantage_beta` (Q of the action less the policy's
-expected Q) and by the mixer's weight on the agent. The mixer's weights enter the actors' loss as
-constants here (Off-the-Grid MARL lets the actors' loss train them too).
+sides (OG-MARL masks neither). The mixer reads the state mapped to [-1, 1] by default
+(`state_scaling: range`): the target's weights are exponential in Q_tot, and a mixer
+inflated on a state feature far out in its tail feeds on itself. Each agent's policy clones
+the dataset's actions, weighted by the batch's softmax of its advantage over `advantage_beta`
+(Q of the action less the policy's expected Q) and by the mixer's weight on the agent. The
+mixer's weights enter the actors' loss as constants here (Off-the-Grid MARL lets the actors'
+loss train them too).
 
 Samples are windows of two consecutive steps, or of `sequence_length` for recurrent agents
 (`model.recurrent`), which unroll each window from a zero state, reset where an episode
@@ -77,8 +78,8 @@ class MAICQTrainer(Offline, Trainer):
     def _agents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per agent, across groups, at every step of the window but its last `[S, T, B, N]`:
         Q of the dataset action with gradient, its advantage, the log-probability the policy
-        gives it, whether it acts, and the target networks' Q of the next step's dataset
-        action."""
+        gives it, whether it acts, the target networks' Q of the next step's dataset action
+        and whether it acts then."""
         parts: dict[str, list] = {
             k: [] for k in ("q", "adv", "logp", "active", "next_q", "next_active")
         }

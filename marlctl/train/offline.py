@@ -121,7 +121,10 @@ class DatasetSampler:
 def scaled_state(data: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
     """`data` with `state` and `next_state` scaled per feature by statistics of `state` over
     the dataset: `standardise` subtracts the mean and divides by the standard deviation;
-    `range` maps the minimum to -1 and the maximum to 1. A feature constant there reads 0."""
+    `range` maps the minimum to -1 and the maximum to 1. A feature constant there reads 0 in
+    `state`. `next_state` takes the same statistics: past an episode's last recorded step it
+    may fall outside the range (MAICQ, which bootstraps from the window's next recorded state,
+    never reads it)."""
     state = data["state"]
     if how == "standardise":
         spread, centre = torch.std_mean(state, 0, correction=0)
