@@ -180,10 +180,10 @@ def render(records: list[dict]) -> str:
                   "`marlctl run specs/pursuit_mappo_native.yaml train.total_env_steps=STEPS` "
                   "(3 seeds as one batch, 64 envs each) with `model.encoder` cnn and mlp: "
                   "each seed's final evaluation (32 greedy episodes, the mean per-pursuer "
-                  "return), their mean ± standard deviation, the training env steps per second "
-                  "(their ratio: the cost of the convolutions, forward and backward) and the "
-                  "run's wall-clock.", "",
-                  *table(rows, ["encoder", "env steps", "per seed", "mean", "env steps/s",
+                  "return), their mean ± standard deviation, each seed's training env steps per "
+                  "second (their ratio: the cost of the convolutions, forward and backward) and "
+                  "the run's wall-clock.", "",
+                  *table(rows, ["encoder", "env steps", "per seed", "mean", "env steps/s per seed",
                                 "minutes"]),
                   ""]  # fmt: skip
     return "\n".join(lines) + "\n"
