@@ -12,7 +12,7 @@ shows the latest of each):
   training env steps per second, whose ratio is the cost of the convolutions. Each encoder
   is its own record (`--encoders` picks them), so one may be run at a time.
 
-    .venv/bin/python bench/pursuit.py              # every section: about 2.5 hours on 2 cores
+    .venv/bin/python bench/pursuit.py              # every section: about 1.6 h (cnn 54 min, mlp 37)
     .venv/bin/python bench/pursuit.py --sections env random
     .venv/bin/python bench/pursuit.py --sections train --encoders cnn
     .venv/bin/python bench/pursuit.py --sections train --steps 200000 --busy
