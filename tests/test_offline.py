@@ -16,6 +16,7 @@ from marlctl.algos import registered_algos
 from marlctl.data.format import Manifest, groups_of
 from marlctl.data.writer import DatasetWriter, EpisodeStager, Recording
 from marlctl.envs.native import native_class
+from marlctl.train.offline import STATE_CLIP
 
 ENVS = 64
 
@@ -432,9 +433,10 @@ def test_an_offline_iteration_set_up_for_capture_computes_what_the_eager_one_doe
 
 @pytest.mark.parametrize(
     ("algo", "config", "scaling"),
-    [("qmix_cql", {}, "standardise"), ("maicq", {}, "range"), ("maddpg_cql", {}, "standardise"),
+    [("qmix_cql", {}, "standardise"), ("maicq", {}, "clipped"), ("maddpg_cql", {}, "standardise"),
      ("maicq", {"state_scaling": "standardise"}, "standardise"),
-     ("qmix_cql", {"state_scaling": "range"}, "range"),
+     ("maicq", {"state_scaling": "range"}, "range"),
+     ("qmix_cql", {"state_scaling": "clipped"}, "clipped"),
      ("qmix_cql", {"state_scaling": "none"}, None), ("iql_cql", {}, None)],
 )  # fmt: skip
 def test_the_centralised_learners_read_the_dataset_s_state_scaled(tmp_path, algo, config, scaling):
@@ -446,6 +448,13 @@ def test_the_centralised_learners_read_the_dataset_s_state_scaled(tmp_path, algo
     assert varying.sum() >= 16 and (~varying).any() and raw.abs().mean() > 0.1
     if scaling is None:
         assert torch.equal(state, raw) and torch.equal(nxt, data["next_state"])
+        return
+    if scaling == "clipped":  # standardised, bounded to STATE_CLIP standard deviations
+        scale = torch.where(varying, std, 1.0)
+        for key, scaled in (("state", state), ("next_state", nxt)):
+            expected = ((data[key] - mean) / scale).clamp(-STATE_CLIP, STATE_CLIP)
+            torch.testing.assert_close(scaled, expected)
+        assert state.abs().amax() <= STATE_CLIP
         return
     if scaling == "standardise":
         torch.testing.assert_close(state.mean(0), torch.zeros_like(mean), atol=1e-4, rtol=0)
@@ -483,6 +492,22 @@ def test_a_state_feature_constant_in_the_dataset_reads_zero():
     out = scaled_state({"state": state, "next_state": torch.tensor([[2.0, 6.0]])}, "standardise")
     assert torch.equal(out["state"], torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
     assert torch.equal(out["next_state"], torch.tensor([[0.0, 1.0]]))  # centred only
+
+
+def test_clipped_scaling_bounds_a_standardised_state_feature_s_tail():
+    from marlctl.train.offline import scaled_state
+
+    # one 1 among 36 zeros: the 1 stands sqrt(36) = 6 standard deviations out
+    state = torch.zeros(37, 2)
+    state[0, 0] = 1.0
+    out = scaled_state({"state": state, "next_state": torch.tensor([[-1.0, 0.0]])}, "clipped")
+    assert STATE_CLIP == 5.0
+    torch.testing.assert_close(out["state"][:, 0], torch.tensor([5.0] + [-1 / 6] * 36))
+    assert torch.equal(out["state"][:, 1], torch.zeros(37))  # constant: 0
+    # -1 is (-1 - 1/37) / (6/37) = -38/6 standard deviations out: bounded as well
+    torch.testing.assert_close(out["next_state"], torch.tensor([[-5.0, 0.0]]))
+    unclipped = scaled_state({"state": state, "next_state": state[:1]}, "standardise")
+    torch.testing.assert_close(unclipped["state"][0, 0], torch.tensor(6.0))
 
 
 def test_range_scaling_maps_each_state_feature_s_extremes_to_plus_and_minus_one():

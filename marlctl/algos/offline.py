@@ -36,7 +36,7 @@ SEQUENCE = Field(
     description="Recurrent agents (`model.recurrent`): consecutive steps per sampled window "
     "(OG-MARL: 20), its state starting at zeros and reset where an episode starts.",
 )
-StateScaling = Literal["standardise", "range", "none"]
+StateScaling = Literal["standardise", "clipped", "range", "none"]
 
 
 def state_scaling_field(default: StateScaling) -> Any:
@@ -44,7 +44,9 @@ def state_scaling_field(default: StateScaling) -> Any:
         default,
         description="How the centralised networks (mixer, critics) read the global state, by "
         "statistics of the dataset's recorded states computed when it is loaded: standardise "
-        "= each feature less its mean, divided by its standard deviation; range = each "
+        "= each feature less its mean, divided by its standard deviation; clipped = "
+        "standardised, then bounded to 5 standard deviations either side (the rare states "
+        "far out in a feature's tail read as 5); range = each "
         "feature mapped linearly from its minimum and maximum to -1 and 1 (bounded, as "
         "SMAC's env-normalised state is; a next state past an episode's last recorded step "
         "may fall outside); a feature constant in the dataset reads 0; none = as recorded. "
@@ -216,9 +218,10 @@ class MAICQConfig(OwnNetworksConfig):
     name: Literal["maicq"] = "maicq"
     # Its in-sample target weights each Q_tot by a batch softmax of Q_tot itself, so a mixer
     # output inflated on a state feature far out in its tail feeds on itself; a standardised
-    # state keeps such tails (SMAX 3m's Medium-Replay: features many standard deviations out,
-    # and there the critic diverged), a state mapped to [-1, 1] has none.
-    state_scaling: StateScaling = state_scaling_field("range")
+    # state keeps such tails (SMAX 3m's Medium-Replay: features 10 to 20 standard deviations
+    # out, and there the critic diverged), a clipped one bounds them and keeps the resolution
+    # that range scaling gives up where most states crowd one end of a feature's range.
+    state_scaling: StateScaling = state_scaling_field("clipped")
     sequence_length: int = SEQUENCE
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of every network.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")

@@ -6,9 +6,10 @@ MARL's `maicq` runs it. The critic is QMIX on the dataset's own joint actions: i
 bootstraps from the target networks' Q_tot of the *next dataset* joint action (no max over
 actions the dataset never took), each weighted by the batch's softmax of that value over
 `target_beta`; an agent that does not act at a step (dead) counts 0 in Q_tot there, on both
-sides (OG-MARL masks neither). The mixer reads the state mapped to [-1, 1] by default
-(`state_scaling: range`): the target's weights are exponential in Q_tot, and a mixer
-inflated on a state feature far out in its tail feeds on itself. Each agent's policy clones
+sides (OG-MARL masks neither). The mixer reads the state standardised and bounded to 5
+standard deviations by default (`state_scaling: clipped`): the target's weights are
+exponential in Q_tot, and a mixer inflated on a state feature far out in its tail feeds on
+itself. Each agent's policy clones
 the dataset's actions, weighted by the batch's softmax of its advantage over `advantage_beta`
 (Q of the action less the policy's expected Q) and by the mixer's weight on the agent. The
 mixer's weights enter the actors' loss as constants here (Off-the-Grid MARL lets the actors'

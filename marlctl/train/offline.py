@@ -118,15 +118,19 @@ class DatasetSampler:
         return {}  # the dataset stays where it is, out of every checkpoint
 
 
+STATE_CLIP = 5.0  # standard deviations: SMAX's rare states lie 10 to 20 out
+
+
 def scaled_state(data: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
     """`data` with `state` and `next_state` scaled per feature by statistics of `state` over
     the dataset: `standardise` subtracts the mean and divides by the standard deviation;
+    `clipped` standardises, then bounds each feature to `STATE_CLIP` standard deviations;
     `range` maps the minimum to -1 and the maximum to 1. A feature constant there reads 0 in
     `state`. `next_state` takes the same statistics: past an episode's last recorded step it
     may fall outside the range (MAICQ, which bootstraps from the window's next recorded state,
     never reads it)."""
     state = data["state"]
-    if how == "standardise":
+    if how in ("standardise", "clipped"):
         spread, centre = torch.std_mean(state, 0, correction=0)
     elif how == "range":
         low, high = state.amin(0), state.amax(0)
@@ -134,7 +138,10 @@ def scaled_state(data: dict[str, torch.Tensor], how: str) -> dict[str, torch.Ten
     else:
         raise ValueError(f"unknown state scaling {how!r}")
     spread = torch.where(spread > 1e-6, spread, torch.ones_like(spread))
-    return {**data, **{key: (data[key] - centre) / spread for key in ("state", "next_state")}}
+    scaled = {key: (data[key] - centre) / spread for key in ("state", "next_state")}
+    if how == "clipped":
+        scaled = {key: value.clamp(-STATE_CLIP, STATE_CLIP) for key, value in scaled.items()}
+    return {**data, **scaled}
 
 
 class Offline:
