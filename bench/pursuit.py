@@ -10,11 +10,16 @@ shows the latest of each):
   and with `model.encoder=mlp` (the same hidden layer on the 147 flattened values of each
   view, the critic an MLP on the flat map), each seed's final evaluation and the run's
   training env steps per second, whose ratio is the cost of the convolutions. Each encoder
-  is its own record (`--encoders` picks them), so one may be run at a time.
+  is its own record (`--encoders` picks them), so one may be run at a time;
+- eval: each encoder's latest run in its store (`bench/runs/pursuit/ENCODER`) evaluated
+  again, 64 episodes per seed, with its most probable actions and with sampled ones, as it
+  acts in training (`marlctl eval RUN [--sampled] --episodes 64`); train runs it after
+  each training.
 
     .venv/bin/python bench/pursuit.py              # every section: about 1.6 h (cnn 54 min, mlp 37)
     .venv/bin/python bench/pursuit.py --sections env random
     .venv/bin/python bench/pursuit.py --sections train --encoders cnn
+    .venv/bin/python bench/pursuit.py --sections eval     # about a minute
     .venv/bin/python bench/pursuit.py --sections train --steps 200000 --busy
 """
 
@@ -36,6 +41,7 @@ JSONL = ROOT / "bench" / "results" / "pursuit.jsonl"
 WORKDIR = ROOT / "bench" / "runs" / "pursuit"
 SIZES = (64, 256, 1024)
 ENCODERS = ("cnn", "mlp")
+EVAL_EPISODES = 64
 
 
 def pettingzoo_speed(seconds: float) -> float:
@@ -96,12 +102,40 @@ def train(encoder: str, steps: int) -> dict:
         "rate": statistics.mean(r["steps_per_s"] for r in summary["runs"]),
         "wall_s": wall,
         "steps": steps,
+        "run": summary["parent_run_id"],
     }
+
+
+def latest_run(encoder: str) -> str:
+    """The parent run id of the encoder's latest finished training in its store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{WORKDIR / encoder / 'mlflow.db'}")
+    found = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        f"attributes.run_name = 'pursuit-{encoder}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not found:
+        raise SystemExit(f"no finished pursuit-{encoder} run in {WORKDIR / encoder}")
+    return found[0].info.run_id
+
+
+def evaluate(encoder: str) -> dict:
+    """Each seed of the encoder's latest run, most probable and sampled actions."""
+    run = latest_run(encoder)
+    out: dict = {"run": run, "episodes": EVAL_EPISODES}
+    for mode, extra in (("greedy", []), ("sampled", ["--sampled"])):
+        args = ["eval", run, "--episodes", str(EVAL_EPISODES), *extra]
+        summary, _ = marlctl_json(args, WORKDIR / encoder, f"eval {encoder} {mode}")
+        out[mode] = [r["return_mean"] for r in summary["runs"]]
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sections", nargs="+", default=["env", "random", "train"])
+    parser.add_argument("--sections", nargs="+", default=["env", "random", "train", "eval"])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--encoders", nargs="+", choices=ENCODERS, default=list(ENCODERS))
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -118,10 +152,14 @@ def main() -> None:
         with JSONL.open("a") as sink:
             if sections:
                 sink.write(json.dumps({**where, **sections}) + "\n")
-            for encoder in args.encoders if "train" in args.sections else ():
-                run = {**where, "train": {encoder: train(encoder, args.steps)}}
-                sink.write(json.dumps(run) + "\n")
-                sink.flush()
+            for encoder in args.encoders:
+                if "train" in args.sections:
+                    run = {**where, "train": {encoder: train(encoder, args.steps)}}
+                    sink.write(json.dumps(run) + "\n")
+                    sink.flush()
+                if "eval" in args.sections:
+                    sink.write(json.dumps({**where, "eval": {encoder: evaluate(encoder)}}) + "\n")
+                    sink.flush()
     OUT.write_text(render([json.loads(line) for line in JSONL.read_text().splitlines()]))
     print(OUT.read_text())
 
@@ -134,6 +172,11 @@ def render(records: list[dict]) -> str:
                 latest[key] = record
         for encoder in record.get("train", {}):
             latest[f"train/{encoder}"] = record
+            latest.pop(f"eval/{encoder}", None)  # an evaluation is of the training before it
+        for encoder, found in record.get("eval", {}).items():
+            trained = latest.get(f"train/{encoder}", {}).get("train", {}).get(encoder, {})
+            if trained.get("run", found["run"]) == found["run"]:
+                latest[f"eval/{encoder}"] = record
     lines = [
         "# Pursuit: the native env, and MAPPO with a cnn encoder",
         "",
@@ -185,6 +228,29 @@ def render(records: list[dict]) -> str:
                   "the run's wall-clock.", "",
                   *table(rows, ["encoder", "env steps", "per seed", "mean", "env steps/s per seed",
                                 "minutes"]),
+                  ""]  # fmt: skip
+    evals = {enc: latest[f"eval/{enc}"] for enc in ENCODERS if f"eval/{enc}" in latest}
+    if evals:
+        rows = []
+        for encoder, record in evals.items():
+            found = record["eval"][encoder]
+            row = [encoder, f"`{found['run'][:8]}`"]
+            for mode in ("greedy", "sampled"):
+                values = found[mode]
+                spread = statistics.stdev(values) if len(values) > 1 else 0.0
+                row += [", ".join(f"{v:.2f}" for v in values),
+                        f"{statistics.mean(values):.2f} ± {spread:.2f}"]  # fmt: skip
+            rows.append(row)
+        episodes = {record["eval"][enc]["episodes"] for enc, record in evals.items()}
+        lines += ["## The final policies, most probable against sampled actions", "",
+                  *[f"- {enc}: {where(record)}" for enc, record in evals.items()], "",
+                  "`marlctl eval RUN --episodes N` and `marlctl eval RUN --sampled --episodes N` "
+                  f"(N = {', '.join(map(str, sorted(episodes)))}) of each encoder's run above: "
+                  "each seed's mean per-pursuer return acting on its most probable actions "
+                  "(greedy, as the training's evaluation does) and sampling them as in "
+                  "training, their mean ± standard deviation.", "",
+                  *table(rows, ["encoder", "run", "greedy, per seed", "greedy", "sampled, per seed",
+                                "sampled"]),
                   ""]  # fmt: skip
     return "\n".join(lines) + "\n"
 

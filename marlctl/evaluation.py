@@ -33,12 +33,14 @@ class EvalResult:
     return_mean: float | None
     returns: dict[str, float]
     checkpoint: str
-    logged_return: float | None = None  # the run's own final eval, for comparison
+    # the run's own final eval, for comparison: its sampled one where `sampled`
+    logged_return: float | None = None
     video: str | None = None
     win_rate: float | None = None  # where the env says who won
     # A Melting Pot scenario the policy played as its focal population: `return_mean` is
     # then the focal per-capita return, logged to the run as `scenario/NAME`.
     scenario: str | None = None
+    sampled: bool = False  # actions sampled as in training, not the most probable
 
 
 @dataclass
@@ -57,10 +59,9 @@ class EvalSummary:
 @dataclass(frozen=True)
 class Record:
     """Write the evaluated episodes to a new dataset folder `path`, each step as the policy
-    took it: deterministic, or `sampled` as it acts in training."""
+    took it."""
 
     path: Path
-    sampled: bool = False
 
 
 def check_record(path: str) -> Path:
@@ -76,8 +77,8 @@ def check_record(path: str) -> Path:
 class _Recorder:
     """One dataset for every seed run evaluated, each run a source of its own."""
 
-    def __init__(self, record: Record):
-        self.record, self.writer = record, None
+    def __init__(self, record: Record, sampled: bool):
+        self.record, self.sampled, self.writer = record, sampled, None
 
     def wrap(self, env, run, seed: int, spec, info, quota, checkpoint: str):
         import torch
@@ -86,7 +87,7 @@ class _Recorder:
         from marlctl.data.writer import DatasetWriter, EpisodeStager, Recording
         from marlctl.envs.registry import env_package
 
-        mode = "sampled" if self.record.sampled else "deterministic"
+        mode = "sampled" if self.sampled else "deterministic"
         if self.writer is None:
             manifest = Manifest(
                 spec.env.id, spec.env.backend, dict(spec.env.params),
@@ -149,6 +150,7 @@ def evaluate_runs(
     render: Render | None = None,
     scenario: str | None = None,
     record: Record | None = None,
+    sampled: bool = False,
 ) -> EvalSummary:
     """Evaluate one seed's run, or every finished seed of a parent run.
 
@@ -157,6 +159,8 @@ def evaluate_runs(
     `scenario`: a Melting Pot run plays that scenario of its substrate as the focal
     population; each seed's focal per-capita return is logged to it as `scenario/NAME`.
     `record`: every seed run's evaluated episodes go to one dataset, whole or not at all.
+    `sampled`: the policies act as in training (sampled actions; epsilon-greedy for
+    Q-learners), compared with the run's own sampled evaluation where it made one.
     """
     from mlflow.exceptions import MlflowException
 
@@ -173,7 +177,7 @@ def evaluate_runs(
     if not targets:
         raise SpecError.at("RUN_ID", f"run '{run_id}' has no finished seed runs to evaluate")
     results = []
-    recorder = None if record is None else _Recorder(record)
+    recorder = None if record is None else _Recorder(record, sampled)
     try:
         for target in targets:
             video = render
@@ -182,7 +186,7 @@ def evaluate_runs(
                 name = f"{render.path.stem}-seed{seed_of}{render.path.suffix}"
                 video = Render(render.path.with_name(name), render.episodes, render.fps)
             result = _evaluate_one(client, target, backend, episodes, seed, device, checkpoint,
-                                   video, None, scenario, recorder)  # fmt: skip
+                                   video, None, scenario, recorder, sampled=sampled)  # fmt: skip
             if scenario is not None and result.return_mean is not None:
                 _log_scenario(client, target, scenario, result.return_mean)
             results.append(result)
@@ -293,12 +297,11 @@ def _evaluate_one(
     except SpecError:
         env.close()
         raise
-    deterministic = not sampled and (recorder is None or not recorder.record.sampled)
     try:
         if recorder is not None:
             quota = episode_quota(episodes, 1, num_envs, torch_device)
             env = recorder.wrap(env, run, run_seed, spec, learners, quota, artifact)
-        (result,) = evaluate(trainer, env, episodes, [chosen_seed], deterministic)
+        (result,) = evaluate(trainer, env, episodes, [chosen_seed], not sampled)
     finally:
         env.close()
     video = None
@@ -315,10 +318,11 @@ def _evaluate_one(
         result.get("return_mean"),
         returns,
         artifact,
-        run.data.metrics.get("eval/return_mean"),
+        run.data.metrics.get("eval_sampled/return_mean" if sampled else "eval/return_mean"),
         video,
         result.get("win_rate"),
         scenario,
+        sampled,
     )
 
 

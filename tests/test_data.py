@@ -230,14 +230,12 @@ def test_eval_records_the_episodes_it_scores(trained, tmp_path):
     assert summed.mean(-1) == pytest.approx(returns, abs=1e-4)
 
 
-def test_eval_refuses_a_dataset_folder_in_use_and_sampled_without_record(trained, tmp_path):
+def test_eval_refuses_a_dataset_folder_in_use_and_records_sampled_actions(trained, tmp_path):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "file").write_text("")
     run_id = trained["parent_run_id"]
     result = run_json("eval", run_id, "--record", str(tmp_path / "used"))
     assert result["exit_code"] == 2 and "--record" in result["errors"][0]
-    result = run_json("eval", run_id, "--sampled")
-    assert result["exit_code"] == 2 and "--sampled" in result["errors"][0]
     sampled = run_json("eval", run_id, "--record", str(tmp_path / "s"), "--sampled")
     assert sampled["exit_code"] == 0, sampled
     assert {s.mode for s in read_manifest(tmp_path / "s").sources} == {"sampled"}

@@ -34,6 +34,26 @@ def trained(tmp_path) -> dict:
     return out
 
 
+def test_eval_sampled_acts_as_in_training_beside_the_run_s_sampled_evaluation(tmp_path):
+    body = spec_body()
+    body["train"]["eval_sampled"] = True
+    out = run_json("run", str(write_spec(tmp_path, body)))
+    assert out["exit_code"] == 0, out
+    sampled = run_json("eval", out["parent_run_id"], "--sampled")
+    assert sampled["exit_code"] == 0, sampled
+    greedy = run_json("eval", out["parent_run_id"])
+    for row, plain in zip(sampled["runs"], greedy["runs"], strict=True):
+        assert row["sampled"] and not plain["sampled"] and row["episodes"] == 40
+        logged = client().get_run(row["run_id"]).data.metrics
+        # compared with the run's own sampled evaluation, not its deterministic one
+        assert row["logged_return"] == logged["eval_sampled/return_mean"]
+        assert plain["logged_return"] == logged["eval/return_mean"]
+    # the sampled episodes are other episodes than the most probable actions play
+    assert [r["return_mean"] for r in sampled["runs"]] != [r["return_mean"] for r in greedy["runs"]]
+    again = run_json("eval", out["parent_run_id"], "--sampled")  # seeded: the same draws
+    assert [r["return_mean"] for r in again["runs"]] == [r["return_mean"] for r in sampled["runs"]]
+
+
 def test_eval_repeats_the_final_evaluation_of_each_seed(trained):
     result = run_json("eval", trained["parent_run_id"])
     assert result["exit_code"] == 0, result

@@ -102,8 +102,9 @@ SampledOpt = Annotated[
     bool,
     typer.Option(
         "--sampled",
-        help="With --record or --vs: act as the policy does in training (sampled actions; "
-        "epsilon-greedy for Q-learners) instead of its most probable actions.",
+        help="Act as the policy does in training (sampled actions; epsilon-greedy for "
+        "Q-learners) instead of its most probable actions; 'in training' then shows the "
+        "run's sampled evaluation (train.eval_sampled) where it made one.",
     ),
 ]
 
@@ -127,14 +128,14 @@ def eval_(
     trust_factory: TrustOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a trained policy (deterministic actions) on either env backend.
+    """Evaluate a trained policy (deterministic actions, or sampled) on either env backend.
 
     Without --episodes and --seed it repeats the run's final evaluation.
     """
     stop_on_sigterm()
     trust(trust_factory)
     with exit_codes(as_json):
-        recording = _recording(record, sampled, scenario, vs, seats)
+        recording = _recording(record, scenario, vs, seats)
     if vs is not None:
         _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
                     device, seats, sampled, as_json)  # fmt: skip
@@ -147,7 +148,7 @@ def eval_(
             video = Render(check_render(render), render_episodes, fps)
         backend_name = backend.value if backend else None
         summary = evaluate_runs(run_id, tracking_uri, backend_name, episodes, seed, device,
-                                checkpoint, video, scenario, recording)  # fmt: skip
+                                checkpoint, video, scenario, recording, sampled)  # fmt: skip
     if as_json:
         emit_json(summary.to_dict())
         return
@@ -165,6 +166,8 @@ def eval_(
             r.run_id,
         )
     print_table(table, whole=("run",))
+    if sampled:
+        say(output.out, "actions sampled as in training")
     if scenario is not None:
         say(output.out, f"scenario {scenario}: eval return is the focal players' per-capita "
                         f"return, logged to each seed run as scenario/{scenario}")  # fmt: skip
@@ -179,9 +182,9 @@ def eval_(
                         f"transitions) to {d['path']}")  # fmt: skip
 
 
-def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str | None, seats: str):
-    """`--record` and `--sampled` as the evaluation takes them, or exit 2 where they or
-    `--seats` conflict with the other options."""
+def _recording(record: str | None, scenario: str | None, vs: str | None, seats: str):
+    """`--record` as the evaluation takes it, or exit 2 where it or `--seats` conflict with
+    the other options."""
     from marlctl.errors import SpecError
     from marlctl.evaluation import Record, check_record
 
@@ -193,13 +196,9 @@ def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str 
         )
     if vs is not None and record is not None:
         raise SpecError.at("--record", "cross-play is not recorded: leave it out with --vs")
-    if sampled and record is None and vs is None:
-        raise SpecError.at(
-            "--sampled", "it chooses how recorded or cross-play episodes act: add --record or --vs"
-        )
     if record is not None and scenario is not None:
         raise SpecError.at("--record", "a scenario's episodes are not recorded")
-    return None if record is None else Record(check_record(record), sampled)
+    return None if record is None else Record(check_record(record))
 
 
 def _cross_play(
