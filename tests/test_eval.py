@@ -52,6 +52,9 @@ def test_eval_sampled_acts_as_in_training_beside_the_run_s_sampled_evaluation(tm
     assert [r["return_mean"] for r in sampled["runs"]] != [r["return_mean"] for r in greedy["runs"]]
     again = run_json("eval", out["parent_run_id"], "--sampled")  # seeded: the same draws
     assert [r["return_mean"] for r in again["runs"]] == [r["return_mean"] for r in sampled["runs"]]
+    # a scenario's logged score stays the most probable actions'
+    refused = run_json("eval", out["parent_run_id"], "--sampled", "--scenario", "x")
+    assert refused["exit_code"] == 2 and "--sampled" in refused["errors"][0], refused
 
 
 def test_eval_repeats_the_final_evaluation_of_each_seed(trained):

@@ -135,7 +135,7 @@ def eval_(
     stop_on_sigterm()
     trust(trust_factory)
     with exit_codes(as_json):
-        recording = _recording(record, scenario, vs, seats)
+        recording = _recording(record, sampled, scenario, vs, seats)
     if vs is not None:
         _cross_play(run_id, vs, backend, seed, checkpoint, render, tracking_uri, episodes,
                     device, seats, sampled, as_json)  # fmt: skip
@@ -182,9 +182,9 @@ def eval_(
                         f"transitions) to {d['path']}")  # fmt: skip
 
 
-def _recording(record: str | None, scenario: str | None, vs: str | None, seats: str):
-    """`--record` as the evaluation takes it, or exit 2 where it or `--seats` conflict with
-    the other options."""
+def _recording(record: str | None, sampled: bool, scenario: str | None, vs: str | None, seats: str):
+    """`--record` as the evaluation takes it, or exit 2 where it, `--sampled` or `--seats`
+    conflict with the other options."""
     from marlctl.errors import SpecError
     from marlctl.evaluation import Record, check_record
 
@@ -198,6 +198,10 @@ def _recording(record: str | None, scenario: str | None, vs: str | None, seats: 
         raise SpecError.at("--record", "cross-play is not recorded: leave it out with --vs")
     if record is not None and scenario is not None:
         raise SpecError.at("--record", "a scenario's episodes are not recorded")
+    if sampled and scenario is not None:
+        raise SpecError.at(
+            "--sampled", "a scenario's score, logged to the run, is its most probable actions'"
+        )
     return None if record is None else Record(check_record(record))
 
 
