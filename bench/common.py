@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the machine line of every results table, the run of
-`marlctl ... --json`, the suites' per-seed reference values, a Markdown table and a
-Student-t interval."""
+`marlctl ... --json`, the newest finished run in a kept store, the suites' per-seed
+reference values, a Markdown table and a Student-t interval."""
 
 from __future__ import annotations
 
@@ -59,6 +59,22 @@ def marlctl_json(
     if "{" not in done.stdout:
         raise SystemExit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout[done.stdout.index("{") :]), wall
+
+
+def newest_parent_run(cwd: Path, query: str):
+    """The newest finished parent run (an `mlflow.entities.Run`) matching the MLflow filter
+    `query` in `cwd`'s store, or None."""
+    from mlflow.tracking import MlflowClient
+
+    if not (cwd / "mlflow.db").exists():
+        return None
+    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    found = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"{query} and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+    )
+    return next((r for r in found if "mlflow.parentRunId" not in r.data.tags), None)
 
 
 def table(rows: list[list[str]], header: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import json
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json, table
+from common import machine, marlctl_json, newest_parent_run, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "suites" / "jaxmarl-overcooked" / "ippo-cramped_room.yaml"
@@ -33,21 +33,9 @@ RAW = ROOT / "bench" / "results" / "overcooked_zsc.jsonl"
 def trained(cwd: Path, layout: str) -> tuple[str, dict] | None:
     """The newest finished parent run on `layout` in `cwd`'s store: (id, its parameters and
     name)."""
-    from mlflow.tracking import MlflowClient
-
-    if not (cwd / "mlflow.db").exists():
+    run = newest_parent_run(cwd, f"params.`env.id` = 'overcooked/{layout}'")
+    if run is None:
         return None
-    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_runs(
-        experiments,
-        filter_string=f"params.`env.id` = 'overcooked/{layout}' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-    )
-    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
-    if not parents:
-        return None
-    run = parents[0]
     return run.info.run_id, {**run.data.params, "name": run.data.tags.get("mlflow.runName")}
 
 

@@ -32,7 +32,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import machine, marlctl_json, random_play, table
+from common import machine, marlctl_json, newest_parent_run, random_play, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "pursuit_mappo_native.yaml"
@@ -106,25 +106,12 @@ def train(encoder: str, steps: int) -> dict:
     }
 
 
-def latest_run(encoder: str) -> str:
-    """The parent run id of the encoder's latest finished training in its store."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{WORKDIR / encoder / 'mlflow.db'}")
-    found = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()],
-        f"attributes.run_name = 'pursuit-{encoder}' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not found:
-        raise SystemExit(f"no finished pursuit-{encoder} run in {WORKDIR / encoder}")
-    return found[0].info.run_id
-
-
 def evaluate(encoder: str) -> dict:
     """Each seed of the encoder's latest run, most probable and sampled actions."""
-    run = latest_run(encoder)
+    found = newest_parent_run(WORKDIR / encoder, f"attributes.run_name = 'pursuit-{encoder}'")
+    if found is None:
+        raise SystemExit(f"no finished pursuit-{encoder} run in {WORKDIR / encoder}")
+    run = found.info.run_id
     out: dict = {"run": run, "episodes": EVAL_EPISODES}
     for mode, extra in (("greedy", []), ("sampled", ["--sampled"])):
         args = ["eval", run, "--episodes", str(EVAL_EPISODES), *extra]
