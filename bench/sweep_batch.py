@@ -16,6 +16,16 @@ its seeds' final returns. The `pbt` case trains MAPPO's space as one population
 `--scaling` first measures what a batch's size does to its throughput: one trainer of each
 case's algorithm, hyperparameters of its own per row, 2 to 16 rows, env steps per second
 of all rows together on the machine's threads (no sweep, no evaluation, no store).
+`--ceiling` measures what batching could give at best on the machine: per algorithm and row
+count, a training iteration's matrix-product arithmetic per env step, its env steps per
+second whole, and those of its matrix products alone (replayed on the same operands with
+nothing between them), beside the machine's matrix-product peak:
+
+    .venv/bin/python bench/sweep_batch.py --cases mappo,qmix,pbt --repeats 3 \
+        --reuse bench/results/sweep_batch.jsonl --jsonl bench/results/sweep_batch.jsonl --ceiling
+
+Measurements are kept in the `--jsonl` with their date and machine; without `--scaling` or
+`--ceiling` the page shows the latest kept ones.
 """
 
 from __future__ import annotations
@@ -99,11 +109,11 @@ PBT = {
 CASES = {"mappo": MAPPO, "qmix": QMIX, "pbt": PBT}
 
 
-def scaling(rows_list=(2, 4, 8, 16)) -> list[dict]:
-    """Env steps per second of one trainer with `rows` rows, all rows together, for MAPPO and
-    QMIX at the cases' settings (their `num_envs` per row)."""
+def batched_trainer(name: str, rows: int):
+    """One trainer of `name`'s case (mappo or qmix) with `rows` rows, each with a learning
+    rate of its own, on the CPU, and its env and first observation; QMIX takes gradient
+    steps from the start."""
     import tempfile
-    import time
 
     import torch
 
@@ -111,34 +121,180 @@ def scaling(rows_list=(2, 4, 8, 16)) -> list[dict]:
     from marlctl.spec import load_spec
     from marlctl.train.build import build_trainer
 
+    body = spec_for(CASES[name], "scaling", 2, 200_000, 1)
+    del body["sweep"]
+    if name == "qmix":
+        body["algo"]["learning_starts"] = 0
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "spec.yaml"
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        spec = load_spec(str(path), []).spec
+    envs = spec.hardware.num_envs
+    env = native_class(spec.env.id)(dict(spec.env.params), envs * rows, "cpu", seeds=rows)
+    own = [{"lr": 1e-4 * (i + 1)} for i in range(rows)]
+    trainer = build_trainer(spec, env.info, envs, torch.device("cpu"), 100, tuple(range(rows)), own)
+    ob = env.reset(list(range(rows)))
+    trainer.restart_episodes()
+    for _ in range(3 if name == "mappo" else 50):  # warm-up
+        ob, _ = trainer.train_iteration(env, ob)
+    return trainer, env, ob
+
+
+def timed(step, seconds: float, windows: int = 1) -> float:
+    """Seconds per call of `step`, called for about `seconds` in each of `windows` windows:
+    the fastest window's."""
+    import time
+
+    best = float("inf")
+    for _ in range(windows):
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            step()
+            count += 1
+        best = min(best, (time.perf_counter() - start) / count)
+    return best
+
+
+def iteration_seconds(trainer, env, ob, seconds: float, windows: int = 1) -> float:
+    """Seconds per training iteration of `trainer`, iterated for about `seconds` in each of
+    `windows` windows (the fastest window's)."""
+    state = {"ob": ob}
+
+    def step():
+        state["ob"], _ = trainer.train_iteration(env, state["ob"])
+
+    return timed(step, seconds, windows)
+
+
+def scaling(rows_list=(2, 4, 8, 16)) -> list[dict]:
+    """Env steps per second of one trainer with `rows` rows, all rows together, for MAPPO and
+    QMIX at the cases' settings (their `num_envs` per row)."""
     found = []
-    for name, case in (("mappo", MAPPO), ("qmix", QMIX)):
-        body = spec_for(case, "scaling", 2, 200_000, 1)
-        del body["sweep"]
-        if name == "qmix":
-            body["algo"]["learning_starts"] = 0  # gradient steps from the start
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "spec.yaml"
-            path.write_text(yaml.safe_dump(body, sort_keys=False))
-            spec = load_spec(str(path), []).spec
-        envs, params = spec.hardware.num_envs, dict(spec.env.params)
+    for name in ("mappo", "qmix"):
         for rows in rows_list:
-            env = native_class(spec.env.id)(params, envs * rows, "cpu", seeds=rows)
-            own = [{"lr": 1e-4 * (i + 1)} for i in range(rows)]
-            device = torch.device("cpu")
-            trainer = build_trainer(spec, env.info, envs, device, 100, tuple(range(rows)), own)
-            ob = env.reset(list(range(rows)))
-            trainer.restart_episodes()
-            for _ in range(3 if name == "mappo" else 50):
-                ob, _ = trainer.train_iteration(env, ob)
-            count, start = 0, time.perf_counter()
-            while time.perf_counter() - start < 10.0:
-                ob, _ = trainer.train_iteration(env, ob)
-                count += 1
-            rate = count * trainer.steps_per_iteration * rows / (time.perf_counter() - start)
+            trainer, env, ob = batched_trainer(name, rows)
+            rate = trainer.steps_per_iteration * rows / iteration_seconds(trainer, env, ob, 10.0)
             found.append({"algo": name, "rows": rows, "env_steps_per_s": rate})
             print(json.dumps(found[-1]), flush=True)
     return found
+
+
+MATRIX_PRODUCTS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+
+
+def Products():  # noqa: N802 (a class made on first use: torch is imported late here)
+    """A dispatch mode that keeps every matrix product dispatched under it, with copies of
+    its operands, to be replayed alone (`replay`)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func.overloadpacket) in MATRIX_PRODUCTS:
+                operands = [a.clone() if torch.is_tensor(a) else a for a in args]
+                self.calls.append((func, operands, dict(kwargs or {})))
+            return func(*args, **(kwargs or {}))
+
+        def replay(self):
+            for func, operands, kwargs in self.calls:
+                func(*operands, **kwargs)
+
+    return _Products()
+
+
+def ceiling(rows_list=(2, 8, 16)) -> list[dict]:
+    """What batching could give at best on this machine, per algorithm and rows: a training
+    iteration's arithmetic (floating-point operations per env step, torch's FLOP counter),
+    its env steps per second whole, and the env steps per second of its matrix products
+    alone (every product it dispatched, replayed on the same operands with nothing between
+    them); beside the machine's matrix-product peak (1024x1024 float32 products on the
+    same threads). A batch cannot step faster than its products alone, and no trainer
+    does more arithmetic per second than the peak."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    square = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    timed(lambda: torch.mm(*square), 1.0)  # the thread pool started, the clock up
+    peak = 2 * 1024**3 / timed(lambda: torch.mm(*square), 2.0, windows=3)
+    found = []
+    for name in ("mappo", "qmix"):
+        for rows in rows_list:
+            trainer, env, ob = batched_trainer(name, rows)
+            steps = trainer.steps_per_iteration * rows
+            counter, record = FlopCounterMode(display=False), Products()
+            with counter, record:
+                ob, _ = trainer.train_iteration(env, ob)
+            products = record.calls
+            whole = iteration_seconds(trainer, env, ob, 4.0, windows=3)
+            alone = timed(record.replay, 4.0, windows=3)
+            found.append(
+                {
+                    "algo": name,
+                    "rows": rows,
+                    "flop_per_env_step": counter.get_total_flops() / steps,
+                    "env_steps_per_s": steps / whole,
+                    "products": len(products),
+                    "products_env_steps_per_s": steps / alone,
+                    "peak_flop_per_s": peak,
+                    "threads": torch.get_num_threads(),
+                }
+            )
+            print(json.dumps(found[-1]), flush=True)
+    return found
+
+
+def ceiling_lines(rows: list[dict]) -> list[str]:
+    """The ceiling's table and what it says of each algorithm's batched ratio."""
+    head = rows[0]
+    lines = [
+        f"What batching can give at best (`--ceiling`), measured {head['date']} on "
+        f"{head['machine']}, {head['threads']} threads: one trainer per row count, as in "
+        "`--scaling`; each rate the fastest of three 4-second windows. A row's arithmetic is "
+        "torch's FLOP count (its matrix products) of one training iteration over its env "
+        'steps; "products alone" '
+        "replays every matrix product the iteration "
+        "dispatched, on the same operands, with nothing between them. The machine's "
+        f"matrix-product peak: {head['peak_flop_per_s'] / 1e9:.0f} GFLOP/s (1024x1024 "
+        "float32 products, the fastest of three 2-second windows).",
+        "",
+        "| algorithm | rows | MFLOP per env step | env steps/s | GFLOP/s | "
+        "products alone, env steps/s | products alone against 2 rows whole |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        mine = [r for r in rows if r["algo"] == algo]
+        base = next(r for r in mine if r["rows"] == min(m["rows"] for m in mine))
+        for r in mine:
+            lines.append(
+                f"| {algo} | {r['rows']} | {r['flop_per_env_step'] / 1e6:.2f} | "
+                f"{r['env_steps_per_s']:,.0f} | "
+                f"{r['flop_per_env_step'] * r['env_steps_per_s'] / 1e9:.1f} | "
+                f"{r['products_env_steps_per_s']:,.0f} | "
+                f"{r['products_env_steps_per_s'] / base['env_steps_per_s']:.1f}x |"
+            )
+    lines.append("")
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        mine = [r for r in rows if r["algo"] == algo]
+        base = next(r for r in mine if r["rows"] == min(m["rows"] for m in mine))
+        best = max(mine, key=lambda r: r["products_env_steps_per_s"])
+        rate = base["flop_per_env_step"] * base["env_steps_per_s"]
+        share, most = rate / base["peak_flop_per_s"], base["peak_flop_per_s"] / rate
+        alone = best["products_env_steps_per_s"]
+        lines.append(
+            f"- **{algo}**: a trial alone ({base['rows']} rows) already computes at "
+            f"{rate / 1e9:.1f} GFLOP/s in its matrix products, {share:.0%} of the peak: were "
+            "a batch's products to run at the peak and nothing else to take any time, it "
+            f"would step {most:.1f}x as fast. Its matrix products alone, at their best "
+            f"({best['rows']} rows), step {alone:,.0f} env steps/s, "
+            f"{alone / base['env_steps_per_s']:.1f}x the trial alone whole: the most a "
+            "batch's training can gain while its products run as torch's CPU kernels run "
+            "them, before its other operations and the sweep's evaluations are counted."
+        )
+    return [*lines, ""]
 
 
 def spec_for(
@@ -280,20 +436,36 @@ def main() -> None:
     )
     parser.add_argument("--scaling", action="store_true", help="measure rows' throughput first")
     parser.add_argument(
+        "--ceiling", action="store_true", help="measure what batching can give at best first"
+    )
+    parser.add_argument(
         "--reuse", type=Path, help="a --jsonl of earlier studies: the same studies are not rerun"
     )
     args = parser.parse_args()
     earlier = []
     if args.reuse and args.reuse.exists():
         earlier = [json.loads(line) for line in args.reuse.read_text().splitlines() if line]
-    # Measured now, or read back: the --jsonl keeps a scaling measurement's rows too.
-    scaled = [r for r in earlier if r.get("scaling")]
-    earlier = [r for r in earlier if not r.get("scaling")]
-    if args.scaling:
-        scaled = [{**r, "scaling": True} for r in scaling()]
+    # Measured now, or read back: the --jsonl keeps the scaling and ceiling measurements'
+    # rows too, each with its date and machine.
+    here = {"date": str(date.today()), "machine": machine(args.device)}
+    # The latest measurement of each algorithm and row count.
+    scaled = list({(r["algo"], r["rows"]): r for r in earlier if r.get("scaling")}.values())
+    capped = list({(r["algo"], r["rows"]): r for r in earlier if r.get("ceiling")}.values())
+    earlier = [r for r in earlier if not r.get("scaling") and not r.get("ceiling")]
+    for wanted, measure, key in (
+        (args.scaling, scaling, "scaling"),
+        (args.ceiling, ceiling, "ceiling"),
+    ):
+        if not wanted:
+            continue
+        found = [{**r, key: True, **here} for r in measure()]
+        if key == "scaling":
+            scaled = found
+        else:
+            capped = found
         if args.jsonl:
             with args.jsonl.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in scaled)
+                f.writelines(json.dumps(r) + "\n" for r in found)
     rows = []
     for case_name in args.cases.split(","):
         case = CASES[case_name]
@@ -310,17 +482,22 @@ def main() -> None:
             if same:
                 rows.append(same[-1])
                 continue
-            row = run(case_name, trials, steps, batch, seed, args.device) | {"busy": args.busy}
+            row = run(case_name, trials, steps, batch, seed, args.device)
+            row |= {"busy": args.busy, **here}
             print(json.dumps(row), flush=True)
             rows.append(row)
             if args.jsonl:
                 with args.jsonl.open("a") as f:
                     f.write(json.dumps(row) + "\n")
     command = " ".join([".venv/bin/python bench/sweep_batch.py", *sys.argv[1:]])
+    measured = dict.fromkeys(f"{r['date']} on {r['machine']}" for r in rows + scaled if "date" in r)
+    when = "; ".join(measured) or f"{here['date']} on {here['machine']}"
     lines = [
         "# Sweep: trials one at a time against trials trained as one batch",
         "",
-        f"Measured {date.today()} with `{command}` on {machine(args.device)}.",
+        f"Written by `{command}`. The studies"
+        + (" and the scaling" if scaled else "")
+        + f" were measured {when}.",
         "",
         "Each study runs through `marlctl sweep`, one worker, TPE (seed 0, 5 startup trials, "
         "constant liar), no pruner, so that every trial trains its whole budget; the two "
@@ -352,6 +529,8 @@ def main() -> None:
             rates = [f"{s['env_steps_per_s']:,.0f}" for s in scaled if s["algo"] == algo]
             lines.append(f"| {algo} | " + " | ".join(rates) + " |")
         lines.append("")
+    if capped:
+        lines += ceiling_lines(capped)
     lines += ["Best parameters found:", ""]
     for r in rows:
         lines.append(f"- {r['case']}, batch {r['batch']}: `{json.dumps(r['best_params'])}`")
