@@ -43,6 +43,17 @@ class Point:
     # their seconds: not counted in `seconds` either.
     fill_iterations: int = 0
     fill_s: float = 0.0
+    # A training point's arithmetic: floating-point operations per env step (an offline
+    # spec's: per gradient step) in matrix products and convolutions, forward and backward,
+    # as torch counts them over the untimed warm-up iteration. None for env points and for
+    # compiled or captured iterations, whose operations torch does not dispatch one by one.
+    flop_per_step: float | None = None
+
+    @property
+    def flop_per_s(self) -> float | None:
+        """The arithmetic rate the point reached: what its cores or device did per second
+        in matrix products and convolutions."""
+        return None if self.flop_per_step is None else self.flop_per_step * self.env_steps_per_s
 
     @property
     def per_seed(self) -> float:
@@ -74,6 +85,7 @@ class BenchResult:
         data["suggested_num_envs"] = best_train.num_envs if best_train else None
         for point, row in zip(self.points, data["points"], strict=True):
             row["env_steps_per_s_per_seed"] = point.per_seed
+            row["flop_per_s"] = point.flop_per_s
         return data
 
 
@@ -246,16 +258,39 @@ def _train_point(
         filled = time.perf_counter() - start
         if graph and trainer.graph.failed:
             mode = f"eager (capture failed: {trainer.graph.failed})"
-        iters, elapsed, slow, warm = timing.timed(iteration, seconds, device, warmup=1)
+        counted: list[float] = []
+
+        def counted_first() -> None:
+            # The warm-up call, untimed, counts an eager iteration's arithmetic.
+            if mode == "eager" and not counted:
+                counted.append(_iteration_flop(iteration))
+            else:
+                iteration()
+
+        iters, elapsed, slow, warm = timing.timed(counted_first, seconds, device, warmup=1)
+        flop = counted[0] if counted else None
     finally:
         env.close()
-    rate = iters * trainer.steps_per_iteration * len(seeds) / elapsed
+    steps = trainer.steps_per_iteration * len(seeds)
+    rate = iters * steps / elapsed
     compile_s = _compile_seconds(warm, 1, iters, elapsed) if mode != "eager" else 0.0
     capture_s = trainer.graph.capture_seconds if graph else 0.0
     return Point(
         "train", num_envs, rate, rate * info.n_agents, _peak_mb(device), elapsed, len(seeds),
         slow, mode, compile_s + capture_s, filling, filled,
+        None if flop is None else flop / steps,
     )  # fmt: skip
+
+
+def _iteration_flop(iteration: Callable[[], None]) -> float:
+    """Floating-point operations of one call of `iteration`, in matrix products and
+    convolutions (torch's FLOP counter: what it has formulas for)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        iteration()
+    return float(counter.get_total_flops())
 
 
 def _compile_seconds(warm: float, warmup: int, calls: int, elapsed: float) -> float:

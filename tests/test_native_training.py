@@ -146,6 +146,32 @@ def test_bench_measures_env_and_training_and_suggests_num_envs(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()  # bench tracks nothing
 
 
+def test_bench_counts_a_training_iteration_s_arithmetic(tmp_path):
+    """A train point's matrix-product arithmetic per env step: the same at every num_envs
+    (MAPPO's work per env step does not depend on it), growing by the same amount with each
+    added epoch (the rollout's share counted once), and none for env stepping."""
+    spec = write_spec(tmp_path, native_spec(tmp_path))
+    per_epochs = {}
+    for epochs in (2, 4, 6):
+        data = run_json("bench", str(spec), f"algo.epochs={epochs}", "--num-envs", "8,32",
+                        "--seconds", "0.2")  # fmt: skip
+        assert data["exit_code"] == 0, data
+        env = [p for p in data["points"] if p["kind"] == "env"]
+        train = [p for p in data["points"] if p["kind"] == "train"]
+        assert all(p["flop_per_step"] is None and p["flop_per_s"] is None for p in env)
+        assert train[0]["flop_per_step"] > 0
+        assert train[1]["flop_per_step"] == pytest.approx(train[0]["flop_per_step"], rel=1e-9)
+        for p in train:
+            assert p["flop_per_s"] == pytest.approx(p["flop_per_step"] * p["env_steps_per_s"])
+        per_epochs[epochs] = train[0]["flop_per_step"]
+    two_more = per_epochs[6] - per_epochs[4]
+    assert two_more > 0
+    assert per_epochs[4] - per_epochs[2] == pytest.approx(two_more, rel=1e-9)
+    assert per_epochs[2] > two_more  # the rollout's forward passes, counted once
+    result = run_cli("bench", str(spec), "--num-envs", "8", "--seconds", "0.2")
+    assert "MFLOP per step: matrix products and convolutions" in result.output
+
+
 def test_bench_skips_sizes_past_one_that_outlasts_the_budget(tmp_path):
     """A point whose one training iteration takes longer than --seconds is measured once,
     and the larger sizes are skipped and named, so a point costs a few budgets at most."""

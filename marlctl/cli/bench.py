@@ -71,16 +71,24 @@ def bench(
     if not as_json:
         batched = any(p.seeds > 1 for p in result.points)
         graphs = any(p.mode != "eager" for p in result.points)
+        counted = any(p.flop_per_step is not None for p in result.points)
         unit, offline = result.unit, result.unit != "env steps"
+        step = unit.removesuffix("s")  # "env step", "gradient step"
         columns = ["measure", "num_envs", f"{unit}/s",
                    *([] if offline else ["agent steps/s"]), "peak memory MB"]  # fmt: skip
         table = Table(
             *columns,
             *(["seeds", f"{unit}/s per seed"] if batched else []),
+            *([f"MFLOP per {step}", "GFLOP/s"] if counted else []),
             *(["mode", "compile s"] if graphs else []),
         )
         for p in result.points:
             extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []
+            if counted:
+                arithmetic = ["", ""]
+                if p.flop_per_step is not None:
+                    arithmetic = [f"{p.flop_per_step / 1e6:,.2f}", f"{p.flop_per_s / 1e9:,.1f}"]
+                extra = arithmetic + extra
             row = [
                 p.kind,
                 str(p.num_envs),
@@ -101,6 +109,14 @@ def bench(
             output.out.print(
                 f"fastest training: hardware.num_envs={best.num_envs} "
                 f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if counted:
+            output.out.print(
+                "MFLOP per step: matrix products and convolutions, forward and backward, of "
+                "one eager training iteration over its steps (torch's FLOP counter); GFLOP/s: "
+                "the rate the training reached in them",
                 highlight=False,
                 soft_wrap=True,
             )
