@@ -9,14 +9,23 @@ a small cnn encoder, the red army learning against random blue agents
 costs twice the env's own steps.
 Writes `bench/results/magent2_battle.md`.
 
+`--learn` runs `specs/magent2_battle_mappo.yaml` instead (MAPPO, the red army learning
+against random blue agents on a 25x25 map, 3 seeds) at `--steps` env steps per seed, and
+reads each seed's final evaluation win rate; beside it, the red army's win rate when both
+armies act at random (`--episodes` battles, the same rule: more agents left at the end).
+Each measurement is kept in `bench/results/magent2_battle_learning.jsonl` with its date and
+machine; writes `bench/results/magent2_battle_learning.md`.
+
     .venv/bin/python bench/magent2_battle.py                    # every map size
     .venv/bin/python bench/magent2_battle.py --maps 50 --seconds 20
+    .venv/bin/python bench/magent2_battle.py --learn            # 200k env steps per seed
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from datetime import date
 from pathlib import Path
@@ -28,6 +37,9 @@ from common import machine, marlctl_json
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "magent2_battle.md"
 WORKDIR = ROOT / "bench" / "runs" / "magent2"
+LEARN_SPEC = ROOT / "specs" / "magent2_battle_mappo.yaml"
+LEARN_OUT = ROOT / "bench" / "results" / "magent2_battle_learning.md"
+LEARN_JSONL = ROOT / "bench" / "results" / "magent2_battle_learning.jsonl"
 MAPS = (25, 50, 70, 100, 112)  # 20, 100, 196, 400 and 484 agents per army
 TRAIN = {
     "algo": {"name": "ippo", "rollout_steps": 32, "epochs": 2, "minibatches": 2},
@@ -79,12 +91,105 @@ def train_rate(map_size: int, steps: int) -> float:
     return float(summary["runs"][0]["steps_per_s"])
 
 
+def random_wins(params: dict, episodes: int, seed: int = 0) -> float:
+    """The red army's win rate when both armies act uniformly at random, by the rule a run's
+    `win_rate` uses (marlctl's env slice, `wins_for="red"`)."""
+    from marlctl.envs.pettingzoo import EnvSlice
+    from marlctl.envs.probe import probe
+
+    info = probe("magent2/battle", params)
+    envs = EnvSlice("magent2/battle", params, info, 1, wins_for="red")
+    rng = np.random.default_rng(seed)
+    envs.reset(seed)
+    won = ended = 0
+    while ended < episodes:
+        actions = {g.name: rng.integers(g.n_actions, size=(1, g.n_agents)) for g in info.groups}
+        _, rew, _ = envs.step(actions)
+        if rew["terminated"][0] or rew["truncated"][0]:
+            ended += 1
+            won += int(rew["won"][0])
+    envs.close()
+    return won / episodes
+
+
+def learn(steps: int, episodes: int) -> dict:
+    """MAPPO's red army against random blue agents: each seed's final evaluation win rate and
+    the run's env steps per second; and random play's win rate."""
+    from mlflow.tracking import MlflowClient
+
+    from marlctl.spec import load_spec
+
+    folder = WORKDIR / "learn"
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [f"train.total_env_steps={steps}"]
+    spec = load_spec(str(LEARN_SPEC), overrides).spec
+    summary, wall = marlctl_json(["run", str(LEARN_SPEC), *overrides], folder, "battle-learn")
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    runs = summary["runs"]
+    return {
+        "steps": steps,
+        "map_size": spec.env.params["map_size"],
+        "seeds": [r["seed"] for r in runs],
+        "win_rates": [client.get_run(r["run_id"]).data.metrics["eval/win_rate"] for r in runs],
+        "eval_episodes": spec.train.eval_episodes,
+        "steps_per_s": [float(r["steps_per_s"]) for r in runs],
+        "wall_s": wall,
+        "random_win_rate": random_wins(dict(spec.env.params), episodes),
+        "random_episodes": episodes,
+    }
+
+
+def learn_page(rows: list[dict], command: str) -> list[str]:
+    r = rows[-1]
+    rates = ", ".join(f"{w:.2f}" for w in r["win_rates"])
+    return [
+        "# MAgent2 battle: MAPPO against a random army",
+        "",
+        f"Measured {r['date']} with `{command}` on {r['machine']}.",
+        "",
+        f"`marlctl run specs/magent2_battle_mappo.yaml train.total_env_steps={r['steps']}`: "
+        f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "
+        "20 blue agents that act uniformly at random; each agent's 13x13 view through a cnn "
+        "encoder (16 and 32 channels of 3x3), the critic convolving the map. An army wins a "
+        "battle that ends with more of its agents left than the other's. Win rate: each "
+        f"seed's final evaluation, {r['eval_episodes']} battles with its most probable "
+        f"actions. Random play: both armies at random, {r['random_episodes']} battles.",
+        "",
+        "| red army | env steps per seed | win rate per seed | mean win rate | "
+        "env steps/s per seed |",
+        "|---|---|---|---|---|",
+        f"| MAPPO | {r['steps']:,} | {rates} | {statistics.fmean(r['win_rates']):.2f} | "
+        f"{statistics.fmean(r['steps_per_s']):,.0f} |",
+        f"| random | - | - | {r['random_win_rate']:.2f} | - |",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--maps", default=",".join(map(str, MAPS)))
     parser.add_argument("--seconds", type=float, default=10.0, help="the env alone, per map")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--learn", action="store_true", help="MAPPO against a random army")
+    parser.add_argument("--steps", type=int, default=200_000, help="--learn: per seed")
+    parser.add_argument("--episodes", type=int, default=200, help="--learn: random battles")
+    parser.add_argument("--table", action="store_true", help="--learn: rewrite the page only")
     args = parser.parse_args()
+    if args.learn:
+        rows = [json.loads(line) for line in LEARN_JSONL.read_text().splitlines()] if (
+            LEARN_JSONL.exists()) else []  # fmt: skip
+        if not args.table:
+            row = learn(args.steps, args.episodes)
+            row |= {"date": str(date.today()), "machine": machine("cpu")}
+            print(json.dumps(row), flush=True)
+            with LEARN_JSONL.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            rows.append(row)
+        command = ".venv/bin/python bench/magent2_battle.py --learn " + (
+            f"--steps {rows[-1]['steps']} --episodes {rows[-1]['random_episodes']}"
+        )
+        LEARN_OUT.write_text("\n".join(learn_page(rows, command)) + "\n")
+        print(f"wrote {LEARN_OUT}")
+        return
     rows = []
     for map_size in (int(m) for m in args.maps.split(",")):
         agents, alone = env_rate(map_size, args.seconds)

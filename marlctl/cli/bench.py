@@ -68,60 +68,67 @@ def bench(
     best = result.best("train")
     if best is not None:
         data["suggestion_note"] = learning_note(loaded.spec, best.num_envs)
-    if not as_json:
-        batched = any(p.seeds > 1 for p in result.points)
-        graphs = any(p.mode != "eager" for p in result.points)
-        counted = any(p.flop_per_step is not None for p in result.points)
-        unit, offline = result.unit, result.unit != "env steps"
-        step = unit.removesuffix("s")  # "env step", "gradient step"
-        columns = ["measure", "num_envs", f"{unit}/s",
-                   *([] if offline else ["agent steps/s"]), "peak memory MB"]  # fmt: skip
-        table = Table(
-            *columns,
-            *(["seeds", f"{unit}/s per seed"] if batched else []),
-            *([f"MFLOP per {step}", "GFLOP/s"] if counted else []),
-            *(["mode", "compile s"] if graphs else []),
-        )
-        for p in result.points:
-            extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []
-            if counted:
-                arithmetic = ["", ""]
-                if p.flop_per_step is not None:
-                    arithmetic = [f"{p.flop_per_step / 1e6:,.2f}", f"{p.flop_per_s / 1e9:,.1f}"]
-                extra = arithmetic + extra
-            row = [
-                p.kind,
-                str(p.num_envs),
-                f"{p.env_steps_per_s:,.0f}",
-                *([] if offline else [f"{p.agent_steps_per_s:,.0f}"]),
-                f"{p.peak_memory_mb:,.0f}",
-            ]
-            table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []), *extra)
-        output.out.print(table)
-        if result.skipped:
-            output.out.print(
-                f"not measured: {', '.join(result.skipped)} (one call of a smaller size took "
-                f"longer than --seconds {seconds:g}; pass --num-envs to measure them)",
-                highlight=False,
-                soft_wrap=True,
-            )
-        if best is not None and not offline:
-            output.out.print(
-                f"fastest training: hardware.num_envs={best.num_envs} "
-                f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",
-                highlight=False,
-                soft_wrap=True,
-            )
-        if counted:
-            output.out.print(
-                "MFLOP per step: matrix products and convolutions, forward and backward, of "
-                "one eager training iteration over its steps (torch's FLOP counter); GFLOP/s: "
-                "the rate the training reached in them",
-                highlight=False,
-                soft_wrap=True,
-            )
-    else:
+    if as_json:
         emit_json(data)
+    else:
+        _print(result, data, seconds)
+
+
+def _print(result, data: dict, seconds: float) -> None:
+    """The measurements as a table, the sizes not measured, the fastest training size and
+    what the arithmetic columns count."""
+    best = result.best("train")
+    batched = any(p.seeds > 1 for p in result.points)
+    graphs = any(p.mode != "eager" for p in result.points)
+    counted = any(p.flop_per_step is not None for p in result.points)
+    unit, offline = result.unit, result.unit != "env steps"
+    step = unit.removesuffix("s")  # "env step", "gradient step"
+    columns = ["measure", "num_envs", f"{unit}/s",
+               *([] if offline else ["agent steps/s"]), "peak memory MB"]  # fmt: skip
+    table = Table(
+        *columns,
+        *(["seeds", f"{unit}/s per seed"] if batched else []),
+        *([f"MFLOP per {step}", "GFLOP/s"] if counted else []),
+        *(["mode", "compile s"] if graphs else []),
+    )
+    for p in result.points:
+        extra = [p.mode, f"{p.compile_s:.2f}" if p.compile_s else ""] if graphs else []
+        if counted:
+            arithmetic = ["", ""]
+            if p.flop_per_step is not None:
+                arithmetic = [f"{p.flop_per_step / 1e6:,.2f}", f"{p.flop_per_s / 1e9:,.1f}"]
+            extra = arithmetic + extra
+        row = [
+            p.kind,
+            str(p.num_envs),
+            f"{p.env_steps_per_s:,.0f}",
+            *([] if offline else [f"{p.agent_steps_per_s:,.0f}"]),
+            f"{p.peak_memory_mb:,.0f}",
+        ]
+        table.add_row(*row, *([str(p.seeds), f"{p.per_seed:,.0f}"] if batched else []), *extra)
+    output.out.print(table)
+    if result.skipped:
+        output.out.print(
+            f"not measured: {', '.join(result.skipped)} (one call of a smaller size took "
+            f"longer than --seconds {seconds:g}; pass --num-envs to measure them)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if best is not None and not offline:
+        output.out.print(
+            f"fastest training: hardware.num_envs={best.num_envs} "
+            f"({best.env_steps_per_s:,.0f} env steps/s); {data['suggestion_note']}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if counted:
+        output.out.print(
+            "MFLOP per step: matrix products and convolutions, forward and backward, of "
+            "one eager training iteration over its steps (torch's FLOP counter); GFLOP/s: "
+            "the rate the training reached in them",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
