@@ -121,12 +121,16 @@ def learn(steps: int, episodes: int) -> dict:
 
     folder = WORKDIR / "learn"
     folder.mkdir(parents=True, exist_ok=True)
-    overrides = [f"train.total_env_steps={steps}"]
+    # Two seeds at once, one core each: the env steps on the core of its run's process.
+    overrides = [f"train.total_env_steps={steps}", "hardware.parallel_runs=2"]
+    if steps < load_spec(str(LEARN_SPEC), []).spec.train.eval_every:  # a short check
+        overrides.append(f"train.eval_every={steps}")
     spec = load_spec(str(LEARN_SPEC), overrides).spec
     summary, wall = marlctl_json(["run", str(LEARN_SPEC), *overrides], folder, "battle-learn")
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     runs = summary["runs"]
     return {
+        "overrides": overrides,
         "steps": steps,
         "map_size": spec.env.params["map_size"],
         "seeds": [r["seed"] for r in runs],
@@ -147,7 +151,7 @@ def learn_page(rows: list[dict], command: str) -> list[str]:
         "",
         f"Measured {r['date']} with `{command}` on {r['machine']}.",
         "",
-        f"`marlctl run specs/magent2_battle_mappo.yaml train.total_env_steps={r['steps']}`: "
+        f"`marlctl run specs/magent2_battle_mappo.yaml {' '.join(r['overrides'])}`: "
         f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "
         "20 blue agents that act uniformly at random; each agent's 13x13 view through a cnn "
         "encoder (16 and 32 channels of 3x3), the critic convolving the map. An army wins a "

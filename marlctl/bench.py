@@ -9,6 +9,11 @@ On a GPU, unless `hardware.compile=false`, every point is measured twice: as the
 without capture, and captured as a CUDA graph (`marlctl.train.capture`). With
 `hardware.compile=true` the networks and the env's step are compiled in both. The time spent
 compiling and capturing is reported apart from the throughput.
+
+An eager training point also counts its arithmetic, in its untimed warm-up iteration: the
+floating-point operations of its matrix products and convolutions per env step (torch's FLOP
+counter), and so the rate it reached in them. Beside the device's peak, that says whether a
+run is bound by its arithmetic (a larger batch or a GPU helps) or by everything around it.
 """
 
 from __future__ import annotations
