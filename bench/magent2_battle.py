@@ -18,7 +18,8 @@ machine; writes `bench/results/magent2_battle_learning.md`.
 
     .venv/bin/python bench/magent2_battle.py                    # every map size
     .venv/bin/python bench/magent2_battle.py --maps 50 --seconds 20
-    .venv/bin/python bench/magent2_battle.py --learn            # 200k env steps per seed
+    .venv/bin/python bench/magent2_battle.py --learn            # 100k env steps per seed, 25 min
+    .venv/bin/python bench/magent2_battle.py --learn --env-param attack_penalty=0.0
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def random_wins(params: dict, episodes: int, seed: int = 0) -> float:
     return won / episodes
 
 
-def learn(steps: int, episodes: int) -> dict:
-    """MAPPO's red army against random blue agents: each seed's final evaluation win rate and
+def learn(steps: int, episodes: int, env_params: list[str]) -> dict:
+    """MAPPO's red army against random blue agents (the env's parameters changed by
+    `env_params`, KEY=VALUE): each seed's first (untrained) and final evaluation win rate and
     the run's env steps per second; and random play's win rate."""
     from mlflow.tracking import MlflowClient
 
@@ -123,18 +125,25 @@ def learn(steps: int, episodes: int) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     # Two seeds at once, one core each: the env steps on the core of its run's process.
     overrides = [f"train.total_env_steps={steps}", "hardware.parallel_runs=2"]
+    overrides += [f"+env.params.{item}" for item in env_params]
     if steps < load_spec(str(LEARN_SPEC), []).spec.train.eval_every:  # a short check
         overrides.append(f"train.eval_every={steps}")
     spec = load_spec(str(LEARN_SPEC), overrides).spec
     summary, wall = marlctl_json(["run", str(LEARN_SPEC), *overrides], folder, "battle-learn")
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     runs = summary["runs"]
+
+    def first(run_id: str) -> float:
+        return client.get_metric_history(run_id, "eval/win_rate")[0].value
+
     return {
         "overrides": overrides,
         "steps": steps,
         "map_size": spec.env.params["map_size"],
         "seeds": [r["seed"] for r in runs],
+        "env_params": env_params,
         "win_rates": [client.get_run(r["run_id"]).data.metrics["eval/win_rate"] for r in runs],
+        "untrained_win_rates": [first(r["run_id"]) for r in runs],
         "eval_episodes": spec.train.eval_episodes,
         "steps_per_s": [float(r["steps_per_s"]) for r in runs],
         "wall_s": wall,
@@ -143,29 +152,42 @@ def learn(steps: int, episodes: int) -> dict:
     }
 
 
-def learn_page(rows: list[dict], command: str) -> list[str]:
-    r = rows[-1]
-    rates = ", ".join(f"{w:.2f}" for w in r["win_rates"])
-    return [
+def learn_page(rows: list[dict]) -> list[str]:
+    """The latest row of each set of env parameters, the default rewards first."""
+    latest = {tuple(r["env_params"]): r for r in rows}
+    rows = sorted(latest.values(), key=lambda r: len(r["env_params"]))
+    r = rows[0]
+    when = "; ".join(dict.fromkeys(f"{x['date']} on {x['machine']}" for x in rows))
+    lines = [
         "# MAgent2 battle: MAPPO against a random army",
         "",
-        f"Measured {r['date']} with `{command}` on {r['machine']}.",
+        "Written by `.venv/bin/python bench/magent2_battle.py --learn [--env-param KEY=VALUE]`"
+        f" (`--table` rewrites it from the kept rows); measured {when}.",
         "",
-        f"`marlctl run specs/magent2_battle_mappo.yaml {' '.join(r['overrides'])}`: "
+        "`marlctl run specs/magent2_battle_mappo.yaml` with each row's overrides: "
         f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "
         "20 blue agents that act uniformly at random; each agent's 13x13 view through a cnn "
         "encoder (16 and 32 channels of 3x3), the critic convolving the map. An army wins a "
         "battle that ends with more of its agents left than the other's. Win rate: each "
         f"seed's final evaluation, {r['eval_episodes']} battles with its most probable "
-        f"actions. Random play: both armies at random, {r['random_episodes']} battles.",
+        f"actions; untrained: the same seed's evaluation before its first update. Random "
+        f"play: both armies at random, {r['random_episodes']} battles. The env's rewards "
+        "(battle_v4's defaults): 5 for a kill, 0.2 for attacking an opponent, -0.1 for any "
+        "attack, -0.1 for dying, -0.005 a step; a row's `env.params` change them.",
         "",
-        "| red army | env steps per seed | win rate per seed | mean win rate | "
-        "env steps/s per seed |",
-        "|---|---|---|---|---|",
-        f"| MAPPO | {r['steps']:,} | {rates} | {statistics.fmean(r['win_rates']):.2f} | "
-        f"{statistics.fmean(r['steps_per_s']):,.0f} |",
-        f"| random | - | - | {r['random_win_rate']:.2f} | - |",
+        "| red army | overrides | untrained, per seed | final win rate, per seed | mean | "
+        "env steps/s per seed | random play |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for r in rows:
+        rates = ", ".join(f"{w:.2f}" for w in r["win_rates"])
+        untrained = ", ".join(f"{w:.2f}" for w in r["untrained_win_rates"])
+        lines.append(
+            f"| MAPPO | `{' '.join(r['overrides'])}` | {untrained} | {rates} | "
+            f"{statistics.fmean(r['win_rates']):.2f} | {statistics.fmean(r['steps_per_s']):,.0f}"
+            f" | {r['random_win_rate']:.2f} |"
+        )
+    return lines
 
 
 def main() -> None:
@@ -174,24 +196,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="the env alone, per map")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--learn", action="store_true", help="MAPPO against a random army")
-    parser.add_argument("--steps", type=int, default=200_000, help="--learn: per seed")
+    parser.add_argument("--steps", type=int, default=100_000, help="--learn: per seed")
     parser.add_argument("--episodes", type=int, default=200, help="--learn: random battles")
     parser.add_argument("--table", action="store_true", help="--learn: rewrite the page only")
+    parser.add_argument(
+        "--env-param", action="append", default=[], help="--learn: KEY=VALUE, an env parameter"
+    )
     args = parser.parse_args()
     if args.learn:
         rows = [json.loads(line) for line in LEARN_JSONL.read_text().splitlines()] if (
             LEARN_JSONL.exists()) else []  # fmt: skip
         if not args.table:
-            row = learn(args.steps, args.episodes)
+            row = learn(args.steps, args.episodes, args.env_param)
             row |= {"date": str(date.today()), "machine": machine("cpu")}
             print(json.dumps(row), flush=True)
             with LEARN_JSONL.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             rows.append(row)
-        command = ".venv/bin/python bench/magent2_battle.py --learn " + (
-            f"--steps {rows[-1]['steps']} --episodes {rows[-1]['random_episodes']}"
-        )
-        LEARN_OUT.write_text("\n".join(learn_page(rows, command)) + "\n")
+        LEARN_OUT.write_text("\n".join(learn_page(rows)) + "\n")
         print(f"wrote {LEARN_OUT}")
         return
     rows = []

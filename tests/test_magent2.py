@@ -87,3 +87,34 @@ def test_a_run_against_a_scripted_army_logs_its_win_rate(tmp_path):
     metrics = client().get_run(out["runs"][0]["run_id"]).data.metrics
     assert 0.0 <= metrics["eval/win_rate"] <= 1.0  # blue's, the learning army
     assert 0.0 <= metrics["train/win_rate"] <= 1.0
+
+
+def test_the_global_state_holds_when_an_army_is_wiped_out():
+    """magent2's own `state()` fails once an army has no agent left (the end of a battle won
+    by elimination); marlctl's env gives the map with that army's layers empty, and the
+    package's state while both armies stand."""
+    import numpy as np
+
+    from marlctl.envs.registry import make_env
+
+    env = make_env(BATTLE["id"], BATTLE["params"])
+    env.reset(seed=0)
+    raw = env.unwrapped
+    assert np.array_equal(raw.state(), type(raw).state(raw))  # the package's, both standing
+    red_handle, blue_handle = raw.handles
+    red = raw.env.get_pos(red_handle)
+    raw.env.reset()  # the map emptied, then only the red army put back
+    raw.env.add_agents(red_handle, method="custom", pos=[[int(x), int(y), 0] for x, y in red])
+    assert raw.env.get_num(blue_handle) == 0 and raw.env.get_num(red_handle) == len(red) > 0
+    with pytest.raises(ValueError):
+        type(raw).state(raw)  # the package's own
+    state = raw.state()
+    assert np.array_equal(state[..., 0], raw.base_state[..., 0])  # the walls
+    layer = 1 + red_handle.value * 2
+    assert {(int(x), int(y)) for x, y in zip(*np.nonzero(state[..., layer]), strict=True)} == {
+        (int(x), int(y)) for x, y in red
+    }
+    assert (state[..., layer + 1] > 0).sum() == len(red)  # their health
+    blue = 1 + blue_handle.value * 2
+    assert not state[..., blue].any() and not state[..., blue + 1].any()
+    env.close()

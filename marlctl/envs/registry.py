@@ -294,11 +294,12 @@ DRAWN_ONLY_WHEN_RENDERED = (
 
 
 def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None) -> Any:
+    from marlctl.envs.magent2 import whole_state
     from marlctl.envs.screens import share_screen
 
     entry = lookup(env_id)
     env = as_parallel(resolve_factory(entry)(**factory_kwargs(entry, params, render_mode)))
-    return share_screen(env, entry.factory)
+    return whole_state(share_screen(env, entry.factory), entry.factory)
 
 
 def factory_kwargs(entry: EnvEntry, params: dict[str, Any], render_mode: str | None = None):

@@ -1,0 +1,58 @@
+"""MAgent2's global state once an army is wiped out.
+
+magent2 0.3.4's `state()` marks every army's agents on the map with `zip(*positions)`, which
+fails (`ValueError: not enough values to unpack`) when an army has no agent left: the last
+step of every battle won by elimination. A run whose critic reads the state (MAPPO, the value
+mixers) would fail there. `whole_state` gives the raw env a `state` that leaves an empty
+army's layers empty, as the map shows it, and is the package's own otherwise.
+
+Pure: imports numpy.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import numpy as np
+
+
+def whole_state(env: Any, factory: str) -> Any:
+    """`env`, its raw env's `state` keeping an emptied army's layers empty where `factory` is
+    one of magent2's; others as they are."""
+    if not factory.startswith("magent2."):
+        return env
+    raw = env.unwrapped
+    package_state = raw.state
+
+    def state(self) -> np.ndarray:
+        if all(len(self.env.get_pos(handle)) for handle in self._all_handles):
+            return package_state()
+        return _state_without_empty_armies(self)
+
+    raw.state = types.MethodType(state, raw)
+    return env
+
+
+def _state_without_empty_armies(raw: Any) -> np.ndarray:
+    """magent2's `magent_parallel_env.state`, an army with no agent left skipped."""
+    state = np.copy(raw.base_state)
+    for handle in raw._all_handles:
+        pos = raw.env.get_pos(handle)
+        if len(pos) == 0:
+            continue
+        view, features = raw.env.get_observation(handle)
+        pos_x, pos_y = pos[:, 0], pos[:, 1]
+        state[pos_x, pos_y, 1 + handle.value * 2] = 1
+        state[pos_x, pos_y, 2 + handle.value * 2] = view[
+            :, view.shape[1] // 2, view.shape[2] // 2, 2
+        ]
+        if raw.extra_features:
+            width = state.shape[2] - (
+                1 + len(raw.team_sizes) * 2 + features.shape[1] - raw._minimap_features
+            )
+            rewards = features[:, -1 - raw._minimap_features].reshape(-1, 1)
+            actions = features[:, : -1 - raw._minimap_features]
+            actions = np.concatenate((actions, np.zeros((features.shape[0], width))), axis=1)
+            state[pos_x, pos_y, 1 + len(raw.team_sizes) * 2 :] = np.hstack((actions, rewards))
+    return state
