@@ -132,6 +132,9 @@ def learn(steps: int, episodes: int, env_params: list[str]) -> dict:
     summary, wall = marlctl_json(["run", str(LEARN_SPEC), *overrides], folder, "battle-learn")
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     runs = summary["runs"]
+    failed = [f"seed {r['seed']}: {r.get('error')}" for r in runs if r["status"] != "FINISHED"]
+    if failed:
+        raise SystemExit("battle-learn: a run did not finish: " + "; ".join(failed))
 
     def first(run_id: str) -> float:
         return client.get_metric_history(run_id, "eval/win_rate")[0].value
@@ -157,7 +160,10 @@ def learn_page(rows: list[dict]) -> list[str]:
     latest = {tuple(r["env_params"]): r for r in rows}
     rows = sorted(latest.values(), key=lambda r: len(r["env_params"]))
     r = rows[0]
-    when = "; ".join(dict.fromkeys(f"{x['date']} on {x['machine']}" for x in rows))
+    machines = dict.fromkeys(x["machine"] for x in rows)
+    dates = " and ".join(dict.fromkeys(x["date"] for x in rows))
+    when = f"{dates} on {next(iter(machines))}" if len(machines) == 1 else "; ".join(
+        dict.fromkeys(f"{x['date']} on {x['machine']}" for x in rows))  # fmt: skip
     lines = [
         "# MAgent2 battle: MAPPO against a random army",
         "",
@@ -167,7 +173,8 @@ def learn_page(rows: list[dict]) -> list[str]:
         "`marlctl run specs/magent2_battle_mappo.yaml` with each row's overrides: "
         f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "
         "20 blue agents that act uniformly at random; each agent's 13x13 view through a cnn "
-        "encoder (16 and 32 channels of 3x3), the critic convolving the map. An army wins a "
+        "encoder (16 and 32 channels of 3x3), the critic convolving the map; two seeds at "
+        "once, one core each. An army wins a "
         "battle that ends with more of its agents left than the other's. Win rate: each "
         f"seed's final evaluation, {r['eval_episodes']} battles with its most probable "
         f"actions; untrained: the same seed's evaluation before its first update. Random "
