@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the machine line of every results table, the run of
+"""What the benchmark scripts share: the machine line of every results table (and when and
+where kept rows were measured), the run of
 `marlctl ... --json`, the newest finished run in a kept store, the suites' per-seed
 reference values, a Markdown table and a Student-t interval."""
 
@@ -34,6 +35,15 @@ def machine(device: str = "cpu") -> str:
             else "no GPU used"
         )
     )
+
+
+def measured_on(rows: list[dict]) -> str:
+    """When and where kept rows (each with its `date` and `machine`) were measured: "D1 and
+    D2 on M1; D3 on M2", machines in the order the rows name them."""
+    dates: dict[str, dict[str, None]] = {}
+    for r in rows:
+        dates.setdefault(r["machine"], {})[r["date"]] = None
+    return "; ".join(f"{' and '.join(d)} on {m}" for m, d in dates.items())
 
 
 def per_seed_values(values: list[float]) -> dict:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from common import machine, marlctl_json
+from common import machine, marlctl_json, measured_on
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "magent2_battle.md"
@@ -160,15 +160,11 @@ def learn_page(rows: list[dict]) -> list[str]:
     latest = {tuple(r["env_params"]): r for r in rows}
     rows = sorted(latest.values(), key=lambda r: len(r["env_params"]))
     r = rows[0]
-    machines = dict.fromkeys(x["machine"] for x in rows)
-    dates = " and ".join(dict.fromkeys(x["date"] for x in rows))
-    when = f"{dates} on {next(iter(machines))}" if len(machines) == 1 else "; ".join(
-        dict.fromkeys(f"{x['date']} on {x['machine']}" for x in rows))  # fmt: skip
     lines = [
         "# MAgent2 battle: MAPPO against a random army",
         "",
         "Written by `.venv/bin/python bench/magent2_battle.py --learn [--env-param KEY=VALUE]`"
-        f" (`--table` rewrites it from the kept rows); measured {when}.",
+        f" (`--table` rewrites it from the kept rows); measured {measured_on(rows)}.",
         "",
         "`marlctl run specs/magent2_battle_mappo.yaml` with each row's overrides: "
         f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "

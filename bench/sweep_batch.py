@@ -38,7 +38,7 @@ from datetime import date
 from pathlib import Path
 
 import yaml
-from common import machine, marlctl_json
+from common import machine, marlctl_json, measured_on
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "sweep_batch.md"
@@ -141,17 +141,17 @@ def batched_trainer(name: str, rows: int):
 
 
 def timed(step, seconds: float, windows: int = 1) -> float:
-    """Seconds per call of `step`, called for about `seconds` in each of `windows` windows:
-    the fastest window's."""
-    import time
+    """Seconds per call of `step` on the CPU, timed as `marlctl bench` times (for about
+    `seconds`) in each of `windows` windows: the fastest window's."""
+    import torch
 
+    from marlctl.train import timing
+
+    cpu = torch.device("cpu")
     best = float("inf")
     for _ in range(windows):
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            step()
-            count += 1
-        best = min(best, (time.perf_counter() - start) / count)
+        calls, elapsed, _, _ = timing.timed(step, seconds, cpu, warmup=0)
+        best = min(best, elapsed / calls)
     return best
 
 
@@ -228,7 +228,6 @@ def ceiling(rows_list=(2, 8, 16)) -> list[dict]:
             counter, record = FlopCounterMode(display=False), Products()
             with counter, record:
                 ob, _ = trainer.train_iteration(env, ob)
-            products = record.calls
             whole = iteration_seconds(trainer, env, ob, 4.0, windows=3)
             alone = timed(record.replay, 4.0, windows=3)
             found.append(
@@ -237,7 +236,7 @@ def ceiling(rows_list=(2, 8, 16)) -> list[dict]:
                     "rows": rows,
                     "flop_per_env_step": counter.get_total_flops() / steps,
                     "env_steps_per_s": steps / whole,
-                    "products": len(products),
+                    "products": len(record.calls),
                     "products_env_steps_per_s": steps / alone,
                     "peak_flop_per_s": peak,
                     "threads": torch.get_num_threads(),
@@ -251,13 +250,12 @@ def ceiling_lines(rows: list[dict]) -> list[str]:
     """The ceiling's table and what it says of each algorithm's batched ratio."""
     head = rows[0]
     lines = [
-        f"What batching can give at best (`--ceiling`), measured {head['date']} on "
-        f"{head['machine']}, {head['threads']} threads: one trainer per row count, as in "
-        "`--scaling`; each rate the fastest of three 4-second windows. A row's arithmetic is "
-        "torch's FLOP count (its matrix products) of one training iteration over its env "
-        'steps; "products alone" '
-        "replays every matrix product the iteration "
-        "dispatched, on the same operands, with nothing between them. The machine's "
+        f"What batching can give at best (`--ceiling`), measured {measured_on(rows)}, "
+        f"{head['threads']} threads: one trainer per row count, as in `--scaling`; each rate "
+        "the fastest of three 4-second windows. A row's arithmetic is torch's FLOP count (its "
+        'matrix products) of one training iteration over its env steps; "products alone" '
+        "replays every matrix product the iteration dispatched, on the same operands, with "
+        "nothing between them. The machine's "
         f"matrix-product peak: {head['peak_flop_per_s'] / 1e9:.0f} GFLOP/s (1024x1024 "
         "float32 products, the fastest of three 2-second windows).",
         "",
@@ -265,9 +263,10 @@ def ceiling_lines(rows: list[dict]) -> list[str]:
         "products alone, env steps/s | products alone against 2 rows whole |",
         "|---|---|---|---|---|---|---|",
     ]
+    verdicts = [""]
     for algo in dict.fromkeys(r["algo"] for r in rows):
         mine = [r for r in rows if r["algo"] == algo]
-        base = next(r for r in mine if r["rows"] == min(m["rows"] for m in mine))
+        base = min(mine, key=lambda r: r["rows"])  # a trial alone
         for r in mine:
             lines.append(
                 f"| {algo} | {r['rows']} | {r['flop_per_env_step'] / 1e6:.2f} | "
@@ -276,15 +275,11 @@ def ceiling_lines(rows: list[dict]) -> list[str]:
                 f"{r['products_env_steps_per_s']:,.0f} | "
                 f"{r['products_env_steps_per_s'] / base['env_steps_per_s']:.1f}x |"
             )
-    lines.append("")
-    for algo in dict.fromkeys(r["algo"] for r in rows):
-        mine = [r for r in rows if r["algo"] == algo]
-        base = next(r for r in mine if r["rows"] == min(m["rows"] for m in mine))
         best = max(mine, key=lambda r: r["products_env_steps_per_s"])
         rate = base["flop_per_env_step"] * base["env_steps_per_s"]
         share, most = rate / base["peak_flop_per_s"], base["peak_flop_per_s"] / rate
         alone = best["products_env_steps_per_s"]
-        lines.append(
+        verdicts.append(
             f"- **{algo}**: a trial alone ({base['rows']} rows) already computes at "
             f"{rate / 1e9:.1f} GFLOP/s in its matrix products, {share:.0%} of the peak: were "
             "a batch's products to run at the peak and nothing else to take any time, it "
@@ -294,7 +289,7 @@ def ceiling_lines(rows: list[dict]) -> list[str]:
             "batch's training can gain while its products run as torch's CPU kernels run "
             "them, before its other operations and the sweep's evaluations are counted."
         )
-    return [*lines, ""]
+    return [*lines, *verdicts, ""]
 
 
 def spec_for(
@@ -448,24 +443,17 @@ def main() -> None:
     # Measured now, or read back: the --jsonl keeps the scaling and ceiling measurements'
     # rows too, each with its date and machine.
     here = {"date": str(date.today()), "machine": machine(args.device)}
-    # The latest measurement of each algorithm and row count.
-    scaled = list({(r["algo"], r["rows"]): r for r in earlier if r.get("scaling")}.values())
-    capped = list({(r["algo"], r["rows"]): r for r in earlier if r.get("ceiling")}.values())
+    kept = {}  # the latest measurement of each algorithm and row count
+    for key, measure, wanted in (("scaling", scaling, args.scaling),
+                                 ("ceiling", ceiling, args.ceiling)):  # fmt: skip
+        kept[key] = list({(r["algo"], r["rows"]): r for r in earlier if r.get(key)}.values())
+        if wanted:
+            kept[key] = [{**r, key: True, **here} for r in measure()]
+            if args.jsonl:
+                with args.jsonl.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in kept[key])
+    scaled, capped = kept["scaling"], kept["ceiling"]
     earlier = [r for r in earlier if not r.get("scaling") and not r.get("ceiling")]
-    for wanted, measure, key in (
-        (args.scaling, scaling, "scaling"),
-        (args.ceiling, ceiling, "ceiling"),
-    ):
-        if not wanted:
-            continue
-        found = [{**r, key: True, **here} for r in measure()]
-        if key == "scaling":
-            scaled = found
-        else:
-            capped = found
-        if args.jsonl:
-            with args.jsonl.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in found)
     rows = []
     for case_name in args.cases.split(","):
         case = CASES[case_name]
@@ -490,14 +478,12 @@ def main() -> None:
                 with args.jsonl.open("a") as f:
                     f.write(json.dumps(row) + "\n")
     command = " ".join([".venv/bin/python bench/sweep_batch.py", *sys.argv[1:]])
-    measured = dict.fromkeys(f"{r['date']} on {r['machine']}" for r in rows + scaled if "date" in r)
-    when = "; ".join(measured) or f"{here['date']} on {here['machine']}"
     lines = [
         "# Sweep: trials one at a time against trials trained as one batch",
         "",
         f"Written by `{command}`. The studies"
         + (" and the scaling" if scaled else "")
-        + f" were measured {when}.",
+        + f" were measured {measured_on(rows + scaled)}.",
         "",
         "Each study runs through `marlctl sweep`, one worker, TPE (seed 0, 5 startup trials, "
         "constant liar), no pruner, so that every trial trains its whole budget; the two "

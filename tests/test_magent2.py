@@ -97,10 +97,17 @@ def test_the_global_state_holds_when_an_army_is_wiped_out():
 
     from marlctl.envs.registry import make_env
 
-    env = make_env(BATTLE["id"], BATTLE["params"])
-    env.reset(seed=0)
+    for extra_features in (True, False):  # the package's, while both armies stand
+        params = {**BATTLE["params"], "extra_features": extra_features}
+        env = make_env(BATTLE["id"], params)
+        env.reset(seed=0)
+        raw, draws = env.unwrapped, np.random.default_rng(0)
+        for _ in range(5):
+            assert np.array_equal(raw.state(), type(raw).state(raw))
+            env.step({a: int(draws.integers(env.action_space(a).n)) for a in env.agents})
+        if extra_features:
+            env.close()
     raw = env.unwrapped
-    assert np.array_equal(raw.state(), type(raw).state(raw))  # the package's, both standing
     red_handle, blue_handle = raw.handles
     red = raw.env.get_pos(red_handle)
     raw.env.reset()  # the map emptied, then only the red army put back

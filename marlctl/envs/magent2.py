@@ -3,8 +3,8 @@
 magent2 0.3.4's `state()` marks every army's agents on the map with `zip(*positions)`, which
 fails (`ValueError: not enough values to unpack`) when an army has no agent left: the last
 step of every battle won by elimination. A run whose critic reads the state (MAPPO, the value
-mixers) would fail there. `whole_state` gives the raw env a `state` that leaves an empty
-army's layers empty, as the map shows it, and is the package's own otherwise.
+mixers) would fail there. `whole_state` gives the raw env a `state` that is the package's,
+an army with no agent left skipped: its layers stay empty, as the map shows it.
 
 Pure: imports numpy.
 """
@@ -23,18 +23,11 @@ def whole_state(env: Any, factory: str) -> Any:
     if not factory.startswith("magent2."):
         return env
     raw = env.unwrapped
-    package_state = raw.state
-
-    def state(self) -> np.ndarray:
-        if all(len(self.env.get_pos(handle)) for handle in self._all_handles):
-            return package_state()
-        return _state_without_empty_armies(self)
-
-    raw.state = types.MethodType(state, raw)
+    raw.state = types.MethodType(_state, raw)
     return env
 
 
-def _state_without_empty_armies(raw: Any) -> np.ndarray:
+def _state(raw: Any) -> np.ndarray:
     """magent2's `magent_parallel_env.state`, an army with no agent left skipped."""
     state = np.copy(raw.base_state)
     for handle in raw._all_handles:
