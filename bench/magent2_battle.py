@@ -11,8 +11,10 @@ Writes `bench/results/magent2_battle.md`.
 
 `--learn` runs `specs/magent2_battle_mappo.yaml` instead (MAPPO, the red army learning
 against random blue agents on a 25x25 map, 3 seeds) at `--steps` env steps per seed, and
-reads each seed's final evaluation win rate; beside it, the red army's win rate when both
-armies act at random (`--episodes` battles, the same rule: more agents left at the end).
+reads each seed's evaluation win rate and return before its first update and at the end, and
+the share of its training battles won at its first and last logging; beside them, the red
+army's win rate when both armies act at random (`--episodes` battles, the same rule: more
+agents left on the map at the end).
 Each measurement is kept in `bench/results/magent2_battle_learning.jsonl` with its date and
 machine; writes `bench/results/magent2_battle_learning.md`.
 
@@ -113,6 +115,28 @@ def random_wins(params: dict, episodes: int, seed: int = 0) -> float:
     return won / episodes
 
 
+def curves(client, run_ids: list[str]) -> dict[str, list[float]]:
+    """Per seed run: its evaluations' win rate and return per agent before the first update
+    and at the end (the most probable actions), and the share of its training battles won
+    (sampled actions) at the first and the last logging."""
+    ends = {
+        "win_rates": ("eval/win_rate", -1), "untrained_win_rates": ("eval/win_rate", 0),
+        "returns": ("eval/return_mean", -1), "untrained_returns": ("eval/return_mean", 0),
+        "train_win_rates": ("train/win_rate", -1),
+        "first_train_win_rates": ("train/win_rate", 0),
+    }  # fmt: skip
+    out: dict[str, list[float]] = {name: [] for name in ends}
+    for run_id in run_ids:
+        histories = {}
+        for name, (key, at) in ends.items():
+            if key not in histories:
+                histories[key] = sorted(
+                    client.get_metric_history(run_id, key), key=lambda m: m.step
+                )
+            out[name].append(histories[key][at].value)
+    return out
+
+
 def learn(steps: int, episodes: int, env_params: list[str]) -> dict:
     """MAPPO's red army against random blue agents (the env's parameters changed by
     `env_params`, KEY=VALUE): each seed's first (untrained) and final evaluation win rate and
@@ -136,17 +160,14 @@ def learn(steps: int, episodes: int, env_params: list[str]) -> dict:
     if failed:
         raise SystemExit("battle-learn: a run did not finish: " + "; ".join(failed))
 
-    def first(run_id: str) -> float:
-        return client.get_metric_history(run_id, "eval/win_rate")[0].value
-
     return {
         "overrides": overrides,
         "steps": steps,
         "map_size": spec.env.params["map_size"],
         "seeds": [r["seed"] for r in runs],
+        "run_ids": [r["run_id"] for r in runs],
         "env_params": env_params,
-        "win_rates": [client.get_run(r["run_id"]).data.metrics["eval/win_rate"] for r in runs],
-        "untrained_win_rates": [first(r["run_id"]) for r in runs],
+        **curves(client, [r["run_id"] for r in runs]),
         "eval_episodes": spec.train.eval_episodes,
         "steps_per_s": [float(r["steps_per_s"]) for r in runs],
         "wall_s": wall,
@@ -170,25 +191,36 @@ def learn_page(rows: list[dict]) -> list[str]:
         f"MAPPO, the red army of 20 learning on a {r['map_size']}x{r['map_size']} map against "
         "20 blue agents that act uniformly at random; each agent's 13x13 view through a cnn "
         "encoder (16 and 32 channels of 3x3), the critic convolving the map; two seeds at "
-        "once, one core each. An army wins a "
-        "battle that ends with more of its agents left than the other's. Win rate: each "
-        f"seed's final evaluation, {r['eval_episodes']} battles with its most probable "
-        f"actions; untrained: the same seed's evaluation before its first update. Random "
-        f"play: both armies at random, {r['random_episodes']} battles. The env's rewards "
+        "once, one core each. An army wins a battle that ends with more of its agents left "
+        "on the map than the other's (an army wiped out, or the 1,000-step time limit). "
+        f"Evaluations: {r['eval_episodes']} battles with each agent's most probable action, "
+        "before the first update (untrained) and at the end (final); the return is per red "
+        "agent, summed over the battle. Training battles: the share of the battles that "
+        "ended since the previous logging that the army won, acting with sampled actions as "
+        "it trains, at the first logging (after about 8k env steps) and the last. Random "
+        "play: "
+        f"both armies at random, {r['random_episodes']} battles. The env's rewards "
         "(battle_v4's defaults): 5 for a kill, 0.2 for attacking an opponent, -0.1 for any "
         "attack, -0.1 for dying, -0.005 a step; a row's `env.params` change them.",
         "",
-        "| red army | overrides | untrained, per seed | final win rate, per seed | mean | "
-        "env steps/s per seed | random play |",
-        "|---|---|---|---|---|---|---|",
+        "| red army | overrides | evaluation win rate per seed, untrained → final | mean "
+        "final | evaluation return, untrained → final (mean) | training battles won, first "
+        "→ last (per seed) | env steps/s per seed | random play |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def per_seed(first: list[float], last: list[float]) -> str:
+        return ", ".join(f"{a:.2f} → {b:.2f}" for a, b in zip(first, last, strict=True))
+
     for r in rows:
-        rates = ", ".join(f"{w:.2f}" for w in r["win_rates"])
-        untrained = ", ".join(f"{w:.2f}" for w in r["untrained_win_rates"])
+        mean = statistics.fmean
         lines.append(
-            f"| MAPPO | `{' '.join(r['overrides'])}` | {untrained} | {rates} | "
-            f"{statistics.fmean(r['win_rates']):.2f} | {statistics.fmean(r['steps_per_s']):,.0f}"
-            f" | {r['random_win_rate']:.2f} |"
+            f"| MAPPO | `{' '.join(r['overrides'])}` | "
+            f"{per_seed(r['untrained_win_rates'], r['win_rates'])} | "
+            f"{mean(r['win_rates']):.2f} | "
+            f"{mean(r['untrained_returns']):.2f} → {mean(r['returns']):.2f} | "
+            f"{per_seed(r['first_train_win_rates'], r['train_win_rates'])} | "
+            f"{mean(r['steps_per_s']):,.0f} | {r['random_win_rate']:.2f} |"
         )
     return lines
 

@@ -53,20 +53,73 @@ def test_an_army_trains_with_convolutions_against_the_other(tmp_path, groups):
     assert out["runs"][0]["status"] == "FINISHED"
 
 
-def test_an_army_wins_with_more_agents_left_at_the_end():
+def _battle_on(envs, red_cells, blue_cells):
+    """Put the one env copy of `envs` back on a map with these cells' agents alone, red's
+    first: three of them, so the engine's ids name the same agents as in a whole battle."""
+    raw = envs.envs[0].unwrapped
+    red_handle, blue_handle = raw.handles
+    raw.env.reset()
+    raw.env.add_agents(red_handle, method="custom", pos=[[x, y, 0] for x, y in red_cells])
+    raw.env.add_agents(blue_handle, method="custom", pos=[[x, y, 0] for x, y in blue_cells])
+    raw.team_sizes = [len(red_cells), len(blue_cells)]
+    ids = [i for h in raw.handles for i in raw.env.get_agent_id(h)]
+    raw.agents = [raw.possible_agents[i] for i in ids]
+
+
+def _fight(envs, red_attacks: bool):
+    """Step until the episode ends: red attacking round every side (or standing), blue
+    standing; the end's (terminated, won)."""
+    import numpy as np
+
+    stand = 6  # the move to its own cell
+    for t in range(100):
+        red = [13 + (i + t) % 8 if red_attacks else stand for i in range(3)]
+        _, rew, _ = envs.step({"red": np.array([red]), "blue": np.full((1, 3), stand)})
+        if rew["terminated"][0] or rew["truncated"][0]:
+            return bool(rew["terminated"][0]), bool(rew["won"][0])
+    raise AssertionError("the episode did not end")
+
+
+@pytest.mark.parametrize("wins_for", ["red", "blue"])
+def test_an_army_wins_with_more_agents_left_at_the_end(wins_for):
+    """Counted on the map: the step that wipes out an army terminates every agent, the
+    winners too, so its terminations alone would call every such battle lost."""
     from marlctl.envs.pettingzoo import EnvSlice
 
     info = probe(BATTLE["id"], BATTLE["params"])
-    red, blue = info.groups
-    envs = EnvSlice(BATTLE["id"], BATTLE["params"], info, 1, wins_for="red")
-    ended = {a: False for a in (*red.agents, *blue.agents)}  # a time limit: all left
-    assert not envs._won(ended)  # as many on each side
-    assert envs._won(ended | {blue.agents[0]: True})  # one blue agent died on the last step
-    assert not envs._won(ended | {red.agents[0]: True})
-    assert not envs._won(dict.fromkeys(ended, True))  # everyone terminated at once
-    envs.wins_for = "blue"
-    assert envs._won(ended | {red.agents[0]: True})
+    envs = EnvSlice(BATTLE["id"], BATTLE["params"], info, 1, wins_for=wins_for)
+    red_wins = wins_for == "red"
+    envs.reset(0)
+    _battle_on(envs, [(6, 7), (8, 7), (7, 6)], [(7, 7)])  # one blue agent surrounded
+    assert _fight(envs, red_attacks=True) == (True, red_wins)  # wiped out: the game's end
+    envs.reset(0)
+    _battle_on(envs, [(2, 2), (2, 4), (2, 6)], [(12, 12)])  # apart, three against one
+    assert _fight(envs, red_attacks=False) == (False, red_wins)  # the time limit
+    envs.reset(0)
+    _battle_on(envs, [(2, 2), (2, 4), (2, 6)], [(12, 12), (12, 10), (12, 8)])
+    assert _fight(envs, red_attacks=False) == (False, False)  # as many on each side
     envs.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["battle", "adversarial_pursuit", "gather", "tiger_deer", "combined_arms"]
+)
+def test_the_agents_left_are_the_living_ones_while_a_game_goes_on(name):
+    """The engine's survivors, named as the env names its agents, in every magent2 game."""
+    import numpy as np
+
+    from marlctl.envs.magent2 import agents_left
+    from marlctl.envs.registry import make_env
+
+    env = make_env(f"magent2/{name}", {} if name == "gather" else {"map_size": 20})
+    env.reset(seed=0)
+    draws = np.random.default_rng(0)
+    for _ in range(20):
+        _, _, terms, _, _ = env.step(
+            {a: int(draws.integers(env.action_space(a).n)) for a in env.agents}
+        )
+        assert sorted(agents_left(env, terms)) == sorted(env.agents)
+    env.close()
 
 
 def test_a_run_against_a_scripted_army_logs_its_win_rate(tmp_path):

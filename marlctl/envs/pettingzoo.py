@@ -5,9 +5,8 @@ episode early get zero observations and rewards and `active=False` until the epi
 
 Armies (`EnvEntry.teams_by_name`: MAgent2's battles) say who won: at an episode's end the
 group `wins_for` (the learners') won where more of its agents are left than of any other
-group, an agent being left when it was not terminated on the last step (a time limit
-truncates the living). Equal numbers, or an end that terminates every agent at once, are
-not a win.
+group (`magent2.agents_left`: the engine's survivors, since the step that wipes out an army
+terminates every agent). Equal numbers are not a win.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from gymnasium.spaces import flatten
 
 from marlctl.envs.batch import Observation, Transition
 from marlctl.envs.info import EnvInfo
+from marlctl.envs.magent2 import agents_left
 from marlctl.envs.registry import make_env
 
 Arrays = dict[str, np.ndarray]
@@ -148,7 +148,7 @@ class EnvSlice:
             final = self._blank() if final is None else final
             self._write(final, i, env, obs, infos)
             if self.wins_for is not None:
-                rew["won"][i] = self._won(terms)
+                rew["won"][i] = self._won(env, terms)
             if any(truncs.values()):
                 rew["truncated"][i] = True
             else:
@@ -158,12 +158,11 @@ class EnvSlice:
             self._frame(i, env)
         return nxt, rew, final
 
-    def _won(self, terms: dict[str, bool]) -> bool:
+    def _won(self, env: Any, terms: dict[str, bool]) -> bool:
         """Group `wins_for` has more agents left than any other at the episode's end."""
         left = dict.fromkeys((g.name for g in self.info.groups), 0)
-        for agent, terminated in terms.items():
-            if not terminated:
-                left[self.info.groups[self.index[agent][0]].name] += 1
+        for agent in agents_left(env, terms):
+            left[self.info.groups[self.index[agent][0]].name] += 1
         ours = left.pop(self.wins_for)
         return ours > max(left.values(), default=0)
 
