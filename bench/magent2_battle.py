@@ -139,8 +139,8 @@ def curves(client, run_ids: list[str]) -> dict[str, list[float]]:
 
 def learn(steps: int, episodes: int, env_params: list[str]) -> dict:
     """MAPPO's red army against random blue agents (the env's parameters changed by
-    `env_params`, KEY=VALUE): each seed's first (untrained) and final evaluation win rate and
-    the run's env steps per second; and random play's win rate."""
+    `env_params`, KEY=VALUE): each seed's run id, its `curves` and env steps per second; and
+    random play's win rate."""
     from mlflow.tracking import MlflowClient
 
     from marlctl.spec import load_spec
@@ -198,8 +198,7 @@ def learn_page(rows: list[dict]) -> list[str]:
         "agent, summed over the battle. Training battles: the share of the battles that "
         "ended since the previous logging that the army won, acting with sampled actions as "
         "it trains, at the first logging (after about 8k env steps) and the last. Random "
-        "play: "
-        f"both armies at random, {r['random_episodes']} battles. The env's rewards "
+        f"play: both armies at random, {r['random_episodes']} battles. The env's rewards "
         "(battle_v4's defaults): 5 for a kill, 0.2 for attacking an opponent, -0.1 for any "
         "attack, -0.1 for dying, -0.005 a step; a row's `env.params` change them.",
         "",
@@ -212,8 +211,8 @@ def learn_page(rows: list[dict]) -> list[str]:
     def per_seed(first: list[float], last: list[float]) -> str:
         return ", ".join(f"{a:.2f} → {b:.2f}" for a, b in zip(first, last, strict=True))
 
+    mean = statistics.fmean
     for r in rows:
-        mean = statistics.fmean
         lines.append(
             f"| MAPPO | `{' '.join(r['overrides'])}` | "
             f"{per_seed(r['untrained_win_rates'], r['win_rates'])} | "
