@@ -20,13 +20,16 @@ from typing import Any
 import numpy as np
 
 
-def whole_state(env: Any, factory: str) -> Any:
-    """`env`, its raw env's `state` keeping an emptied army's layers empty where `factory` is
-    one of magent2's; others as they are."""
-    if not factory.startswith("magent2."):
-        return env
-    raw = env.unwrapped
-    raw.state = types.MethodType(_state, raw)
+def _is_magent2(raw: Any) -> bool:
+    return type(raw).__module__.startswith("magent2.")
+
+
+def whole_state(env: Any) -> Any:
+    """`env`, its raw env's `state` keeping an emptied army's layers empty where it is one
+    of magent2's; others as they are."""
+    raw = getattr(env, "unwrapped", env)  # a user's own factory may have none
+    if _is_magent2(raw):
+        raw.state = types.MethodType(_state, raw)
     return env
 
 
@@ -59,7 +62,7 @@ def agents_left(env: Any, terminations: dict[str, bool]) -> list[str]:
     the engine has alive (an army wiped out ends the game and terminates every agent);
     for any other, those the step did not terminate."""
     raw = env.unwrapped
-    if not type(raw).__module__.startswith("magent2."):
+    if not _is_magent2(raw):
         return [agent for agent, ended in terminations.items() if not ended]
     # The engine's ids index `possible_agents`; its dead are cleared after every step.
     return [raw.possible_agents[i] for h in raw.handles for i in raw.env.get_agent_id(h)]

@@ -299,7 +299,7 @@ def make_env(env_id: str, params: dict[str, Any], render_mode: str | None = None
 
     entry = lookup(env_id)
     env = as_parallel(resolve_factory(entry)(**factory_kwargs(entry, params, render_mode)))
-    return whole_state(share_screen(env, entry.factory), entry.factory)
+    return whole_state(share_screen(env, entry.factory))
 
 
 def factory_kwargs(entry: EnvEntry, params: dict[str, Any], render_mode: str | None = None):
